@@ -1,0 +1,81 @@
+"""The course's command line: `python -m course {info,list,check,release}`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import runtime  # noqa: F401  (choose GPU or simulator before anything imports numba)
+
+
+def _info(args) -> int:
+    from .runtime import describe
+
+    print(describe())
+    return 0
+
+
+def _list(args) -> int:
+    from .exercises import EXERCISES
+
+    for exercise in EXERCISES.values():
+        print(f"{exercise.notebook:<18} {exercise.id:<28} {exercise.points:>2} pts  {exercise.summary}")
+    return 0
+
+
+def _check(args) -> int:
+    from .checks import check
+    from .exercises import select
+
+    failed = 0
+    for exercise in select(args.exercise):
+        report = check(exercise.id, impl=args.impl, seed=args.seed, raise_on_failure=False)
+        failed += not report.passed
+    return 1 if failed else 0
+
+
+def _release(args) -> int:
+    from . import release
+
+    if args.check:
+        problems = release.differences()
+        for problem in problems:
+            print(problem)
+        print("lessons/ is in sync with solutions/" if not problems else
+              "lessons/ is out of date: run `python -m course release`")
+        return 1 if problems else 0
+    edited = release.edited_exercises()
+    if edited and not args.force:
+        print("lessons/ holds written exercises (their todo lines are gone): " + ", ".join(edited)
+              + ".\nReleasing would overwrite that work; pass --force if that is what you want.")
+        return 1
+    written = release.release()
+    print(f"wrote {len(written)} files to lessons/")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("info", help="say what runs where (GPU or simulator)").set_defaults(run=_info)
+    commands.add_parser("list", help="list the exercises").set_defaults(run=_list)
+    check = commands.add_parser("check", help="check exercises against pyspec_ref")
+    check.add_argument("exercise", nargs="?", help="an exercise id or a notebook number (default: all)")
+    check.add_argument("--impl", choices=("lessons", "solutions"), default=None,
+                       help="which copy to check (default: COURSE_IMPL, else lessons)")
+    check.add_argument("--seed", type=int, default=0, help="seed of the random cases (default 0)")
+    check.set_defaults(run=_check)
+    release = commands.add_parser("release", help="write lessons/ from solutions/")
+    release.add_argument("--check", action="store_true", help="only report whether lessons/ is in sync")
+    release.add_argument("--force", action="store_true", help="overwrite written exercises")
+    release.set_defaults(run=_release)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""What a lesson stub calls in place of the code a student still has to write."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+
+class ExerciseNotImplemented(NotImplementedError):
+    """Raised by every exercise stub until the student writes the code."""
+
+
+def todo(exercise: str):
+    """Stand-in for an exercise region: fails loudly, naming the exercise.
+
+    In Python and in the CUDA simulator this raises at once. A real GPU compiles
+    kernels before running them, and a raise inside a kernel is silently dropped
+    there, so `course.launch` also refuses to launch a kernel whose source still
+    calls todo() (see `kernel_stub_name`).
+    """
+    raise ExerciseNotImplemented(
+        f"not implemented yet: exercise {exercise}. Open the lessons/ file, write the code "
+        "where the todo(...) line stands, then delete that line."
+    )
+
+
+def kernel_stub_name(kernel) -> str | None:
+    """The exercise a kernel's source still leaves undone, or None when it is written."""
+    py_func = getattr(kernel, "py_func", None) or getattr(kernel, "fn", None) or kernel
+    try:
+        source = inspect.getsource(py_func)
+    except (OSError, TypeError):
+        return None
+    for node in ast.walk(ast.parse(textwrap.dedent(source))):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "todo"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            return str(node.args[0].value)
+    return None

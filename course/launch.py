@@ -1,0 +1,65 @@
+"""Launching Numba CUDA kernels on torch tensors, the same way on a GPU and in the simulator.
+
+On a GPU a torch CUDA tensor is handed to Numba without a copy
+(`numba.cuda.as_cuda_array`); in the simulator a CPU tensor is handed over as a
+NumPy view of the same memory, so what the kernel writes lands in the tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from . import runtime, simulator
+from .exercise import ExerciseNotImplemented, kernel_stub_name
+
+MAX_THREADS_PER_BLOCK = 1024
+
+
+def _as_dims(dims, name: str) -> tuple[int, ...]:
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    if not 1 <= len(dims) <= 3 or not all(isinstance(x, int) and x >= 1 for x in dims):
+        raise ValueError(f"{name} must be 1 to 3 positive integers, got {dims!r}")
+    return dims
+
+
+def kernel_argument(value, name: str = "argument"):
+    """A torch tensor as the array a Numba kernel takes; anything else unchanged."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    if runtime.SIMULATOR:
+        if value.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor in the simulator, got device {value.device}")
+        return value.detach().numpy()
+    if value.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor on a GPU, got device {value.device}")
+    from numba import cuda
+
+    return cuda.as_cuda_array(value.detach())
+
+
+def launch(kernel, grid, block, *args, names: Sequence[str] | None = None) -> None:
+    """Launch `kernel[grid, block](*args)`, converting torch tensors.
+
+    Refuses a kernel that is still an exercise stub (a GPU would silently skip the
+    raise inside it) and, in the simulator, one that a GPU could not compile.
+    """
+    grid, block = _as_dims(grid, "grid"), _as_dims(block, "block")
+    threads = 1
+    for extent in block:
+        threads *= extent
+    if threads > MAX_THREADS_PER_BLOCK:
+        raise ValueError(f"block has {threads} threads; CUDA allows at most {MAX_THREADS_PER_BLOCK}")
+    stub = kernel_stub_name(kernel)
+    if stub is not None:
+        raise ExerciseNotImplemented(
+            f"not implemented yet: exercise {stub}. The kernel still calls todo(...): write its "
+            "body in the lessons/ file and delete that line."
+        )
+    if runtime.SIMULATOR:
+        simulator.install()
+        simulator.lint_kernel(kernel)
+    names = list(names) if names is not None else [f"argument {i}" for i in range(len(args))]
+    converted = [kernel_argument(arg, name) for arg, name in zip(args, names, strict=True)]
+    kernel[grid, block](*converted)

@@ -1,0 +1,36 @@
+"""Vectorised torch oracles for large outputs on a GPU.
+
+`pyspec_ref` is the specification but runs in pure Python, so on a GPU the checks
+compare a sample of rows with it, and the whole output with these oracles. The
+tests cross-check every oracle against `pyspec_ref` on small inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def dense_tree_mask(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """(..., N, N) bool mask: query i sees key j iff j is an ancestor-or-self of i (FlashSpecInfer §5.1)."""
+    key_start, key_end = start.unsqueeze(-2), end.unsqueeze(-2)
+    query_start, query_end = start.unsqueeze(-1), end.unsqueeze(-1)
+    return (key_start <= query_start) & (query_end <= key_end)
+
+
+def attention_with_lse(q, k, v, mask=None, scale=None):
+    """Masked softmax attention in float64: (out, lse) over (..., N, d) inputs."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q.double() @ k.double().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.softmax(scores, dim=-1) @ v.double()
+    return out, lse
+
+
+def tree_attention(q, k, v, start, end, scale=None):
+    """Tree attention for (B, H, N, d) inputs and (B, N) DFS times, in float64: (out, lse)."""
+    mask = dense_tree_mask(start.long(), end.long()).unsqueeze(1)  # broadcast over heads
+    return attention_with_lse(q, k, v, mask, scale)

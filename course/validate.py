@@ -1,0 +1,78 @@
+"""Argument checks shared by the launchers: every message names the argument."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from . import runtime
+
+
+def require_tensor(value, name: str, *, ndim: int | Iterable[int] | None = None,
+                   dtypes: Iterable[torch.dtype] | None = None, contiguous: bool = True,
+                   on_kernel_device: bool = True) -> torch.Tensor:
+    """Check a launcher argument: a torch tensor of the right rank, dtype and device."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if value.dim() not in allowed:
+            raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dimensions, "
+                             f"got shape {tuple(value.shape)}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if value.dtype not in dtypes:
+            names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+            raise TypeError(f"{name} must have dtype {names}, got {str(value.dtype).replace('torch.', '')}")
+    if on_kernel_device:
+        wanted = runtime.torch_device().type
+        if value.device.type != wanted:
+            where = "the simulator runs on CPU tensors" if runtime.SIMULATOR else "kernels run on the GPU"
+            raise ValueError(f"{name} must be on device '{wanted}' ({where}), got '{value.device}'")
+    if contiguous and not value.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+    if value.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(value.shape)}")
+    if value.is_floating_point() and not torch.isfinite(value).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return value
+
+
+def require_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"{name_a} and {name_b} must have the same shape, got "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+
+
+def require_topological_trees(parents: torch.Tensor, name: str = "parents") -> None:
+    """Each row a tree numbered parent-before-child: parents[b, 0] == -1 and 0 <= parents[b, i] < i.
+
+    This one rule also excludes cycles, several roots and ids out of range.
+    """
+    n = parents.shape[-1]
+    rows = parents.reshape(-1, n).long()
+    bad_root = torch.nonzero(rows[:, 0] != -1)
+    if len(bad_root):
+        b = int(bad_root[0, 0])
+        raise ValueError(f"{name}[{b}, 0] = {int(rows[b, 0])}: node 0 must be the root (parent -1)")
+    if n == 1:
+        return
+    ids = torch.arange(1, n, device=rows.device)
+    bad = torch.nonzero((rows[:, 1:] < 0) | (rows[:, 1:] >= ids))
+    if len(bad):
+        b, i = int(bad[0, 0]), int(bad[0, 1]) + 1
+        raise ValueError(f"{name}[{b}, {i}] = {int(rows[b, i])}: every node's parent must be a node "
+                         f"numbered before it (0 <= parent < {i}); a second root, a cycle or an id out "
+                         "of range breaks this")
+
+
+def require_times(start: torch.Tensor, end: torch.Tensor, names=("start", "end")) -> None:
+    """DFS times in range: 0 <= start <= end < N (cheap checks; a kernel must never index past N)."""
+    n = start.shape[-1]
+    for name, times in zip(names, (start, end), strict=True):
+        if int(times.min()) < 0 or int(times.max()) >= n:
+            raise ValueError(f"{name} must hold DFS times in [0, {n}), got values in "
+                             f"[{int(times.min())}, {int(times.max())}]")
+    if bool((start > end).any()):
+        raise ValueError(f"{names[0]} must not exceed {names[1]} (a node's interval is [start, end])")

@@ -1,0 +1,105 @@
+# Student copy, generated from solutions/attention.py by `python -m course release`.
+# Write your code where a todo(...) line stands; everything else matches the solution.
+"""Notebook 02: attention, the online softmax and flash tiling, in PyTorch.
+
+These are the algorithms every later kernel implements; here they are written
+with whole-tile torch operations so that the bookkeeping (running max, running
+sum, rescaling, log-sum-exp) is all there is to see. Shapes follow the kernels:
+(..., N, d) for queries and (..., M, d) for keys and values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from course.exercise import todo  # noqa: F401  (the lesson stubs call it)
+from course.validate import require_tensor
+
+FLOAT_DTYPES = (torch.float32, torch.float64)
+
+
+def _require_block(block, name: str) -> int:
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"{name} must be a positive int, got {block!r}")
+    return block
+
+
+def online_softmax(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Softmax over the last dimension, reading x in column blocks of `block` once.
+
+    Keeps a running max m and a running sum l per row; when a block raises the max,
+    the sum so far is rescaled by exp(m_old - m_new) (Milakov & Gimelshein, 2018).
+    """
+    require_tensor(x, "x", ndim=(1, 2, 3, 4), dtypes=FLOAT_DTYPES, on_kernel_device=False)
+    _require_block(block, "block")
+    # YOUR CODE HERE: exercise attention.online_softmax (delete the todo line when you start)
+    todo("attention.online_softmax")
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None,
+                    block_k: int = 32, scale: float | None = None):
+    """Masked attention over key tiles, FlashAttention-2 style: returns (out, lse).
+
+    q (..., N, d), k and v (..., M, d), mask (..., N, M) bool (True = visible) or None.
+    Each key tile updates, per query row, the running max m, the running sum l and the
+    unnormalised output acc; a fully hidden row segment must not poison m with
+    exp(-inf - -inf) = NaN. lse = m + log(l) is what the merge of partial results needs.
+    """
+    _require_attention_inputs(q, k, v, mask)
+    _require_block(block_k, "block_k")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    # YOUR CODE HERE: exercise attention.flash_attention (delete the todo line when you start)
+    todo("attention.flash_attention")
+
+
+def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+                    lse_b: torch.Tensor):
+    """Merge two partial attention results over disjoint key sets by their log-sum-exp.
+
+    out (..., d), lse (...). The Flash-Decoding reduction that DeFT §3.4 reuses:
+    lse = log(exp(lse_a) + exp(lse_b)), out = w_a out_a + w_b out_b with
+    w = exp(lse_part - lse). A part that saw no key has lse = -inf and weight 0.
+    """
+    for name, value in (("out_a", out_a), ("out_b", out_b)):
+        require_tensor(value, name, dtypes=FLOAT_DTYPES, on_kernel_device=False)
+    for name, value in (("lse_a", lse_a), ("lse_b", lse_b)):
+        _require_lse(value, name, out_a.shape[:-1])
+    if out_a.shape != out_b.shape:
+        raise ValueError(f"out_a and out_b must have the same shape, got {tuple(out_a.shape)} "
+                         f"and {tuple(out_b.shape)}")
+    # YOUR CODE HERE: exercise attention.merge_attention (delete the todo line when you start)
+    todo("attention.merge_attention")
+
+
+def _require_lse(lse, name, shape):
+    if not isinstance(lse, torch.Tensor) or lse.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a float32 or float64 torch.Tensor")
+    if lse.shape != shape:
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(lse.shape)}")
+    if torch.isnan(lse).any() or (lse == float("inf")).any():
+        raise ValueError(f"{name} contains NaN or +inf (only -inf, for an empty part, is allowed)")
+
+
+def _require_attention_inputs(q, k, v, mask):
+    for name, value in (("q", q), ("k", k), ("v", v)):
+        require_tensor(value, name, ndim=(2, 3, 4), dtypes=FLOAT_DTYPES, on_kernel_device=False)
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k must have d = {q.shape[-1]} columns like q, got {k.shape[-1]}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"k and v must have the same leading shape, got {tuple(k.shape)} "
+                         f"and {tuple(v.shape)}")
+    if q.shape[:-2] != k.shape[:-2]:
+        raise ValueError(f"q and k must have the same batch shape, got {tuple(q.shape[:-2])} "
+                         f"and {tuple(k.shape[:-2])}")
+    if mask is not None:
+        expected = q.shape[:-1] + (k.shape[-2],)
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError("mask must be a bool torch.Tensor (True = visible) or None")
+        if mask.shape != expected:
+            raise ValueError(f"mask must have shape {tuple(expected)}, got {tuple(mask.shape)}")
+        if not mask.any(dim=-1).all():
+            raise ValueError("mask hides every key from some query row; its attention is undefined")

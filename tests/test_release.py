@@ -1,0 +1,96 @@
+"""The release turns solutions/ into lessons/: in sync, same API, loud stubs."""
+
+import importlib
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from course import release
+from course.exercise import ExerciseNotImplemented, kernel_stub_name
+from course.exercises import EXERCISES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_lessons_match_a_fresh_release():
+    assert release.differences() == [], "run `python -m course release`"
+
+
+def test_every_region_becomes_a_named_stub():
+    source = textwrap.dedent('''
+        from course.exercise import todo
+
+        def area(w, h):
+            """Docstring stays."""
+            if w < 0:
+                raise ValueError("w")
+            ### BEGIN SOLUTION
+            return w * h
+            ### END SOLUTION
+    ''')
+    stub = release.stub_source(source, "shapes", "shapes.py")
+    assert 'todo("shapes.area")' in stub
+    assert "return w * h" not in stub
+    assert '"""Docstring stays."""' in stub and 'raise ValueError("w")' in stub
+
+
+@pytest.mark.parametrize("broken, message", [
+    ("def f():\n    ### BEGIN SOLUTION\n    pass\n", "never closed"),
+    ("def f():\n    pass\n    ### END SOLUTION\n", "without"),
+    ("def f():\n    ### BEGIN SOLUTION\n    ### BEGIN SOLUTION\n    ### END SOLUTION\n", "inside"),
+    ("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "inside a function"),
+])
+def test_malformed_regions_are_rejected(broken, message):
+    source = "from course.exercise import todo\n" + broken
+    with pytest.raises(release.ReleaseError, match=message):
+        release.stub_source(source, "m", "m.py")
+
+
+def test_region_without_todo_import_is_rejected():
+    with pytest.raises(release.ReleaseError, match="import todo"):
+        release.stub_source("def f():\n    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION\n",
+                            "m", "m.py")
+
+
+def test_every_exercise_has_a_stub_in_lessons():
+    stubs = set()
+    for path in (ROOT / "lessons").rglob("*.py"):
+        for line in path.read_text().splitlines():
+            if line.strip().startswith('todo("'):
+                stubs.add(line.strip()[len('todo("'):-2])
+    assert stubs == set(EXERCISES), "each exercise region must be registered in course/exercises.py"
+
+
+def test_lessons_have_the_same_public_api_as_solutions():
+    for path in (ROOT / "solutions").glob("*.py"):
+        solution = importlib.import_module(f"solutions.{path.stem}")
+        lesson = importlib.import_module(f"lessons.{path.stem}")
+        public = {n for n in dir(solution) if not n.startswith("_")}
+        assert public == {n for n in dir(lesson) if not n.startswith("_")}, path.stem
+
+
+@pytest.mark.parametrize("exercise", sorted(EXERCISES))
+def test_every_lesson_stub_fails_loudly(exercise):
+    report = EXERCISES[exercise].run(impl="lessons", seed=0)
+    assert not report.passed
+    assert f"not implemented yet: exercise {exercise}" in report.not_implemented
+
+
+def test_kernel_stubs_are_detected_before_launch():
+    lesson = importlib.import_module("lessons.trees")
+    assert kernel_stub_name(lesson.tree_mask_kernel) == "trees.tree_mask_kernel"
+    solution = importlib.import_module("solutions.trees")
+    assert kernel_stub_name(solution.tree_mask_kernel) is None
+    with pytest.raises(ExerciseNotImplemented, match="trees.dfs_times_kernel"):
+        import torch
+        lesson.dfs_times(torch.tensor([[-1, 0]], dtype=torch.int32))
+
+
+def test_release_refuses_to_erase_written_exercises(tmp_path):
+    lessons = tmp_path / "lessons"
+    release.release(lessons=lessons)
+    assert release.edited_exercises(lessons=lessons) == []
+    trees = lessons / "trees.py"
+    trees.write_text(trees.read_text().replace('todo("trees.tree_mask_kernel")', "pass"))
+    assert release.edited_exercises(lessons=lessons) == ["trees.tree_mask_kernel"]
