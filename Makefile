@@ -15,7 +15,7 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m course release --check
-	COURSE_IMPL=solutions $(BIN)/python -m pytest -n 2 --nbval-lax tests notebooks
+	COURSE_IMPL=solutions $(BIN)/python -m pytest -n 2 --dist loadfile --nbval-lax tests notebooks
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

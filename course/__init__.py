@@ -6,5 +6,7 @@ before Numba or Triton is loaded (see `course.runtime`).
 
 from . import runtime  # noqa: I001  (must run before anything imports numba or triton)
 from .runtime import MODE, SIMULATOR, describe, on_gpu, pick, torch_device
+from . import checks, exercises, impl, inputs  # none of these imports numba
 
-__all__ = ["MODE", "SIMULATOR", "describe", "on_gpu", "pick", "torch_device"]
+__all__ = ["MODE", "SIMULATOR", "checks", "describe", "exercises", "impl", "inputs", "on_gpu", "pick",
+           "runtime", "torch_device"]

@@ -24,6 +24,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import ListedColormap, to_rgba
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
+from matplotlib.transforms import offset_copy
 
 __all__ = [
     "classify_tiles",
@@ -168,6 +169,17 @@ def _style(ax, title=None, grid_axis=None):
         ax.set_axisbelow(True)
     if title:
         ax.set_title(title, loc="left", fontsize=11, fontweight="bold", color=INK)
+
+
+def _legend_below(ax, handles, ncol=None, gap_pt=30):
+    """A frameless legend a fixed distance under the axes, clear of the tick and axis labels.
+
+    The gap is in points, not axes fractions, so it is right for short and tall axes alike.
+    """
+    anchor = offset_copy(ax.transAxes, fig=ax.figure, y=-gap_pt, units="points")
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0), bbox_transform=anchor,
+              ncol=ncol or len(handles), frameon=False, fontsize=8.5, handlelength=1.2,
+              columnspacing=1.2)
 
 
 # ----------------------------------------------------------------------------- trees
@@ -375,8 +387,7 @@ def draw_mask(mask, ax=None, title=None, highlight_row=None, wrong=None):
     _index_ticks(ax, rows, cols)
     ax.set_xlabel("key j")
     ax.set_ylabel("query i")
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1 if cols > 24 else
-              -0.12), ncol=len(handles), frameon=False, fontsize=8.5, handlelength=1.2)
+    _legend_below(ax, handles)
     title = "tree causal mask" if title is None else title
     if count is not None:
         title += f"  ({count} wrong)" if count else "  (all correct)"
@@ -440,8 +451,7 @@ def draw_times(start, end, ax=None, highlight=None):
     if q is not None:
         handles.append(Patch(fc=HIGHLIGHT, label=f"interval holds start[{q}]={s[q]}"))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14 if n <= 12 else -0.08),
-              ncol=len(handles), fontsize=8.5, frameon=False, handlelength=1.2)
+    _legend_below(ax, handles)
     _style(ax, "DFS intervals [start, end]: each subtree is one contiguous range", grid_axis="x")
     return ax
 
@@ -495,8 +505,7 @@ def draw_tiles(mask, block_q, block_k, ax=None, title=None):
              TILE_FULL: "all visible: no mask"}
     handles = [Patch(fc=tints[c], ec=GREY, lw=0.5, label=f"{names[c]} ({counts[c]})")
                for c in (TILE_SKIP, TILE_PARTIAL, TILE_FULL)]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3,
-              frameon=False, fontsize=8.5, handlelength=1.2, columnspacing=1.2)
+    _legend_below(ax, handles)
     _index_ticks(ax, rows, cols)
     ax.set_xlabel("key j")
     ax.set_ylabel("query i")
@@ -612,7 +621,7 @@ def online_softmax_trace(row, block, ax=None):
         ax.axvline(x, color="#D5DAE0", linewidth=0.8, zorder=1)
     shown = np.isfinite(ms)  # before the first visible key, m is -inf and cannot be drawn
     ax.step(edges[:-1][shown].tolist() + [edges[-1]], ms[shown].tolist() + [ms[-1]], where="post",
-            color=BLUE, linewidth=2.2, zorder=3, label="running max m")
+            color=BLUE, linewidth=2.2, zorder=3, label="running max m", gid="running_max")
     ax.axhline(m_exact, color=BLUE, linestyle="--", linewidth=1.2, label=f"max = {m_exact:.3g}")
     ax.set_xlabel(f"scores seen (blocks of {b})")
     ax.set_ylabel("score / m", color=BLUE)
@@ -620,7 +629,8 @@ def online_softmax_trace(row, block, ax=None):
 
     right = ax.twinx()
     right.step(edges[:-1][shown].tolist() + [edges[-1]], ls[shown].tolist() + [ls[-1]],
-               where="post", color=ORANGE, linewidth=2.2, zorder=3, label="running sum l")
+               where="post", color=ORANGE, linewidth=2.2, zorder=3, label="running sum l",
+               gid="running_sum")
     right.axhline(l_exact, color=ORANGE, linestyle="--", linewidth=1.2,
                   label=f"sum exp(s - max) = {l_exact:.3g}")
     right.set_ylim(0, max(ls.max(), l_exact) * 1.15)
@@ -629,9 +639,11 @@ def online_softmax_trace(row, block, ax=None):
     right.spines["right"].set_color(GREY)
     right.tick_params(labelsize=9, color=GREY, labelcolor=ORANGE)
 
-    handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3,
-              frameon=False, fontsize=8.5)
+    scores, m_step, m_line = ax.get_legend_handles_labels()[0]
+    l_step, l_line = right.get_legend_handles_labels()[0]
+    # Legends fill column by column: this order reads "m | max | scores" over "l | sum".
+    handles = [m_step, l_step, m_line, l_line, scores]
+    _legend_below(ax, handles, ncol=3)
     _style(ax, "online softmax: what each block leaves behind")
     ax.tick_params(axis="y", labelcolor=BLUE)  # after _style, which inks all ticks
     return ax
@@ -645,6 +657,11 @@ def _unit_of(value_key: str) -> str:
         if value_key.endswith(suffix):
             return unit
     return ""
+
+
+def _ratio(r: float) -> str:
+    """12.3 for a speed-up, but 0.25 (not 0.2) for a slow-down: one decimal says too little."""
+    return f"{r:.1f}" if r >= 1 else f"{r:.2g}"
 
 
 def results_bar(rows, ax=None, title=None, label_key="name", value_key="median_ms",
@@ -686,7 +703,7 @@ def results_bar(rows, ax=None, title=None, label_key="name", value_key="median_m
         text = f"{value:.3g}{unit}"
         if base is not None:
             text += "  (baseline)" if labels[i] == str(baseline) else \
-                f"  ({base / value:.1f}× vs {baseline})" if value > 0 else ""
+                f"  ({_ratio(base / value)}× vs {baseline})" if value > 0 else ""
         ax.text(value + v.max() * 0.015, i, text, va="center", fontsize=9, color=INK)
     ax.set_yticks(np.arange(n), labels)
     ax.set_ylim(n - 0.5, -0.5)

@@ -55,6 +55,12 @@ class StrictArray(np.ndarray):
         _reject_negative(index, self._where)
         super().__setitem__(index, value)
 
+    def __repr__(self):  # NumPy's printer indexes with -1; print the plain array instead
+        return repr(self.view(np.ndarray))
+
+    def __str__(self):
+        return str(self.view(np.ndarray))
+
 
 def poisoned(shape, dtype, where: str) -> StrictArray:
     """A fresh array full of poison: NaN for floats, a large negative number for integers."""

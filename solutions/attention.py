@@ -86,9 +86,13 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
     w = exp(lse_part - lse). A part that saw no key has lse = -inf and weight 0.
     """
     for name, value in (("out_a", out_a), ("out_b", out_b)):
-        require_tensor(value, name, dtypes=FLOAT_DTYPES, on_kernel_device=False)
-    for name, value in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if not isinstance(value, torch.Tensor) or value.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must be a float32 or float64 torch.Tensor")
+    for name, value, out in (("lse_a", lse_a, out_a), ("lse_b", lse_b, out_b)):
         _require_lse(value, name, out_a.shape[:-1])
+        # A part that saw no key (lse = -inf) may hold anything, even 0/0 = NaN: it gets weight 0.
+        if not torch.isfinite(out[torch.isfinite(value)]).all():
+            raise ValueError(f"out_{name[-1]} has NaN or inf in a row whose {name} is finite")
     if out_a.shape != out_b.shape:
         raise ValueError(f"out_a and out_b must have the same shape, got {tuple(out_a.shape)} "
                          f"and {tuple(out_b.shape)}")
@@ -98,6 +102,9 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
     safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     weight_a = torch.exp(lse_a - safe).unsqueeze(-1)
     weight_b = torch.exp(lse_b - safe).unsqueeze(-1)
+    # Zero an empty part's output first: weight 0 times NaN would still be NaN.
+    out_a = torch.where(torch.isinf(lse_a).unsqueeze(-1), 0.0, out_a)
+    out_b = torch.where(torch.isinf(lse_b).unsqueeze(-1), 0.0, out_b)
     return weight_a * out_a + weight_b * out_b, lse
     ### END SOLUTION
 

@@ -62,6 +62,9 @@ class Report:
     def __str__(self) -> str:
         return self.text()
 
+    def __repr__(self) -> str:  # a notebook cell ending in check(...) shows the summary
+        return self.text()
+
 
 class CheckFailed(AssertionError):
     """An exercise's output differs from the reference; the message says where."""

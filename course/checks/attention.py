@@ -69,7 +69,7 @@ def check_flash_attention(module, seed: int):
         for block_k in sorted({1, 7, 16, n + 3}):
             name = f"{label}, block_k={block_k}"
 
-            def run(name=name, mask_rows=mask_rows, block_k=block_k, index=index):
+            def run(name=name, mask_rows=mask_rows, block_k=block_k, index=index, n=n):
                 q, k, v = (inputs.random_tensor((2, n, 8), seed + 10 * index + j, torch.float64)
                            for j in range(3))
                 mask = torch.tensor(mask_rows).expand(2, n, n)
@@ -85,13 +85,13 @@ def check_flash_attention(module, seed: int):
 def _split_partials(q, k, v, part_of_key):
     """Partial (out, lse) of each query row over the keys of part 0 and of part 1.
 
-    A part with no key gets lse = -inf and a random out, which the merge must ignore.
+    A part with no key gets lse = -inf and an out of NaN (0/0), which the merge must ignore.
     """
     parts = []
     for part in (0, 1):
         keys = [j for j, p in enumerate(part_of_key) if p == part]
         if not keys:
-            empty_out = inputs.random_tensor((q.shape[0], v.shape[1]), 99, torch.float64)
+            empty_out = torch.full((q.shape[0], v.shape[1]), float("nan"), dtype=torch.float64)
             parts.append((empty_out, torch.full((q.shape[0],), float("-inf"), dtype=torch.float64)))
             continue
         out, lse = oracle.attention_with_lse(q, k[keys], v[keys])

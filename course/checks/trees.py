@@ -101,7 +101,13 @@ def expected_bitmask(batch, start, end):
 def check_tree_bitmask(module, seed: int):
     """tree_bitmask(start, end) must pack the mask 64 keys to a word, as pyspec_ref does."""
     device = runtime.torch_device()
-    for name, batch in tree_cases(seed, tile=module.MASK_TILE):
+    rng = random.Random(seed)
+    wide = [  # more than 64 keys: bit 63 (the sign bit of an int64 word) and further words
+        ("chain N=70 (bit 63 and a second word)", [inputs.TreeCase("chain", tuple(inputs.chain(70)))]),
+        ("random tree N=130 (three words)",
+         [inputs.TreeCase("random", tuple(inputs.random_tree(130, rng)))]),
+    ]
+    for name, batch in tree_cases(seed, tile=module.MASK_TILE) + wide:
         if batch[0].n > 2048:
             continue  # the pure-Python bitmask is quadratic; large trees are covered by tree_mask
         def run(name=name, batch=batch):

@@ -1,0 +1,129 @@
+"""The checks pass the solutions and catch realistic bugs, saying where and how."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from course import checks
+from course.checks import CheckFailed, run_cases
+from course.exercises import EXERCISES, get, select
+from solutions import attention, trees
+
+
+@pytest.mark.parametrize("exercise", sorted(EXERCISES))
+def test_solutions_pass_every_check(exercise):
+    report = checks.check(exercise, impl="solutions", seed=1234, quiet=True)
+    assert report.passed and report.fraction == 1.0 and len(report.results) >= 4
+
+
+def _run(exercise, module, seed=0):
+    return run_cases(exercise, get(exercise).cases(module, seed))
+
+
+def test_dfs_times_in_reversed_child_order_is_caught():
+    def dfs_times(parents):  # visits children in decreasing id: a plausible, wrong preorder
+        flipped = parents.clone()
+        start, end = trees.dfs_times(flipped)
+        n = parents.shape[1]
+        return (n - 1 - end).to(torch.int32), (n - 1 - start).to(torch.int32)
+
+    report = _run("trees.dfs_times_kernel", SimpleNamespace(dfs_times=dfs_times))
+    assert not report.passed and 0 < report.fraction < 1  # a chain of 1 node still passes
+    assert "start = " in report.text() and "expected" in report.text()
+
+
+def test_off_by_one_mask_is_caught_with_the_pair_named():
+    def tree_mask(start, end):  # strict comparison: a query no longer sees itself
+        mask = trees.tree_mask(start, end)
+        return mask & ~torch.eye(start.shape[1], dtype=torch.bool)
+
+    module = SimpleNamespace(tree_mask=tree_mask, MASK_TILE=trees.MASK_TILE)
+    report = _run("trees.tree_mask_kernel", module)
+    assert report.fraction == 0.0
+    assert "the mask hid key 0 from query 0, but it is an ancestor-or-self" in report.text()
+
+
+def test_a_mask_that_sees_too_much_is_caught():
+    def tree_mask(start, end):  # the causal mask: right for chains only
+        n = start.shape[1]
+        return torch.ones(n, n, dtype=torch.bool).tril().expand(start.shape[0], n, n).clone()
+
+    report = _run("trees.tree_mask_kernel", SimpleNamespace(tree_mask=tree_mask, MASK_TILE=16))
+    assert 0 < report.fraction < 1  # chains and N <= 2 pass, real trees fail
+    assert "which is not its ancestor" in report.text()
+
+
+def test_a_racy_kernel_is_caught_by_running_twice():
+    calls = []
+
+    def tree_mask(start, end):  # right the first time, one entry off the second time
+        mask = trees.tree_mask(start, end)
+        calls.append(1)
+        if len(calls) % 2 == 0:
+            mask[0, 0, 0] = ~mask[0, 0, 0]
+        return mask
+
+    report = _run("trees.tree_mask_kernel", SimpleNamespace(tree_mask=tree_mask, MASK_TILE=16))
+    assert report.fraction == 0.0
+    assert "two runs on the same input differ" in report.text()
+
+
+def test_bitmask_with_bit_63_dropped_is_caught():
+    def tree_bitmask(start, end):
+        return trees.tree_bitmask(start, end) & ((1 << 63) - 1)
+
+    report = _run("trees.tree_bitmask_kernel", SimpleNamespace(tree_bitmask=tree_bitmask,
+                                                               MASK_TILE=16))
+    assert not report.passed  # 64-node chains set bit 63 of their last rows
+
+
+def test_online_softmax_without_rescale_is_caught():
+    def online_softmax(x, block):  # forgets to rescale l when the max grows
+        m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype)
+        l = torch.zeros_like(m)
+        for first in range(0, x.shape[-1], block):
+            tile = x[..., first:first + block]
+            m = torch.maximum(m, tile.max(dim=-1).values)
+            l = l + torch.exp(tile - m.unsqueeze(-1)).sum(dim=-1)
+        return torch.exp(x - m.unsqueeze(-1)) / l.unsqueeze(-1)
+
+    report = _run("attention.online_softmax", SimpleNamespace(online_softmax=online_softmax))
+    assert 0 < report.fraction < 1  # block = whole row is still right
+    assert "max |got - expected|" in report.text()
+
+
+def test_flash_attention_that_nans_on_hidden_tiles_is_caught():
+    def flash_attention(q, k, v, mask=None, block_k=32, scale=None):
+        out, lse = attention.flash_attention(q, k, v, mask, block_k, scale)
+        hidden_first_tile = mask is not None and not mask[..., :block_k].any(-1).all()
+        return (out * float("nan"), lse) if hidden_first_tile else (out, lse)
+
+    report = _run("attention.flash_attention", SimpleNamespace(flash_attention=flash_attention))
+    assert not report.passed and "NaN" in report.text()
+
+
+def test_merge_that_ignores_empty_parts_is_caught():
+    def merge_attention(out_a, lse_a, out_b, lse_b):
+        return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)
+
+    report = _run("attention.merge_attention", SimpleNamespace(merge_attention=merge_attention))
+    assert report.fraction == 0.0
+
+
+def test_check_raises_with_the_report_and_a_crash_is_one_failed_case(monkeypatch):
+    def crashing(parents):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("course.impl.load", lambda module, impl=None: SimpleNamespace(
+        dfs_times=crashing))
+    with pytest.raises(CheckFailed, match="raised RuntimeError: boom"):
+        checks.check("trees.dfs_times_kernel", quiet=True)
+
+
+def test_exercise_selection_is_validated():
+    assert [e.id for e in select("02")] == [e for e in EXERCISES if e.startswith("attention.")]
+    with pytest.raises(ValueError, match="exercise must be"):
+        select("99")
+    with pytest.raises(ValueError, match="exercise must be one of"):
+        get("trees.nope")
