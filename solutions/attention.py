@@ -30,7 +30,8 @@ def online_softmax(x: torch.Tensor, block: int) -> torch.Tensor:
     Keeps a running max m and a running sum l per row; when a block raises the max,
     the sum so far is rescaled by exp(m_old - m_new) (Milakov & Gimelshein, 2018).
     """
-    require_tensor(x, "x", ndim=(1, 2, 3, 4), dtypes=FLOAT_DTYPES, on_kernel_device=False)
+    require_tensor(x, "x", ndim=(1, 2, 3, 4), dtypes=FLOAT_DTYPES, on_kernel_device=False,
+                       contiguous=False)
     _require_block(block, "block")
     ### BEGIN SOLUTION
     m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
@@ -120,7 +121,8 @@ def _require_lse(lse, name, shape):
 
 def _require_attention_inputs(q, k, v, mask):
     for name, value in (("q", q), ("k", k), ("v", v)):
-        require_tensor(value, name, ndim=(2, 3, 4), dtypes=FLOAT_DTYPES, on_kernel_device=False)
+        require_tensor(value, name, ndim=(2, 3, 4), dtypes=FLOAT_DTYPES, on_kernel_device=False,
+                       contiguous=False)
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.shape[-1] != q.shape[-1]:

@@ -36,7 +36,7 @@ def test_dfs_times_in_reversed_child_order_is_caught():
 def test_off_by_one_mask_is_caught_with_the_pair_named():
     def tree_mask(start, end):  # strict comparison: a query no longer sees itself
         mask = trees.tree_mask(start, end)
-        return mask & ~torch.eye(start.shape[1], dtype=torch.bool)
+        return mask & ~torch.eye(start.shape[1], dtype=torch.bool, device=mask.device)
 
     module = SimpleNamespace(tree_mask=tree_mask, MASK_TILE=trees.MASK_TILE)
     report = _run("trees.tree_mask_kernel", module)

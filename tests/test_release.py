@@ -38,7 +38,8 @@ def test_every_region_becomes_a_named_stub():
 @pytest.mark.parametrize("broken, message", [
     ("def f():\n    ### BEGIN SOLUTION\n    pass\n", "never closed"),
     ("def f():\n    pass\n    ### END SOLUTION\n", "without"),
-    ("def f():\n    ### BEGIN SOLUTION\n    ### BEGIN SOLUTION\n    ### END SOLUTION\n", "inside"),
+    ("def f():\n    ### BEGIN SOLUTION\n    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION\n",
+     "inside another"),
     ("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "inside a function"),
 ])
 def test_malformed_regions_are_rejected(broken, message):
