@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test lint release gpu-test clean
+.PHONY: lab test lint release gpu-test gpu-sanitize clean
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/00_setup_and_tour.ipynb
@@ -26,6 +26,15 @@ release: $(STAMP)
 # On a machine with a GPU and the course installed (see README, "Running on a GPU").
 gpu-test:
 	COURSE_SIM=0 COURSE_IMPL=solutions $(PYTHON) -m pytest -p no:cacheprovider --nbval-lax tests notebooks
+
+# compute-sanitizer over every Numba kernel's check: memcheck and racecheck must report 0 errors.
+# (--report-api-errors no: the CUDA Python bindings probe driver entry points that this driver lacks.)
+SANITIZER ?= /usr/local/cuda/bin/compute-sanitizer
+gpu-sanitize:
+	COURSE_SIM=0 $(SANITIZER) --tool memcheck --report-api-errors no --error-exitcode 1 \
+		$(PYTHON) -m course check 01 --impl solutions
+	COURSE_SIM=0 $(SANITIZER) --tool racecheck --error-exitcode 1 \
+		$(PYTHON) -m course check 01 --impl solutions
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -27,17 +27,20 @@ def test_malformed_trees_are_named(parents, message):
         trees.dfs_times(parents)
 
 
-@pytest.mark.parametrize("parents, error, message", [
-    ([[-1, 0]], TypeError, "parents must be a torch.Tensor"),
-    (torch.tensor([[-1, 0]], dtype=torch.int64), TypeError, "parents must have dtype int32"),
-    (torch.tensor([-1, 0], dtype=torch.int32), ValueError, "parents must have 2 dimensions"),
-    (torch.empty((1, 0), dtype=torch.int32), ValueError, "parents must not be empty"),
-    (torch.tensor([[-1, 0]], dtype=torch.int32, device=OTHER_DEVICE), ValueError, "parents must be on"),
-    (torch.tensor([[-1, 0, 0, 1]], dtype=torch.int32)[:, ::2], ValueError, "parents must be contiguous"),
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: [[-1, 0]], TypeError, "parents must be a torch.Tensor"),
+    (lambda: torch.tensor([[-1, 0]], dtype=torch.int64, device=DEVICE), TypeError,
+     "parents must have dtype int32"),
+    (lambda: _parents([-1, 0])[0], ValueError, "parents must have 2 dimensions"),
+    (lambda: torch.empty((1, 0), dtype=torch.int32, device=DEVICE), ValueError,
+     "parents must not be empty"),
+    (lambda: torch.tensor([[-1, 0]], dtype=torch.int32, device=OTHER_DEVICE), ValueError,
+     "parents must be on"),
+    (lambda: _parents([-1, 0, 0, 1])[:, ::2], ValueError, "parents must be contiguous"),
 ])
-def test_wrong_types_shapes_and_devices_are_named(parents, error, message):
+def test_wrong_types_shapes_and_devices_are_named(make, error, message):
     with pytest.raises(error, match=message):
-        trees.dfs_times(parents)
+        trees.dfs_times(make())
 
 
 def test_mask_launchers_check_their_times():

@@ -85,7 +85,9 @@ def test_kernel_stubs_are_detected_before_launch():
     assert kernel_stub_name(solution.tree_mask_kernel) is None
     with pytest.raises(ExerciseNotImplemented, match="trees.dfs_times_kernel"):
         import torch
-        lesson.dfs_times(torch.tensor([[-1, 0]], dtype=torch.int32))
+
+        import course
+        lesson.dfs_times(torch.tensor([[-1, 0]], dtype=torch.int32, device=course.torch_device()))
 
 
 def test_release_refuses_to_erase_written_exercises(tmp_path):
