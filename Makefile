@@ -8,8 +8,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: lab test lint release gpu-test gpu-sanitize clean
 
+# JupyterLab refuses to run as root (as in many containers) unless told it may.
+LAB_FLAGS := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/00_setup_and_tour.ipynb
+	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/00_setup_and_tour.ipynb
 
 # Notebooks run with the reference solutions (students' lessons/ are stubs until they write them).
 test: $(STAMP)

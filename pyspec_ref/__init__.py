@@ -14,74 +14,9 @@ submodule of the same name on the package. Import the module's names directly
 ``importlib.import_module("pyspec_ref.attention")``.
 """
 
-from .attention import (
-    attention,
-    attention_with_lse,
-    flash_attention,
-    merge_attention,
-    online_softmax,
-    online_softmax_stats,
-    scores,
-    softmax,
-    tree_attention,
-)
-from .trees import (
-    ancestors,
-    bfs_order,
-    bitmask_from_mask,
-    causal_mask,
-    chain_parents,
-    children,
-    dense_mask_bits,
-    depths,
-    dfs_order,
-    dfs_times,
-    interval_mask_bits,
-    mask_from_bitmask,
-    parents_from_times,
-    relabel,
-    root,
-    sees,
-    tree_bitmask,
-    tree_mask,
-    tree_mask_from_times,
-    validate_parents,
-    validate_times,
-    validate_topological,
-)
+from . import attention as _attention_module
+from . import trees as _trees_module
+from .attention import *  # noqa: F403  (each module's __all__ is its public API)
+from .trees import *  # noqa: F403
 
-__all__ = [
-    # trees
-    "ancestors",
-    "bfs_order",
-    "bitmask_from_mask",
-    "causal_mask",
-    "chain_parents",
-    "children",
-    "dense_mask_bits",
-    "depths",
-    "dfs_order",
-    "dfs_times",
-    "interval_mask_bits",
-    "mask_from_bitmask",
-    "parents_from_times",
-    "relabel",
-    "root",
-    "sees",
-    "tree_bitmask",
-    "tree_mask",
-    "tree_mask_from_times",
-    "validate_parents",
-    "validate_times",
-    "validate_topological",
-    # attention
-    "attention",
-    "attention_with_lse",
-    "flash_attention",
-    "merge_attention",
-    "online_softmax",
-    "online_softmax_stats",
-    "scores",
-    "softmax",
-    "tree_attention",
-]
+__all__ = [*_trees_module.__all__, *_attention_module.__all__]

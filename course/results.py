@@ -1,0 +1,75 @@
+"""Measurement files shared by every suite: results/<device>/<suite>.json.
+
+Schema: {"suite": str, "device": str, "date": ISO-8601, "software": {package: version},
+"rows": [{"name": str, "median_ms": float, "max_abs_err": float, ...sizes such as B, H, N, d}]}
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import re
+from pathlib import Path
+
+from . import runtime
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+REQUIRED_ROW_KEYS = {"name": str, "median_ms": float, "max_abs_err": float}
+
+
+def device_folder(device_name: str) -> str:
+    """A short folder name for a device: 'NVIDIA H100 80GB HBM3' -> 'h100'."""
+    found = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", device_name.upper())
+    return (found.group(1) if found else re.sub(r"\W+", "-", device_name)).lower()
+
+
+def validate(document: dict, where: str = "results") -> dict:
+    """Check a results document against the schema; errors name the field."""
+    if not isinstance(document, dict):
+        raise ValueError(f"{where} must be a JSON object")
+    for key, kind in (("suite", str), ("device", str), ("date", str), ("software", dict),
+                      ("rows", list)):
+        if not isinstance(document.get(key), kind):
+            raise ValueError(f"{where}: field {key!r} must be a {kind.__name__}")
+    try:
+        datetime.datetime.fromisoformat(document["date"])
+    except ValueError:
+        raise ValueError(f"{where}: field 'date' must be ISO-8601, got {document['date']!r}") from None
+    for index, row in enumerate(document["rows"]):
+        for key, kind in REQUIRED_ROW_KEYS.items():
+            value = row.get(key) if isinstance(row, dict) else None
+            if kind is float:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            else:
+                ok = isinstance(value, kind)
+            if not ok:
+                raise ValueError(f"{where}: rows[{index}].{key} must be a finite {kind.__name__}")
+    return document
+
+
+def save(suite: str, rows: list[dict], directory: Path | None = None) -> Path:
+    """Write this GPU's measurements as results/<device>/<suite>.json and return the path."""
+    if runtime.SIMULATOR:
+        raise RuntimeError("save() records GPU measurements; the simulator has none to record")
+    device = runtime.device_name()
+    document = validate({
+        "suite": suite, "device": device,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "software": runtime.software_versions(), "rows": rows,
+    }, f"suite {suite!r}")
+    path = (directory or RESULTS / device_folder(device)) / f"{suite}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    return path
+
+
+def load(suite: str, device: str | None = None, directory: Path = RESULTS) -> dict:
+    """Read committed measurements of a suite (from the one device folder that has it, by default)."""
+    candidates = sorted(directory.glob(f"{device or '*'}/{suite}.json"))
+    if not candidates:
+        raise FileNotFoundError(f"no committed results for suite {suite!r} under {directory}")
+    if len(candidates) > 1 and device is None:
+        names = ", ".join(p.parent.name for p in candidates)
+        raise ValueError(f"suite {suite!r} has results for several devices ({names}): pass device=")
+    return validate(json.loads(candidates[0].read_text()), str(candidates[0]))

@@ -1,0 +1,35 @@
+"""Timing kernels honestly: warm up, then the median of many runs, on a GPU only.
+
+The simulator's times say nothing about a GPU, so `bench` refuses to run there;
+notebooks in the simulator plot the committed measurements instead
+(`course.results.load`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import runtime
+
+
+class NoTimingInSimulator(RuntimeError):
+    """Timings are only meaningful on a GPU."""
+
+
+def bench(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 200) -> float:
+    """Median time of fn() in milliseconds (triton.testing.do_bench: CUDA events, warm-up first).
+
+    Time random inputs, never zeros, and put the baselines in the same run.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    for name, value in (("warmup_ms", warmup_ms), ("rep_ms", rep_ms)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{name} must be a positive number of milliseconds, got {value!r}")
+    if runtime.SIMULATOR:
+        raise NoTimingInSimulator(
+            "bench() needs a GPU: the simulator's times say nothing about one. "
+            "Read the committed measurements with course.results.load(suite) instead.")
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
