@@ -76,3 +76,23 @@ def require_times(start: torch.Tensor, end: torch.Tensor, names=("start", "end")
                              f"[{int(times.min())}, {int(times.max())}]")
     if bool((start > end).any()):
         raise ValueError(f"{names[0]} must not exceed {names[1]} (a node's interval is [start, end])")
+
+
+def require_interpretable_dtype(value: torch.Tensor, name: str) -> None:
+    """Refuse bf16 in Triton's interpreter, whose bf16 tl.dot computes wrong results.
+
+    On a GPU bf16 is fine; in the interpreter use fp16 or fp32 (the checks do).
+    """
+    if runtime.SIMULATOR and value.dtype == torch.bfloat16:
+        raise TypeError(f"{name} is bfloat16, but Triton's interpreter computes bf16 tl.dot wrongly; "
+                        "use float16 or float32 in the simulator")
+
+
+def require_dot_block(**blocks: int) -> None:
+    """Tile sizes of a tl.dot that a GPU compiles: powers of two, at least 16.
+
+    The interpreter accepts any shape, so a kernel tuned there could fail to compile on a GPU.
+    """
+    for name, size in blocks.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 16 or size & (size - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 for tl.dot on a GPU, got {size!r}")

@@ -113,3 +113,17 @@ def test_oracle_agrees_with_pyspec_ref():
                                                    start[0].tolist(), end[0].tolist())
     assert torch.allclose(out[0, 0], torch.tensor(want_out, dtype=torch.float64), atol=1e-12)
     assert torch.allclose(lse[0, 0], torch.tensor(want_lse, dtype=torch.float64), atol=1e-12)
+
+
+def test_triton_guards():
+    from course.validate import require_dot_block, require_interpretable_dtype
+
+    require_dot_block(BLOCK_M=16, BLOCK_N=64)
+    with pytest.raises(ValueError, match="BLOCK_K must be a power of two >= 16"):
+        require_dot_block(BLOCK_K=24)
+    with pytest.raises(ValueError, match="BLOCK_N must be a power of two >= 16"):
+        require_dot_block(BLOCK_N=8)
+    require_interpretable_dtype(torch.empty(2, dtype=torch.float16), "q")
+    if course.SIMULATOR:
+        with pytest.raises(TypeError, match="q is bfloat16"):
+            require_interpretable_dtype(torch.empty(2, dtype=torch.bfloat16), "q")
