@@ -26,10 +26,6 @@ def tree_cases(seed: int, tile: int) -> list[tuple[str, list[inputs.TreeCase]]]:
     return batches
 
 
-def expected_times(batch):
-    return inputs.dfs_times_tensors(batch)
-
-
 def check_dfs_times(module, seed: int):
     """dfs_times(parents) must equal pyspec_ref.dfs_times on every tree, twice in a row."""
     device = runtime.torch_device()
@@ -38,7 +34,7 @@ def check_dfs_times(module, seed: int):
             parents = inputs.batch_of_trees(batch, device)
             got = module.dfs_times(parents)
             again = module.dfs_times(parents)
-            start, end = expected_times(batch)
+            start, end = inputs.dfs_times_tensors(batch)
             for what, value, want in (("start", got[0], start), ("end", got[1], end)):
                 problem = compare_ints(value, want, what, ("batch", "node"))
                 if problem:
@@ -78,7 +74,7 @@ def check_tree_mask(module, seed: int):
     device = runtime.torch_device()
     for name, batch in tree_cases(seed, tile=module.MASK_TILE):
         def run(name=name, batch=batch):
-            start, end = (t.to(device) for t in expected_times(batch))
+            start, end = (t.to(device) for t in inputs.dfs_times_tensors(batch))
             got = module.tree_mask(start, end)
             again = module.tree_mask(start, end)
             problem = mask_problem(got, batch, start, end, seed)
@@ -90,9 +86,8 @@ def check_tree_mask(module, seed: int):
         yield name, run
 
 
-def expected_bitmask(batch, start, end):
+def expected_bitmask(batch):
     """Bitmask words from pyspec_ref, as int64 (bit 63 is the sign bit) like the kernel's."""
-    del start, end
     rows = [pyspec_ref.tree_bitmask(list(case.parents)) for case in batch]
     signed = [[[w - (1 << 64) if w >= 1 << 63 else w for w in row] for row in tree] for tree in rows]
     return torch.tensor(signed, dtype=torch.int64)
@@ -111,9 +106,9 @@ def check_tree_bitmask(module, seed: int):
         if batch[0].n > 2048:
             continue  # the pure-Python bitmask is quadratic; large trees are covered by tree_mask
         def run(name=name, batch=batch):
-            start, end = (t.to(device) for t in expected_times(batch))
+            start, end = (t.to(device) for t in inputs.dfs_times_tensors(batch))
             got = module.tree_bitmask(start, end)
-            problem = compare_ints(got, expected_bitmask(batch, start, end), "word",
+            problem = compare_ints(got, expected_bitmask(batch), "word",
                                    ("batch", "query", "word"))
             return CaseResult(name, False, problem) if problem else None
         yield name, run
