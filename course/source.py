@@ -1,0 +1,31 @@
+"""Show kernels as source: a function's code, or the diff between two rungs of a ladder.
+
+Notebooks show each rung's one change as a diff generated from the solution
+modules, never pasted, so the text cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import textwrap
+
+
+def source_of(function) -> str:
+    """The source of a Python function or a Numba kernel (its py_func)."""
+    python_function = getattr(function, "py_func", None) or function
+    if not callable(python_function):
+        raise TypeError(f"function must be a function or a kernel, got {type(function).__name__}")
+    return textwrap.dedent(inspect.getsource(python_function))
+
+
+def diff(before, after, context: int = 3) -> str:
+    """A unified diff from one function's source to another's, e.g. rung 3's kernel to rung 4's."""
+    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
+        raise ValueError(f"context must be a non-negative int, got {context!r}")
+    old, new = source_of(before), source_of(after)
+    name_old = getattr(before, "__qualname__", getattr(before, "__name__", "before"))
+    name_new = getattr(after, "__qualname__", getattr(after, "__name__", "after"))
+    lines = difflib.unified_diff(old.splitlines(), new.splitlines(), fromfile=name_old,
+                                 tofile=name_new, n=context, lineterm="")
+    return "\n".join(lines)
