@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ast
-import inspect
-import textwrap
+
+from .source import source_of
 
 
 class ExerciseNotImplemented(NotImplementedError):
@@ -27,12 +27,11 @@ def todo(exercise: str):
 
 def kernel_stub_name(kernel) -> str | None:
     """The exercise a kernel's source still leaves undone, or None when it is written."""
-    py_func = getattr(kernel, "py_func", None) or getattr(kernel, "fn", None) or kernel
     try:
-        source = inspect.getsource(py_func)
+        source = source_of(kernel)
     except (OSError, TypeError):
         return None
-    for node in ast.walk(ast.parse(textwrap.dedent(source))):
+    for node in ast.walk(ast.parse(source)):
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)

@@ -26,6 +26,8 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import offset_copy
 
+import pyspec_ref
+
 __all__ = [
     "classify_tiles",
     "draw_mask",
@@ -85,16 +87,11 @@ def _int_vector(x, name: str) -> np.ndarray:
 
 
 def _as_parents(parents, name: str = "parents") -> np.ndarray:
+    """A validated parent array (one root, no cycle, ids in range), checked by pyspec_ref."""
     arr = _int_vector(parents, name)
-    n = len(arr)
-    if n == 0:
+    if len(arr) == 0:
         raise ValueError(f"{name} must hold at least one node")
-    if arr.min() < -1 or arr.max() >= n:
-        raise ValueError(f"{name} must hold node ids in [0, {n}) or -1 for the root, "
-                         f"got values in [{arr.min()}, {arr.max()}]")
-    roots = np.flatnonzero(arr == -1)
-    if len(roots) != 1:
-        raise ValueError(f"{name} must have exactly one root (parent -1), got {len(roots)}")
+    pyspec_ref.validate_parents(arr.tolist(), name)
     return arr
 
 
@@ -185,30 +182,10 @@ def _legend_below(ax, handles, ncol=None, gap_pt=30):
 # ----------------------------------------------------------------------------- trees
 
 
-def _children(parents: np.ndarray) -> list[list[int]]:
-    kids: list[list[int]] = [[] for _ in range(len(parents))]
-    for child, parent in enumerate(parents.tolist()):  # increasing id, as in the DFS
-        if parent >= 0:
-            kids[parent].append(child)
-    return kids
-
-
-def _preorder(parents: np.ndarray, name: str = "parents"):
-    """Nodes in preorder, children lists and depths, without recursion (deep chains)."""
-    kids = _children(parents)
-    root = int(np.flatnonzero(parents == -1)[0])
-    order, depth = [], np.zeros(len(parents), dtype=np.int64)
-    stack = [root]
-    while stack:
-        v = stack.pop()
-        order.append(v)
-        for c in reversed(kids[v]):  # reversed so the smallest id pops first
-            depth[c] = depth[v] + 1
-            stack.append(c)
-    if len(order) != len(parents):  # unreachable nodes sit on a cycle
-        raise ValueError(f"{name} must describe a tree, but {len(parents) - len(order)} "
-                         "nodes are not reachable from the root (a cycle?)")
-    return order, kids, depth
+def _preorder(parents: np.ndarray):
+    """Nodes in preorder, children lists and depths, from the specification's tree functions."""
+    as_list = parents.tolist()
+    return pyspec_ref.dfs_order(as_list), pyspec_ref.children(as_list), pyspec_ref.depths(as_list)
 
 
 def tree_layout(parents) -> dict[int, tuple[float, float]]:
@@ -229,14 +206,6 @@ def tree_layout(parents) -> dict[int, tuple[float, float]]:
         if kids[v]:
             x[v] = (x[kids[v][0]] + x[kids[v][-1]]) / 2
     return {v: (float(x[v]), float(-depth[v])) for v in range(len(p))}
-
-
-def _ancestors_or_self(parents: np.ndarray, q: int) -> set[int]:
-    seen = set()
-    while q != -1 and q not in seen:
-        seen.add(q)
-        q = int(parents[q])
-    return seen
 
 
 def _tree_sizes(ax, n: int, width: float, height: float, has_times: bool) -> dict:
@@ -276,7 +245,7 @@ def draw_tree(parents, start=None, end=None, ax=None, highlight=None, title=None
     times = _as_times(start, end, n) if start is not None else None
     if highlight is not None:
         highlight = _as_index(highlight, n, "highlight")
-    lit = _ancestors_or_self(p, highlight) if highlight is not None else set()
+    lit = set(pyspec_ref.ancestors(p.tolist(), highlight)) if highlight is not None else set()
     pos = tree_layout(p)
     xy = np.array([pos[v] for v in range(n)])
     width, height = xy[:, 0].max() + 1, -xy[:, 1].min() + 1

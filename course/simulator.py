@@ -19,11 +19,11 @@ Warp shuffles are not implemented by the simulator: course kernels do not use th
 from __future__ import annotations
 
 import ast
-import inspect
 import sys
-import textwrap
 
 import numpy as np
+
+from .source import python_function, source_of
 
 _installed = False
 
@@ -146,9 +146,9 @@ class KernelLintError(ValueError):
 
 def lint_kernel(kernel) -> None:
     """Reject run-time sized local/shared arrays, which pass in the simulator and fail on a GPU."""
-    py_func = getattr(kernel, "py_func", None) or getattr(kernel, "fn", None) or kernel
+    py_func = python_function(kernel)
     try:
-        source = textwrap.dedent(inspect.getsource(py_func))
+        source = source_of(kernel)
     except (OSError, TypeError):
         return
     constants = {

@@ -11,12 +11,17 @@ import inspect
 import textwrap
 
 
+def python_function(kernel):
+    """The Python function behind a Numba kernel (py_func on a GPU, fn in the simulator)."""
+    return getattr(kernel, "py_func", None) or getattr(kernel, "fn", None) or kernel
+
+
 def source_of(function) -> str:
-    """The source of a Python function or a Numba kernel (its py_func)."""
-    python_function = getattr(function, "py_func", None) or function
-    if not callable(python_function):
+    """The dedented source of a Python function or a Numba kernel."""
+    plain = python_function(function)
+    if not callable(plain):
         raise TypeError(f"function must be a function or a kernel, got {type(function).__name__}")
-    return textwrap.dedent(inspect.getsource(python_function))
+    return textwrap.dedent(inspect.getsource(plain))
 
 
 def diff(before, after, context: int = 3) -> str:

@@ -66,6 +66,14 @@ class Report:
         return self.text()
 
 
+def rerun_problem(first, second) -> str:
+    """'' when two runs on the same input agree bit for bit; a kernel race shows up here."""
+    pairs = zip(first, second, strict=True) if isinstance(first, tuple) else [(first, second)]
+    if all(a.shape == b.shape and bool((a == b).all()) for a, b in pairs):
+        return ""
+    return "two runs on the same input differ: a race?"
+
+
 class CheckFailed(AssertionError):
     """An exercise's output differs from the reference; the message says where."""
 
