@@ -9,6 +9,8 @@ from . import impl as implementations
 from .checks import Report, run_cases
 from .checks import attention as attention_checks
 from .checks import trees as tree_checks
+from .checks.tree_attention import check_tree_attention
+from .ladder import RUNGS
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,11 @@ EXERCISES: dict[str, Exercise] = {
                  attention_checks.check_flash_attention, "tiled attention returning the LSE"),
         Exercise("attention.merge_attention", "02_attention", 2,
                  attention_checks.check_merge_attention, "merging partial results by their LSE"),
+        Exercise("ladder_bug.tree_attention_kernel", "05_times_in_shared", 3, check_tree_attention,
+                 "find the bug: rung 3 with one realistic defect"),
     ]
+    + [Exercise(f"{rung.module}.tree_attention_kernel", rung.notebook, 4, check_tree_attention,
+                f"rung {rung.name}: {rung.change}") for rung in RUNGS]
 }
 
 

@@ -7,6 +7,7 @@ NumPy view of the same memory, so what the kernel writes lands in the tensor.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
 
 from . import runtime, simulator
@@ -63,3 +64,23 @@ def launch(kernel, grid, block, *args, names: Sequence[str] | None = None) -> No
     names = list(names) if names is not None else [f"argument {i}" for i in range(len(args))]
     converted = [kernel_argument(arg, name) for arg, name in zip(args, names, strict=True)]
     kernel[grid, block](*converted)
+
+
+def specialize(function, **constants):
+    """Compile a copy of a kernel function in which some module constants take other values.
+
+    CUDA needs shared- and local-array sizes when the kernel compiles, and Numba
+    freezes a kernel's module globals as compile-time constants; so a kernel written
+    for "head dimension D" is compiled once per D this way. (Numbers captured from
+    an enclosing function would not do: Numba types them as run-time integers.)
+    """
+    from numba import cuda
+
+    missing = sorted(set(constants) - set(function.__globals__))
+    if missing:
+        raise ValueError(f"constants must already be module constants of {function.__name__}; "
+                         f"not found: {', '.join(missing)}")
+    copy = types.FunctionType(function.__code__, {**function.__globals__, **constants},
+                              function.__name__, function.__defaults__, function.__closure__)
+    copy.__qualname__, copy.__doc__ = function.__qualname__, function.__doc__
+    return cuda.jit(copy)

@@ -7,6 +7,11 @@ to `### END SOLUTION`, becomes a stub that fails loudly:
     todo("trees.dfs_times")
 
 The exercise is named after the module and the function that holds the region.
+
+A find-the-bug exercise gives the student a defective kernel instead of a stub: its
+region holds the correct code, then a `### LESSON` line, then the defective code
+commented out; the lesson gets the defective lines uncommented (or nothing, for a
+missing line) and no todo, so the kernel runs and the checks show the symptoms.
 Everything outside the regions is copied unchanged, so a lesson module has the
 same API as its solution and the checks can call either.
 """
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BEGIN = "### BEGIN SOLUTION"
+LESSON = "### LESSON"
 END = "### END SOLUTION"
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = (
@@ -81,13 +87,25 @@ def stub_source(source: str, module: str, where: str) -> str:
     out, cursor = [], 0
     for region in regions:
         out.extend(lines[cursor : region.first])
+        cursor = region.last + 1
+        body = lines[region.first + 1 : region.last]
+        bug = [index for index, line in enumerate(body) if line.strip() == LESSON]
+        if bug:
+            out.extend(_uncomment(line) for line in body[bug[0] + 1 :])
+            continue
         indent = lines[region.first][: len(lines[region.first]) - len(lines[region.first].lstrip())]
         out.append(f"{indent}# YOUR CODE HERE: exercise {region.exercise} "
                    "(delete the todo line when you start)\n")
         out.append(f'{indent}todo("{region.exercise}")\n')
-        cursor = region.last + 1
     out.extend(lines[cursor:])
     return "".join(out)
+
+
+def _uncomment(line: str) -> str:
+    """'    # x = 1' -> '    x = 1': a defective line of a find-the-bug region."""
+    stripped = line.lstrip()
+    indent = line[: len(line) - len(stripped)]
+    return indent + stripped.removeprefix("# ").removeprefix("#")
 
 
 def _check_relative_imports(source: str, where: str) -> None:

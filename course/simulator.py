@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import sys
+import threading
 
 import numpy as np
 
@@ -76,6 +77,9 @@ def poisoned(shape, dtype, where: str) -> StrictArray:
     return array
 
 
+_shared_lock = threading.Lock()
+
+
 def install() -> None:
     """Patch the simulator once. Call only when the simulator is in use."""
     global _installed
@@ -103,10 +107,11 @@ def install() -> None:
             raise RuntimeError("Array alignment is not supported in cudasim")
         frame = sys._getframe(1)  # the simulator keys shared arrays by the line that declares them
         caller = (frame.f_code.co_filename, frame.f_lineno)
-        found = self._allocations.get(caller)
-        if found is None:
-            found = poisoned(shape, as_numpy_dtype(dtype), "shared memory")
-            self._allocations[caller] = found
+        with _shared_lock:  # the block's threads run concurrently: all must get the same array
+            found = self._allocations.get(caller)
+            if found is None:
+                found = poisoned(shape, as_numpy_dtype(dtype), "shared memory")
+                self._allocations[caller] = found
         return found
 
     def local_array(self, shape, dtype, alignment=None):
@@ -167,10 +172,22 @@ def lint_kernel(kernel) -> None:
             and node.args
         ):
             continue
-        for name in ast.walk(node.args[0]):
-            if isinstance(name, ast.Name) and name.id not in constants:
-                raise KernelLintError(
-                    f"kernel {py_func.__name__}: cuda.{owner.attr}.array size uses {name.id!r}, "
-                    "which is not a module-level integer constant. The simulator accepts a run-time "
-                    "size, but a GPU needs the size at compile time."
-                )
+        shape = node.args[0]
+        for extent in shape.elts if isinstance(shape, ast.Tuple) else [shape]:
+            _lint_extent(extent, constants, f"kernel {py_func.__name__}: cuda.{owner.attr}.array")
+
+
+def _lint_extent(extent: ast.expr, constants: set[str], where: str) -> None:
+    """One extent of an array shape: an int literal or the name of a module-level int constant.
+
+    Numba does not fold arithmetic in a shape: (TILE + 1) is a run-time int64 on a GPU.
+    """
+    if isinstance(extent, ast.Constant) and isinstance(extent.value, int):
+        return
+    if isinstance(extent, ast.Name) and extent.id in constants:
+        return
+    text = ast.unparse(extent)
+    why = ("is arithmetic, which Numba does not fold at compile time: give it a module-level "
+           "name" if not isinstance(extent, ast.Name) else "is not a module-level integer constant")
+    raise KernelLintError(f"{where} size {text!r} {why}. The simulator accepts it, but a GPU "
+                          "needs every size at compile time.")

@@ -96,3 +96,31 @@ def require_dot_block(**blocks: int) -> None:
     for name, size in blocks.items():
         if isinstance(size, bool) or not isinstance(size, int) or size < 16 or size & (size - 1):
             raise ValueError(f"{name} must be a power of two >= 16 for tl.dot on a GPU, got {size!r}")
+
+
+def require_qkv(q, k, v, head_dims) -> tuple[int, int, int, int]:
+    """Check attention's q, k, v: float32 (B, H, N, d) with d in head_dims; return (B, H, N, d)."""
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        require_tensor(tensor, name, ndim=4, dtypes=(torch.float32,))
+    require_same_shape("q", q, "k", k)
+    require_same_shape("q", q, "v", v)
+    batch, heads, n, d = q.shape
+    if d not in head_dims:
+        raise ValueError(f"q's head dimension (last axis) must be one of {tuple(head_dims)} for this "
+                         f"kernel, got {d}")
+    return batch, heads, n, d
+
+
+def require_tree_attention_inputs(q, k, v, start, end, head_dims) -> tuple[int, int, int, int]:
+    """Check a tree-attention launcher's inputs and return (B, H, N, d).
+
+    q, k, v: float32 (B, H, N, d) with d in head_dims; start, end: int32 (B, N) DFS times.
+    """
+    batch, heads, n, d = require_qkv(q, k, v, head_dims)
+    for name, times in (("start", start), ("end", end)):
+        require_tensor(times, name, ndim=2, dtypes=(torch.int32,))
+        if tuple(times.shape) != (batch, n):
+            raise ValueError(f"{name} must have shape (B, N) = {(batch, n)} to match q, "
+                             f"got {tuple(times.shape)}")
+    require_times(start, end)
+    return batch, heads, n, d

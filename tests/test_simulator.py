@@ -7,6 +7,7 @@ from numba import cuda
 
 import course
 from course import launch, simulator
+from course.source import python_function
 
 pytestmark = pytest.mark.skipif(course.on_gpu(), reason="simulator-only behaviour")
 TILE = 4
@@ -54,6 +55,28 @@ def runtime_sized_local(x, n):
 def test_runtime_sized_local_arrays_are_rejected():
     with pytest.raises(simulator.KernelLintError, match="'n'"):
         launch.launch(runtime_sized_local, 1, 1, torch.rand(2), 2)
+
+
+WIDTH = 32
+
+
+@cuda.jit
+def arithmetic_sized_shared(x):
+    padded = cuda.shared.array((WIDTH, WIDTH + 1), dtype=np.float32)  # GPU: WIDTH + 1 is an int64
+    padded[0, 0] = x[0]
+
+
+def test_arithmetic_in_array_shapes_is_rejected():
+    with pytest.raises(simulator.KernelLintError, match="'WIDTH \\+ 1' is arithmetic"):
+        launch.launch(arithmetic_sized_shared, 1, 1, torch.rand(2))
+
+
+def test_a_specialized_kernel_uses_its_own_constants():
+    plain = python_function(arithmetic_sized_shared)
+    assert python_function(launch.specialize(plain, WIDTH=8)).__globals__["WIDTH"] == 8
+    assert plain.__globals__["WIDTH"] == 32  # the module's own value is untouched
+    with pytest.raises(ValueError, match="not found: HEIGHT"):
+        launch.specialize(plain, HEIGHT=8)
 
 
 def test_launch_rejects_bad_configurations_and_devices():

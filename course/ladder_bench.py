@@ -1,0 +1,173 @@
+"""The ladder's measurements (notebook 11): `python -m course.ladder_bench` on a GPU.
+
+Writes results/<device>/ladder.json in the shared results schema. Every row times
+one kernel on one benchmark tree with `course.timing.bench` (warm-up, then the
+median of many runs) on random inputs; the baselines run in the same process on
+the same inputs:
+  sdpa_dense_fp32  torch.nn.functional.scaled_dot_product_attention, fp32, the dense bool mask
+  flex_fp32        FlexAttention (torch.compile'd), fp32, a block mask from the same DFS times
+Benchmark trees follow FlashSpecInfer §6: a prompt chain, then a random tree with
+fan-out 1-10, N nodes in all, numbered breadth first (as a tree is drafted) or in
+DFS order. max_abs_err compares batch entry 0, heads 0-1 with the float64 oracle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+
+import torch
+
+from . import inputs, ladder, oracle, results, timing
+from .impl import load
+
+PAPER_SHAPE = (10, 10, 1024, 64)  # (B, H, N, d) of FlashSpecInfer's Figure 3
+PROMPT = 32
+SEED = 2024
+ERROR_HEADS = 2
+
+
+def benchmark_times(batch: int, n: int, order: str, seed: int = SEED):
+    """(start, end) of `batch` benchmark trees of n nodes, on the GPU."""
+    rng = random.Random(seed)
+    trees = [inputs.speculative_tree(n, min(PROMPT, n), rng, order=order) for _ in range(batch)]
+    return tuple(t.cuda() for t in inputs.dfs_times_tensors(trees))
+
+
+def random_qkv(batch, heads, n, d, seed: int = SEED):
+    return tuple(inputs.random_tensor((batch, heads, n, d), seed + j, torch.float32, "cuda")
+                 for j in range(3))
+
+
+def max_abs_err(out, q, k, v, start, end) -> float:
+    """Largest error on batch entry 0, the first heads, against the float64 oracle."""
+    h = slice(0, ERROR_HEADS)
+    want, _ = oracle.tree_attention(q[:1, h], k[:1, h], v[:1, h], start[:1], end[:1])
+    return float((out[:1, h].double() - want).abs().max())
+
+
+def sdpa_dense(q, k, v, start, end):
+    mask = oracle.dense_tree_mask(start, end).unsqueeze(1)  # built once, outside the timing
+    return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+_flex = None
+
+
+def flex(q, k, v, start, end):
+    global _flex
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if _flex is None:
+        _flex = torch.compile(flex_attention, dynamic=False)
+
+    def sees(b, h, q_idx, kv_idx):
+        return (start[b, kv_idx] <= start[b, q_idx]) & (end[b, q_idx] <= end[b, kv_idx])
+
+    batch, _, n, _ = q.shape
+    block_mask = create_block_mask(sees, batch, None, n, n, device="cuda")
+    return lambda: _flex(q, k, v, block_mask=block_mask)
+
+
+def rung_fn(rung: ladder.Rung, q, k, v, start, end):
+    module = load(rung.module, "solutions")
+    if rung.module == "ladder_dense":
+        mask = oracle.dense_tree_mask(start, end)
+        return lambda: module.tree_attention_dense(q, k, v, mask)
+    return lambda: module.tree_attention(q, k, v, start, end)
+
+
+def kernel_resources(rung: ladder.Rung, d: int) -> dict:
+    """Static shared memory per block and registers per thread of a rung's compiled kernel."""
+    kernel = load(rung.module, "solutions").build(d)
+    return {"shared_bytes": int(kernel.get_shared_mem_per_block()),
+            "registers": int(kernel.get_regs_per_thread()), "threads": 32}
+
+
+def measure(name, make, figure, batch, heads, n, d, order, *, rep_ms=200, extra=None) -> dict:
+    q, k, v = random_qkv(batch, heads, n, d)
+    start, end = benchmark_times(batch, n, order)
+    if name in ladder.BY_NAME:
+        fn = rung_fn(ladder.BY_NAME[name], q, k, v, start, end)
+    else:
+        fn = make(q, k, v, start, end)
+    out = fn()
+    torch.cuda.synchronize()
+    row = {"name": name, "figure": figure, "B": batch, "H": heads, "N": n, "d": d, "order": order,
+           "median_ms": timing.bench(fn, rep_ms=rep_ms), "max_abs_err": max_abs_err(out, q, k, v, start, end)}
+    row.update(extra or {})
+    print(f"{figure:8} {name:16} B={batch:<3} H={heads:<3} N={n:<6} {order}: {row['median_ms']:.4f} ms, "
+          f"err {row['max_abs_err']:.1e}", flush=True)
+    return row
+
+
+BASELINES = {"sdpa_dense_fp32": sdpa_dense, "flex_fp32": flex}
+
+
+def ladder_rows() -> list[dict]:
+    """Figure 3: every rung and both baselines at the paper's shape; rung 9 in both orders."""
+    batch, heads, n, d = PAPER_SHAPE
+    rows = []
+    for rung in ladder.RUNGS:
+        extra = kernel_resources(rung, d)
+        rows.append(measure(rung.name, None, "ladder", batch, heads, n, d, "bfs", extra=extra))
+    rows.append(measure("k9", None, "ladder", batch, heads, n, d, "dfs",
+                        extra=kernel_resources(ladder.BY_NAME["k9"], d)))
+    for name, make in BASELINES.items():
+        rows.append(measure(name, make, "ladder", batch, heads, n, d, "bfs"))
+    return rows
+
+
+def sweep_rows() -> list[dict]:
+    """Figures 5-7: dense vs interval mask across N; the kernels vs PyTorch across N and B."""
+    rows = []
+    heads, d = PAPER_SHAPE[1], PAPER_SHAPE[3]
+    for n in (256, 512, 1024, 2048, 4096):
+        for name in ("k8", "k8_dense"):
+            rows.append(measure(name, None, "dense", 10, heads, n, d, "bfs"))
+    shapes = [(10, n) for n in (128, 256, 512, 1024, 2048)] + [(b, 1024) for b in (1, 4, 16)]
+    shapes += [(1, n) for n in (64, 128, 256)]
+    for batch, n in shapes:
+        for name, order in (("k8", "bfs"), ("k9", "bfs"), ("k9", "dfs")):
+            rows.append(measure(name, None, "pytorch", batch, heads, n, d, order))
+        for name, make in BASELINES.items():
+            rows.append(measure(name, make, "pytorch", batch, heads, n, d, "bfs"))
+    return rows
+
+
+def memory_rows(n: int = 1 << 18, batch: int = 2) -> list[dict]:
+    """§6.1 extended: at this size the dense mask (B * N^2 bytes) cannot be allocated;
+    the interval kernels still run (one timed run each: they take long)."""
+    rows = []
+    try:
+        mask = torch.empty((batch, n, n), dtype=torch.bool, device="cuda")
+        dense_allocated = True
+        del mask
+    except torch.OutOfMemoryError:
+        dense_allocated = False
+    torch.cuda.empty_cache()
+    memory = {"dense_mask_bytes": batch * n * n, "dense_mask_allocated": dense_allocated,
+              "gpu_bytes": torch.cuda.get_device_properties(0).total_memory}
+    for name, order in (("k9", "dfs"), ("k8", "bfs")):
+        rows.append(measure(name, None, "memory", batch, 1, n, 64, order, rep_ms=1, extra=memory))
+    return rows
+
+
+SECTIONS = {"ladder": ladder_rows, "sweeps": sweep_rows, "memory": memory_rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sections", nargs="*", default=list(SECTIONS), choices=list(SECTIONS))
+    args = parser.parse_args(argv)
+    torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape
+    rows = []
+    for section in args.sections:
+        rows += SECTIONS[section]()
+        print("saved", results.save("ladder", rows), flush=True)  # partial results survive a timeout
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

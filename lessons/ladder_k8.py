@@ -1,0 +1,149 @@
+# Student copy, generated from solutions/ladder_k8.py by `python -m course release`.
+# Write your code where a todo(...) line stands; everything else matches the solution.
+"""Rung 8 of the tree-attention ladder (notebook 10): register tiling of S = Q.K^T as well.
+
+Up to rung 7 the scores are computed one row per thread: each multiply-add reads
+one query element and one key element from shared memory. Here the 32 x 32 score
+tile is cut into 4 x 8 pieces: thread (ty, tx) owns rows 4ty..4ty+3 and keys tx,
+tx+4, ..., and for each of the D dimensions it loads 4 query and 8 key elements
+into registers for 32 multiply-adds (FlashSpecInfer §5.2, Figure 4). The key tile
+is now stored transposed, like the query tile, so that both reads are a column of
+a transposed tile; the score tile gets TILE + 1 columns so that the register
+tile's stores spread over the banks. The softmax, still one thread per row, applies
+the tree mask from the register bits while it reads the scores.
+
+Limits: float32; head dimension d in HEAD_DIMS (a multiple of TILE); any N >= 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+from numba import cuda, float32, int32
+
+from course.exercise import todo  # noqa: F401  (the lesson stubs call it)
+from course.launch import launch, specialize
+from course.validate import require_tree_attention_inputs
+
+TILE = 32  # Br = Bc: query rows and keys per tile
+THREADS = TILE  # one thread per query row (and per key row while loading)
+PADDED = TILE + 1  # a transposed tile's row length: consecutive rows start in different banks
+HEAD_DIMS = (32, 64)
+NEG_INF = np.float32(-np.inf)
+ZERO = np.float32(0)
+NOBODY = np.int32(-1)  # the DFS times of a row or key past N: no interval contains them
+ONE = np.float32(1)
+ROWS = 4  # output rows per thread in P.V
+COL_STRIDE = THREADS * ROWS // TILE  # threads sharing those rows; thread tx takes columns tx + 4c
+KEYS = TILE // COL_STRIDE  # keys per thread in Q.K^T
+ARGUMENTS = ("q", "k", "v", "start", "end", "out")
+
+# Compile-time constants of the kernel. It is plain Python until build(d) compiles a
+# copy of it with D = d and the constants derived from d (course.launch.specialize).
+D = HEAD_DIMS[-1]
+SCALE = np.float32(1 / math.sqrt(D))  # softmax(QK^T / sqrt(d))
+COLS = D // COL_STRIDE  # output columns per thread in P.V
+D_PADDED = D + 1  # the value tile's row length: its rows start in different banks
+
+
+def tree_attention_kernel(q, k, v, start, end, out):
+    b, h, i = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+    t = cuda.threadIdx.x
+    n = q.shape[2]
+    tiles = (n + TILE - 1) // TILE
+    q_t = cuda.shared.array((D, PADDED), float32)  # transposed; +1 spreads the store's banks
+    # YOUR CODE HERE: exercise ladder_k8.tree_attention_kernel (delete the todo line when you start)
+    todo("ladder_k8.tree_attention_kernel")
+    v_tile = cuda.shared.array((TILE, D_PADDED), float32)  # also stages the output tile
+    # YOUR CODE HERE: exercise ladder_k8.tree_attention_kernel (delete the todo line when you start)
+    todo("ladder_k8.tree_attention_kernel")
+    key_start = cuda.shared.array(TILE, int32)
+    key_end = cuda.shared.array(TILE, int32)
+    row_scale = cuda.shared.array(TILE, float32)  # each row's alpha, from its softmax thread
+    row_sum = cuda.shared.array(TILE, float32)
+    # Thread (ty, tx) owns output rows ROWS*ty .. ROWS*ty+3, columns tx, tx + COL_STRIDE, ...
+    ty, tx = t // COL_STRIDE, t % COL_STRIDE
+    acc = cuda.local.array((ROWS, COLS), float32)
+    p_reg = cuda.local.array(ROWS, float32)
+    # YOUR CODE HERE: exercise ladder_k8.tree_attention_kernel (delete the todo line when you start)
+    todo("ladder_k8.tree_attention_kernel")
+    row = i * TILE + t
+    for r in range(TILE):  # the 32 threads load row r together: one coalesced read
+        for x0 in range(0, D, TILE):
+            q_t[x0 + t, r] = q[b, h, i * TILE + r, x0 + t] if i * TILE + r < n else ZERO
+    for rr in range(ROWS):
+        for cc in range(COLS):
+            acc[rr, cc] = ZERO
+    # A row past N gets start -1 so that no key's interval contains it.
+    my_start = start[b, row] if row < n else NOBODY
+    my_end = end[b, row] if row < n else NOBODY
+    m_prev = NEG_INF
+    l_prev = ZERO
+    for j in range(tiles):
+        # The threads load each key row together (zeros past N, so no NaN reaches P.V).
+        for r in range(TILE):
+            key_r = j * TILE + r
+            for x0 in range(0, D, TILE):
+                # YOUR CODE HERE: exercise ladder_k8.tree_attention_kernel (delete the todo line when you start)
+                todo("ladder_k8.tree_attention_kernel")
+                v_tile[r, x0 + t] = v[b, h, key_r, x0 + t] if key_r < n else ZERO
+        key = j * TILE + t
+        # A key past N gets the empty interval [N, -1], which contains no row.
+        key_start[t] = start[b, key] if key < n else n
+        key_end[t] = end[b, key] if key < n else NOBODY
+        cuda.syncthreads()
+        # YOUR CODE HERE: exercise ladder_k8.tree_attention_kernel (delete the todo line when you start)
+        todo("ladder_k8.tree_attention_kernel")
+            alpha = math.exp(m_prev - m_new)  # rescales what earlier tiles added
+            l_prev = alpha * l_prev + l_tile
+            m_prev = m_new
+        else:  # no key seen yet: every probability is 0 (not exp(-inf + inf) = NaN)
+            for c in range(TILE):
+                s_t[c, t] = ZERO
+        row_scale[t] = alpha
+        cuda.syncthreads()  # P and alpha are complete before other threads read them
+        # P.V on a register tile: 4 probabilities and D/4 values feed 4 x D/4 multiply-adds.
+        for rr in range(ROWS):
+            alpha_r = row_scale[ROWS * ty + rr]
+            for cc in range(COLS):
+                acc[rr, cc] *= alpha_r
+        for c in range(TILE):
+            for rr in range(ROWS):
+                p_reg[rr] = s_t[c, ROWS * ty + rr]
+            for cc in range(COLS):
+                v_c = v_tile[c, tx + COL_STRIDE * cc]
+                for rr in range(ROWS):
+                    acc[rr, cc] += p_reg[rr] * v_c
+        cuda.syncthreads()  # every thread is done with this key tile before it is overwritten
+    row_sum[t] = l_prev if row < n else ONE  # a row past N has no keys: keep 0/0 out of the tile
+    cuda.syncthreads()
+    for rr in range(ROWS):
+        for cc in range(COLS):
+            v_tile[ROWS * ty + rr, tx + COL_STRIDE * cc] = acc[rr, cc] / row_sum[ROWS * ty + rr]
+    cuda.syncthreads()
+    for r in range(TILE):  # the 32 threads write row r together: one coalesced store
+        out_row = i * TILE + r
+        if out_row < n:
+            for x0 in range(0, D, TILE):
+                out[b, h, out_row, x0 + t] = v_tile[r, x0 + t]
+
+
+@functools.cache
+def build(d: int):
+    """The kernel compiled for head dimension d."""
+    return specialize(tree_attention_kernel, D=d, SCALE=np.float32(1 / math.sqrt(d)),
+                      COLS=d // COL_STRIDE, D_PADDED=d + 1)
+
+
+def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor,
+                   end: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d), masked by the tree) v for (B, H, N, d) float32 q, k, v
+    and (B, N) int32 DFS times; returns a new (B, H, N, d) tensor."""
+    batch, heads, n, d = require_tree_attention_inputs(q, k, v, start, end, HEAD_DIMS)
+    out = torch.empty_like(q)
+    query_tiles = (n + TILE - 1) // TILE
+    launch(build(d), (batch, heads, query_tiles), THREADS, q, k, v, start, end, out, names=ARGUMENTS)
+    return out

@@ -1,0 +1,119 @@
+"""Rung 2 of the tree-attention ladder (notebook 04): sequence parallelism.
+
+Rung 1 gives each (batch, head) one block, so B*H blocks share the GPU's SMs and a
+block walks every query tile in turn. Here the grid is (B, H, Tr): one block per
+query tile, the loop over key tiles is the only loop, and a row's running max, sum
+and output accumulator stay in the thread's own variables instead of travelling
+through global memory after every key tile (FlashAttention-2's loop order,
+FlashSpecInfer §5.2). The DFS times are still read from global memory at every
+mask test.
+
+Limits: float32; head dimension d in HEAD_DIMS; any N >= 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+from numba import cuda, float32
+
+from course.exercise import todo  # noqa: F401  (the lesson stubs call it)
+from course.launch import launch, specialize
+from course.validate import require_tree_attention_inputs
+
+TILE = 32  # Br = Bc: query rows and keys per tile
+THREADS = TILE  # one thread per query row (and per key row while loading)
+HEAD_DIMS = (32, 64)
+NEG_INF = np.float32(-np.inf)
+ZERO = np.float32(0)
+ARGUMENTS = ("q", "k", "v", "start", "end", "out")
+
+# Compile-time constants of the kernel. It is plain Python until build(d) compiles a
+# copy of it with D = d and the constants derived from d (course.launch.specialize).
+D = HEAD_DIMS[-1]
+SCALE = np.float32(1 / math.sqrt(D))  # softmax(QK^T / sqrt(d))
+
+
+def tree_attention_kernel(q, k, v, start, end, out):
+    ### BEGIN SOLUTION
+    b, h, i = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+    ### END SOLUTION
+    t = cuda.threadIdx.x
+    n = q.shape[2]
+    tiles = (n + TILE - 1) // TILE
+    q_tile = cuda.shared.array((TILE, D), float32)
+    k_tile = cuda.shared.array((TILE, D), float32)
+    v_tile = cuda.shared.array((TILE, D), float32)
+    s = cuda.shared.array((TILE, TILE), float32)
+    ### BEGIN SOLUTION
+    # This block's query tile is loaded once; the row's state lives in the thread.
+    acc = cuda.local.array(D, float32)  # this row's unnormalised output
+    row = i * TILE + t
+    for x in range(D):
+        q_tile[t, x] = q[b, h, row, x] if row < n else ZERO
+        acc[x] = ZERO
+    m_prev = NEG_INF
+    l_prev = ZERO
+    ### END SOLUTION
+    for j in range(tiles):
+        # Thread t loads key row t of the tile (zeros past N, so no NaN reaches P.V).
+        key = j * TILE + t
+        for x in range(D):
+            k_tile[t, x] = k[b, h, key, x] if key < n else ZERO
+            v_tile[t, x] = v[b, h, key, x] if key < n else ZERO
+        cuda.syncthreads()
+        ### BEGIN SOLUTION
+        if row < n:
+            # Scores of this row against the tile's keys; hidden keys score -inf.
+            m_new = m_prev
+            for c in range(TILE):
+                score = NEG_INF
+                col = j * TILE + c
+                if col < n and start[b, col] <= start[b, row] and end[b, row] <= end[b, col]:
+                    dot = ZERO
+                    for x in range(D):
+                        dot += q_tile[t, x] * k_tile[c, x]
+                    score = dot * SCALE
+                s[t, c] = score
+                m_new = max(m_new, score)
+            if m_new != NEG_INF:  # otherwise no key seen yet: nothing to add
+                l_tile = ZERO
+                for c in range(TILE):
+                    p = math.exp(s[t, c] - m_new)
+                    s[t, c] = p
+                    l_tile += p
+                alpha = math.exp(m_prev - m_new)  # rescales what earlier tiles added
+                for x in range(D):
+                    pv = ZERO
+                    for c in range(TILE):
+                        pv += s[t, c] * v_tile[c, x]
+                    acc[x] = alpha * acc[x] + pv
+                l_prev = alpha * l_prev + l_tile
+                m_prev = m_new
+        ### END SOLUTION
+        cuda.syncthreads()  # every thread is done with this key tile before it is overwritten
+    ### BEGIN SOLUTION
+    if row < n:
+        for x in range(D):
+            out[b, h, row, x] = acc[x] / l_prev  # l_prev > 0: every query sees itself
+    ### END SOLUTION
+
+
+@functools.cache
+def build(d: int):
+    """The kernel compiled for head dimension d."""
+    return specialize(tree_attention_kernel, D=d, SCALE=np.float32(1 / math.sqrt(d)))
+
+
+def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor,
+                   end: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d), masked by the tree) v for (B, H, N, d) float32 q, k, v
+    and (B, N) int32 DFS times; returns a new (B, H, N, d) tensor."""
+    batch, heads, n, d = require_tree_attention_inputs(q, k, v, start, end, HEAD_DIMS)
+    out = torch.empty_like(q)
+    query_tiles = (n + TILE - 1) // TILE
+    launch(build(d), (batch, heads, query_tiles), THREADS, q, k, v, start, end, out, names=ARGUMENTS)
+    return out
