@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ast
+import functools
 
-from .source import source_of
+from .source import python_function, source_of
 
 
 class ExerciseNotImplemented(NotImplementedError):
@@ -27,8 +28,13 @@ def todo(exercise: str):
 
 def kernel_stub_name(kernel) -> str | None:
     """The exercise a kernel's source still leaves undone, or None when it is written."""
+    return _stub_in(python_function(kernel))
+
+
+@functools.cache  # parsing the source costs milliseconds, and launch() asks before every launch
+def _stub_in(function) -> str | None:
     try:
-        source = source_of(kernel)
+        source = source_of(function)
     except (OSError, TypeError):
         return None
     for node in ast.walk(ast.parse(source)):

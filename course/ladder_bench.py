@@ -8,7 +8,10 @@ the same inputs:
   flex_fp32        FlexAttention (torch.compile'd), fp32, a block mask from the same DFS times
 Benchmark trees follow FlashSpecInfer §6: a prompt chain, then a random tree with
 fan-out 1-10, N nodes in all, numbered breadth first (as a tree is drafted) or in
-DFS order. max_abs_err compares batch entry 0, heads 0-1 with the float64 oracle.
+DFS order. max_abs_err compares batch entry 0, heads 0-1, rows 0-1023 with the float64
+oracle. Numba rungs have median_ms for the kernel alone (relaunched with the same
+arguments; rung 1 then starts from its previous state, which does the same work) and
+launcher_ms for the whole call.
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ import sys
 
 import torch
 
-from . import inputs, ladder, oracle, results, timing
+from . import inputs, ladder, oracle, results, runtime, timing
 from .impl import load
+from .launch import last_launch
 
 PAPER_SHAPE = (10, 10, 1024, 64)  # (B, H, N, d) of FlashSpecInfer's Figure 3
 PROMPT = 32
 SEED = 2024
 ERROR_HEADS = 2
+ERROR_ROWS = 1024
 
 
 def benchmark_times(batch: int, n: int, order: str, seed: int = SEED):
@@ -41,10 +46,14 @@ def random_qkv(batch, heads, n, d, seed: int = SEED):
 
 
 def max_abs_err(out, q, k, v, start, end) -> float:
-    """Largest error on batch entry 0, the first heads, against the float64 oracle."""
-    h = slice(0, ERROR_HEADS)
-    want, _ = oracle.tree_attention(q[:1, h], k[:1, h], v[:1, h], start[:1], end[:1])
-    return float((out[:1, h].double() - want).abs().max())
+    """Largest error on batch entry 0, the first heads and rows, against the float64 oracle.
+
+    Nodes are numbered parent-first, so rows below ERROR_ROWS see only keys below it, and
+    the oracle on that corner is exact for them (and fits in memory at any N).
+    """
+    h, r = slice(0, ERROR_HEADS), slice(0, ERROR_ROWS)
+    want, _ = oracle.tree_attention(q[:1, h, r], k[:1, h, r], v[:1, h, r], start[:1, r], end[:1, r])
+    return float((out[:1, h, r].double() - want).abs().max())
 
 
 def sdpa_dense(q, k, v, start, end):
@@ -96,7 +105,15 @@ def measure(name, make, figure, batch, heads, n, d, order, *, rep_ms=200, extra=
     out = fn()
     torch.cuda.synchronize()
     row = {"name": name, "figure": figure, "B": batch, "H": heads, "N": n, "d": d, "order": order,
-           "median_ms": timing.bench(fn, rep_ms=rep_ms), "max_abs_err": max_abs_err(out, q, k, v, start, end)}
+           "max_abs_err": max_abs_err(out, q, k, v, start, end)}
+    if name in ladder.BY_NAME:
+        # The kernel alone (median_ms), as for the baselines, and the whole launcher call,
+        # whose input checks wait for the GPU (launcher_ms).
+        fn()
+        row["median_ms"] = timing.bench(last_launch(), rep_ms=rep_ms)
+        row["launcher_ms"] = timing.bench(fn, rep_ms=rep_ms)
+    else:
+        row["median_ms"] = timing.bench(fn, rep_ms=rep_ms)
     row.update(extra or {})
     print(f"{figure:8} {name:16} B={batch:<3} H={heads:<3} N={n:<6} {order}: {row['median_ms']:.4f} ms, "
           f"err {row['max_abs_err']:.1e}", flush=True)
@@ -171,3 +188,31 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def runtimes(names, order: str = "bfs") -> tuple[list[dict], str]:
+    """Rows for rungs and baselines at the paper's shape, and where they come from.
+
+    On a GPU they are measured now, all in this one run; in the simulator they are the
+    committed measurements (results/<device>/ladder.json), and the second value says so.
+    """
+    names = list(names)
+    unknown = [name for name in names if name not in ladder.BY_NAME and name not in BASELINES]
+    if unknown:
+        raise ValueError(f"names must be rungs {list(ladder.BY_NAME)} or baselines {list(BASELINES)}; "
+                         f"got {unknown}")
+    if runtime.on_gpu():
+        batch, heads, n, d = PAPER_SHAPE
+        rows = [measure(name, BASELINES.get(name), "ladder", batch, heads, n, d, order, rep_ms=100)
+                for name in names]
+        return rows, f"measured now on {runtime.device_name()}"
+    document = results.load("ladder")
+    rows = []
+    for name in names:
+        found = [row for row in document["rows"] if row["figure"] == "ladder" and row["name"] == name
+                 and row["order"] == order]
+        if not found:
+            raise ValueError(f"the committed ladder.json has no {name!r} row in {order} order")
+        rows.append(found[0])
+    return rows, (f"simulator: these are the committed measurements from {document['device']} "
+                  f"({document['date'][:10]}), not timings of this machine")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from . import runtime, simulator
 from .exercise import ExerciseNotImplemented, kernel_stub_name
@@ -63,7 +64,36 @@ def launch(kernel, grid, block, *args, names: Sequence[str] | None = None) -> No
         simulator.lint_kernel(kernel)
     names = list(names) if names is not None else [f"argument {i}" for i in range(len(args))]
     converted = [kernel_argument(arg, name) for arg, name in zip(args, names, strict=True)]
-    kernel[grid, block](*converted)
+    global _last
+    _last = Launch(kernel, grid, block, tuple(converted))
+    _last()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch with its arguments already converted: calling it launches it again."""
+
+    kernel: object
+    grid: tuple[int, ...]
+    block: tuple[int, ...]
+    arguments: tuple
+
+    def __call__(self) -> None:
+        self.kernel[self.grid, self.block](*self.arguments)
+
+
+_last: Launch | None = None
+
+
+def last_launch() -> Launch:
+    """The most recent launch, to time the kernel alone, without its launcher's argument checks.
+
+    A launcher checks its inputs (which waits for the GPU) and allocates its output; a
+    benchmark that wants the kernel's own time calls the launcher once, then times this.
+    """
+    if _last is None:
+        raise RuntimeError("no kernel has been launched yet")
+    return _last
 
 
 def specialize(function, **constants):
