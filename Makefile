@@ -33,11 +33,14 @@ gpu-test:
 # compute-sanitizer over every Numba kernel's check: memcheck and racecheck must report 0 errors.
 # (--report-api-errors no: the CUDA Python bindings probe driver entry points that this driver lacks.)
 SANITIZER ?= /usr/local/cuda/bin/compute-sanitizer
+NUMBA_NOTEBOOKS ?= 01 03 04 05 06 07 08 09 10 11 11a
 gpu-sanitize:
-	COURSE_SIM=0 $(SANITIZER) --tool memcheck --report-api-errors no --error-exitcode 1 \
-		$(PYTHON) -m course check 01 --impl solutions
-	COURSE_SIM=0 $(SANITIZER) --tool racecheck --error-exitcode 1 \
-		$(PYTHON) -m course check 01 --impl solutions
+	for nb in $(NUMBA_NOTEBOOKS); do \
+		COURSE_SIM=0 $(SANITIZER) --tool memcheck --report-api-errors no --error-exitcode 1 \
+			$(PYTHON) -m course check $$nb --impl solutions || exit 1; \
+		COURSE_SIM=0 $(SANITIZER) --tool racecheck --error-exitcode 1 \
+			$(PYTHON) -m course check $$nb --impl solutions || exit 1; \
+	done
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
