@@ -28,9 +28,15 @@ def diff(before, after, context: int = 3) -> str:
     """A unified diff from one function's source to another's, e.g. rung 3's kernel to rung 4's."""
     if isinstance(context, bool) or not isinstance(context, int) or context < 0:
         raise ValueError(f"context must be a non-negative int, got {context!r}")
-    old, new = source_of(before), source_of(after)
+    # The exercise markers are the course's bookkeeping, not part of the change.
+    old, new = (_without_markers(source_of(f)) for f in (before, after))
     name_old = getattr(before, "__qualname__", getattr(before, "__name__", "before"))
     name_new = getattr(after, "__qualname__", getattr(after, "__name__", "after"))
     lines = difflib.unified_diff(old.splitlines(), new.splitlines(), fromfile=name_old,
                                  tofile=name_new, n=context, lineterm="")
     return "\n".join(lines)
+
+
+def _without_markers(source: str) -> str:
+    return "".join(line for line in source.splitlines(keepends=True)
+                   if not line.strip().startswith(("### BEGIN SOLUTION", "### END SOLUTION", "### LESSON")))

@@ -8,7 +8,7 @@ loads per multiply-add, and its d accumulators do not fit in registers. Here the
 32 x d output tile is cut into 4 x (d/4) pieces, one per thread: thread (ty, tx)
 owns rows 4ty..4ty+3 and columns tx, tx+4, ..., and for each key it loads 4
 probabilities and d/4 values into registers and does 4 x d/4 multiply-adds with
-them, 16 times more arithmetic per shared load for d = 64 (FlashSpecInfer §5.2,
+them, 6.4 times fewer shared loads per multiply-add for d = 64 (FlashSpecInfer §5.2,
 after the register blocking of CUTLASS-style GEMMs). The softmax stays one thread
 per row; it hands each row's rescale factor to the row's owners through shared
 memory.

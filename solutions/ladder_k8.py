@@ -130,13 +130,13 @@ def tree_attention_kernel(q, k, v, start, end, out):
                 p = math.exp(s_t[c, t] - m_new) if (visible >> c) & 1 else ZERO
                 s_t[c, t] = p
                 l_tile += p
-        ### END SOLUTION
             alpha = math.exp(m_prev - m_new)  # rescales what earlier tiles added
             l_prev = alpha * l_prev + l_tile
             m_prev = m_new
         else:  # no key seen yet: every probability is 0 (not exp(-inf + inf) = NaN)
             for c in range(TILE):
                 s_t[c, t] = ZERO
+        ### END SOLUTION
         row_scale[t] = alpha
         cuda.syncthreads()  # P and alpha are complete before other threads read them
         # P.V on a register tile: 4 probabilities and D/4 values feed 4 x D/4 multiply-adds.

@@ -97,3 +97,12 @@ def test_release_refuses_to_erase_written_exercises(tmp_path):
     trees = lessons / "trees.py"
     trees.write_text(trees.read_text().replace('todo("trees.tree_mask_kernel")', "pass"))
     assert release.edited_exercises(lessons=lessons) == ["trees.tree_mask_kernel"]
+
+
+def test_every_generated_lesson_compiles():
+    """A region that ends inside a block would leave the lesson with a stray indent."""
+    from course.release import render
+
+    for relative, content in render(ROOT / "solutions").items():
+        if relative.suffix == ".py":
+            compile(content, f"lessons/{relative}", "exec")
