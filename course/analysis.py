@@ -58,10 +58,14 @@ def tile_pairs(parents, tile: int) -> tuple[int, int]:
         raise ValueError(f"tile must be a positive int, got {tile!r}")
     parents = list(parents)
     pyspec_ref.validate_parents(parents)
+    pyspec_ref.validate_topological(parents)
     tiles = (len(parents) + tile - 1) // tile
+    # Parents come before children, so each node's ancestor tiles are its parent's plus its own
+    # (one pass, instead of a validated ancestor walk per node).
+    ancestor_tiles: list[frozenset[int]] = []
     visible = set()
-    for node in range(len(parents)):
-        for ancestor in pyspec_ref.ancestors(parents, node):
-            visible.add((node // tile, ancestor // tile))
-        visible.add((node // tile, node // tile))
+    for node, parent in enumerate(parents):
+        own = frozenset({node // tile})
+        ancestor_tiles.append(own if parent < 0 else ancestor_tiles[parent] | own)
+        visible.update((node // tile, key_tile) for key_tile in ancestor_tiles[node])
     return len(visible), tiles * tiles
