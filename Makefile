@@ -30,17 +30,9 @@ release: $(STAMP)
 gpu-test:
 	COURSE_SIM=0 COURSE_IMPL=solutions $(PYTHON) -m pytest -p no:cacheprovider --nbval-lax tests notebooks
 
-# compute-sanitizer over every Numba kernel's check: memcheck and racecheck must report 0 errors.
-# (--report-api-errors no: the CUDA Python bindings probe driver entry points that this driver lacks.)
-SANITIZER ?= /usr/local/cuda/bin/compute-sanitizer
-NUMBA_NOTEBOOKS ?= 01 03 04 05 06 07 08 09 10 11 11a
+# compute-sanitizer (memcheck and racecheck) over every Numba kernel's check: 0 errors wanted.
 gpu-sanitize:
-	for nb in $(NUMBA_NOTEBOOKS); do \
-		COURSE_SIM=0 $(SANITIZER) --tool memcheck --report-api-errors no --error-exitcode 1 \
-			$(PYTHON) -m course check $$nb --impl solutions || exit 1; \
-		COURSE_SIM=0 $(SANITIZER) --tool racecheck --error-exitcode 1 \
-			$(PYTHON) -m course check $$nb --impl solutions || exit 1; \
-	done
+	$(PYTHON) -m course.sanitize
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -9,7 +9,7 @@ from . import impl as implementations
 from .checks import Report, run_cases
 from .checks import attention as attention_checks
 from .checks import trees as tree_checks
-from .checks.tree_attention import check_tree_attention
+from .checks.tree_attention import check_tile_visibility, check_tree_attention
 from .ladder import RUNGS
 
 
@@ -20,6 +20,7 @@ class Exercise:
     points: int  # for grading
     cases: Callable  # cases(module, seed) -> iterable of (name, run)
     summary: str
+    requires: tuple[str, ...] = ()  # exercises whose code this one's launcher also runs
 
     @property
     def module(self) -> str:
@@ -47,9 +48,13 @@ EXERCISES: dict[str, Exercise] = {
                  attention_checks.check_merge_attention, "merging partial results by their LSE"),
         Exercise("ladder_bug.tree_attention_kernel", "05_times_in_shared", 3, check_tree_attention,
                  "find the bug: rung 3 with one realistic defect"),
+        Exercise("ladder_k10.tile_visibility_kernel", "11b_tile_mask", 3, check_tile_visibility,
+                 "the tile mask of a tree: which key tiles each query tile sees"),
     ]
     + [Exercise(f"{rung.module}.tree_attention_kernel", rung.notebook, 4, check_tree_attention,
-                f"rung {rung.name}: {rung.change}") for rung in RUNGS]
+                f"rung {rung.name}: {rung.change}",
+                requires=("ladder_k10.tile_visibility_kernel",) if rung.module == "ladder_k10" else ())
+       for rung in RUNGS]
 }
 
 

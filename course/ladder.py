@@ -16,6 +16,7 @@ class Rung:
     notebook: str
     change: str  # the one change, in a few words
     previous: str | None = None  # the rung whose kernel this one edits
+    skips_tiles: bool = False  # skips key tiles no row sees: its speed depends on the numbering
 
 
 RUNGS: tuple[Rung, ...] = (
@@ -30,7 +31,11 @@ RUNGS: tuple[Rung, ...] = (
     Rung("k8", "ladder_k8", "10_register_tiling_qk", "register tiling of Q.K^T", "ladder_k7"),
     Rung("k8_dense", "ladder_dense", "11_results", "rung 8 reading a dense N x N mask", "ladder_k8"),
     Rung("k9", "ladder_k9", "11a_tile_skipping", "skip key tiles no row of the block sees",
-         "ladder_k8"),
+         "ladder_k8", skips_tiles=True),
+    Rung("k10", "ladder_k10", "11b_tile_mask", "the tile mask built once per tree, not per block",
+         "ladder_k9", skips_tiles=True),
+    Rung("k11", "ladder_k11", "11c_loads_in_flight", "each thread's tile loads in flight together",
+         "ladder_k10", skips_tiles=True),
 )
 BY_NAME = {rung.name: rung for rung in RUNGS}
 BY_MODULE = {rung.module: rung for rung in RUNGS}

@@ -9,14 +9,15 @@ the same inputs:
 Benchmark trees follow FlashSpecInfer §6: a prompt chain, then a random tree with
 fan-out 1-10, N nodes in all, numbered breadth first (as a tree is drafted) or in
 DFS order. max_abs_err compares batch entry 0, heads 0-1, rows 0-1023 with the float64
-oracle. Numba rungs have median_ms for the kernel alone (relaunched with the same
-arguments; rung 1 then starts from its previous state, which does the same work) and
-launcher_ms for the whole call.
+oracle. Numba rungs have median_ms for their kernels alone (every kernel the launcher
+launches, relaunched with the same arguments: `course.launch.kernels_of`; rung 1 then
+starts from its previous state, which does the same work) and launcher_ms for the whole call.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import random
 import sys
 
@@ -24,7 +25,7 @@ import torch
 
 from . import inputs, ladder, oracle, results, runtime, timing
 from .impl import load
-from .launch import last_launch
+from .launch import kernels_of
 
 PAPER_SHAPE = (10, 10, 1024, 64)  # (B, H, N, d) of FlashSpecInfer's Figure 3
 PROMPT = 32
@@ -109,8 +110,7 @@ def measure(name, make, figure, batch, heads, n, d, order, *, rep_ms=200, extra=
     if name in ladder.BY_NAME:
         # The kernel alone (median_ms), as for the baselines, and the whole launcher call,
         # whose input checks wait for the GPU (launcher_ms).
-        fn()
-        row["median_ms"] = timing.bench(last_launch(), rep_ms=rep_ms)
+        row["median_ms"] = timing.bench(kernels_of(fn), rep_ms=rep_ms)
         row["launcher_ms"] = timing.bench(fn, rep_ms=rep_ms)
     else:
         row["median_ms"] = timing.bench(fn, rep_ms=rep_ms)
@@ -121,6 +121,9 @@ def measure(name, make, figure, batch, heads, n, d, order, *, rep_ms=200, extra=
 
 
 BASELINES = {"sdpa_dense_fp32": sdpa_dense, "flex_fp32": flex}
+# The rungs beyond the paper that skip key tiles, measured in both numberings.
+SKIPPING = tuple(rung.name for rung in ladder.RUNGS if rung.skips_tiles)
+ORDERS = ("bfs", "dfs")
 
 
 def ladder_rows() -> list[dict]:
@@ -130,7 +133,8 @@ def ladder_rows() -> list[dict]:
     for rung in ladder.RUNGS:
         rows.append(measure(rung.name, None, "ladder", batch, heads, n, d, "bfs"))
         rows[-1].update(kernel_resources(rung, d))  # compiled by now
-    rows.append(measure("k9", None, "ladder", batch, heads, n, d, "dfs"))
+    for name in SKIPPING:  # the numbering decides what they skip
+        rows.append(measure(name, None, "ladder", batch, heads, n, d, "dfs"))
     for name, make in BASELINES.items():
         rows.append(measure(name, make, "ladder", batch, heads, n, d, "bfs"))
     return rows
@@ -146,7 +150,7 @@ def sweep_rows() -> list[dict]:
     shapes = [(10, n) for n in (128, 256, 512, 1024, 2048)] + [(b, 1024) for b in (1, 4, 16)]
     shapes += [(1, n) for n in (64, 128, 256)]
     for batch, n in shapes:
-        for name, order in (("k8", "bfs"), ("k9", "bfs"), ("k9", "dfs")):
+        for name, order in (("k8", "bfs"), *((name, order) for name in SKIPPING for order in ORDERS)):
             rows.append(measure(name, None, "pytorch", batch, heads, n, d, order))
         for name, make in BASELINES.items():
             rows.append(measure(name, make, "pytorch", batch, heads, n, d, "bfs"))
@@ -166,28 +170,12 @@ def memory_rows(n: int = 1 << 18, batch: int = 2) -> list[dict]:
     torch.cuda.empty_cache()
     memory = {"dense_mask_bytes": batch * n * n, "dense_mask_allocated": dense_allocated,
               "gpu_bytes": torch.cuda.get_device_properties(0).total_memory}
-    for name, order in (("k9", "dfs"), ("k8", "bfs")):
+    for name, order in [(name, "dfs") for name in SKIPPING] + [("k8", "bfs")]:
         rows.append(measure(name, None, "memory", batch, 1, n, 64, order, rep_ms=1, extra=memory))
     return rows
 
 
 SECTIONS = {"ladder": ladder_rows, "sweeps": sweep_rows, "memory": memory_rows}
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sections", nargs="*", default=list(SECTIONS), choices=list(SECTIONS))
-    args = parser.parse_args(argv)
-    torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape
-    rows = []
-    for section in args.sections:
-        rows += SECTIONS[section]()
-        print("saved", results.save("ladder", rows), flush=True)  # partial results survive a timeout
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 def runtimes(names, order: str = "bfs") -> tuple[list[dict], str]:
@@ -216,3 +204,65 @@ def runtimes(names, order: str = "bfs") -> tuple[list[dict], str]:
         rows.append(found[0])
     return rows, (f"simulator: these are the committed measurements from {document['device']} "
                   f"({document['date'][:10]}), not timings of this machine")
+
+
+FIGURES_OF = {"ladder": ("ladder",), "sweeps": ("dense", "pytorch"), "memory": ("memory",)}
+
+
+def measurements(sections=None) -> tuple[dict, str]:
+    """A ladder.json document for `sections` (all by default), and where its numbers come from.
+
+    On a GPU the sections are measured now (minutes: every rung, both baselines, the sweeps and
+    the memory run), and the document is returned unsaved; `python -m course.ladder_bench` saves
+    one. In the simulator it is the committed results/<device>/ladder.json, reduced to the rows
+    of those sections, and the second value names the device and the date it was measured on.
+    """
+    sections = list(SECTIONS) if sections is None else [sections] if isinstance(sections, str) \
+        else list(sections)
+    unknown = [section for section in sections if section not in SECTIONS]
+    if unknown or not sections:
+        raise ValueError(f"sections must be some of {list(SECTIONS)}; got {sections}")
+    if runtime.on_gpu():
+        torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape
+        rows = []
+        for section in sections:
+            rows += SECTIONS[section]()
+        document = results.document("ladder", rows)
+        return document, f"measured now on {document['device']} ({document['date'][:10]})"
+    document = results.load("ladder")
+    figures = {figure for section in sections for figure in FIGURES_OF[section]}
+    document = dict(document, rows=[row for row in document["rows"] if row.get("figure") in figures])
+    return document, (f"simulator: these are the committed measurements from {document['device']} "
+                      f"({document['date'][:10]}), not timings of this machine")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sections", nargs="*", default=list(SECTIONS), choices=list(SECTIONS))
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the committed rows of the sections not measured now (each row "
+                             "records the run that measured it)")
+    args = parser.parse_args(argv)
+    torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape
+    kept = kept_rows(args.sections) if args.keep else []
+    rows = []
+    run = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    for section in args.sections:
+        rows += [dict(row, run=run) for row in SECTIONS[section]()]
+        # Saved after every section, so that partial results survive a timeout.
+        print("saved", results.save("ladder", kept + rows), flush=True)
+    return 0
+
+
+def kept_rows(sections) -> list[dict]:
+    """This device's committed rows of the sections other than `sections`, with their run's date."""
+    measured_now = {figure for section in sections for figure in FIGURES_OF[section]}
+    committed = results.load("ladder", results.device_folder(runtime.device_name()))
+    return [dict(row, run=row.get("run", committed["date"])) for row in committed["rows"]
+            if row["figure"] not in measured_now]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+

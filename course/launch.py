@@ -8,7 +8,7 @@ NumPy view of the same memory, so what the kernel writes lands in the tensor.
 from __future__ import annotations
 
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import runtime, simulator
@@ -66,6 +66,8 @@ def launch(kernel, grid, block, *args, names: Sequence[str] | None = None) -> No
     converted = [kernel_argument(arg, name) for arg, name in zip(args, names, strict=True)]
     global _last
     _last = Launch(kernel, grid, block, tuple(converted))
+    if _recording is not None:
+        _recording.append(_last)
     _last()
 
 
@@ -83,6 +85,7 @@ class Launch:
 
 
 _last: Launch | None = None
+_recording: list[Launch] | None = None
 
 
 def last_launch() -> Launch:
@@ -94,6 +97,30 @@ def last_launch() -> Launch:
     if _last is None:
         raise RuntimeError("no kernel has been launched yet")
     return _last
+
+
+def kernels_of(call) -> Callable[[], None]:
+    """Run `call()` once and return a function that relaunches every kernel it launched,
+    in order, with the same arguments: the kernels' own time, without the launcher's checks
+    (for a launcher that runs more than one kernel, where `last_launch` would time one).
+    """
+    global _recording
+    if _recording is not None:
+        raise RuntimeError("kernels_of cannot be nested")
+    _recording = []
+    try:
+        call()
+        recorded = tuple(_recording)
+    finally:
+        _recording = None
+    if not recorded:
+        raise RuntimeError("the call launched no kernel")
+
+    def relaunch() -> None:
+        for one in recorded:
+            one()
+    relaunch.launches = recorded
+    return relaunch
 
 
 def specialize(function, **constants):

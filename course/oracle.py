@@ -19,6 +19,17 @@ def dense_tree_mask(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
     return (key_start <= query_start) & (query_end <= key_end)
 
 
+def tile_mask(start: torch.Tensor, end: torch.Tensor, tile: int) -> torch.Tensor:
+    """(B, T, T) bool, T = ceil(N / tile): some query of the query tile sees some key of the key
+    tile (the dense mask, padded with False to whole tiles, OR-ed over each tile)."""
+    mask = dense_tree_mask(start, end)
+    batch, n = start.shape
+    tiles = (n + tile - 1) // tile
+    padded = torch.zeros((batch, tiles * tile, tiles * tile), dtype=torch.bool, device=mask.device)
+    padded[:, :n, :n] = mask
+    return padded.view(batch, tiles, tile, tiles, tile).any(dim=4).any(dim=2)
+
+
 def attention_with_lse(q, k, v, mask=None, scale=None):
     """Masked softmax attention in float64: (out, lse) over (..., N, d) inputs."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale

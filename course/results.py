@@ -48,19 +48,23 @@ def validate(document: dict, where: str = "results") -> dict:
     return document
 
 
-def save(suite: str, rows: list[dict], directory: Path | None = None) -> Path:
-    """Write this GPU's measurements as results/<device>/<suite>.json and return the path."""
+def document(suite: str, rows: list[dict]) -> dict:
+    """This GPU's rows as a results document (the shared schema), validated, not yet saved."""
     if runtime.SIMULATOR:
-        raise RuntimeError("save() records GPU measurements; the simulator has none to record")
-    device = runtime.device_name()
-    document = validate({
-        "suite": suite, "device": device,
+        raise RuntimeError("results record GPU measurements; the simulator has none to record")
+    return validate({
+        "suite": suite, "device": runtime.device_name(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "software": runtime.software_versions(), "rows": rows,
     }, f"suite {suite!r}")
-    path = (directory or RESULTS / device_folder(device)) / f"{suite}.json"
+
+
+def save(suite: str, rows: list[dict], directory: Path | None = None) -> Path:
+    """Write this GPU's measurements as results/<device>/<suite>.json and return the path."""
+    measured = document(suite, rows)
+    path = (directory or RESULTS / device_folder(measured["device"])) / f"{suite}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=1) + "\n")
+    path.write_text(json.dumps(measured, indent=1) + "\n")
     return path
 
 

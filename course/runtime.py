@@ -79,9 +79,22 @@ def torch_device():
     return torch.device("cpu" if SIMULATOR else "cuda")
 
 
+def _small_sizes() -> bool:
+    sizes = os.environ.get("COURSE_SIZES", "full")
+    if sizes not in ("small", "full"):
+        raise ValueError(f"COURSE_SIZES must be 'small' or 'full', got {sizes!r}")
+    return SIMULATOR or sizes == "small"
+
+
+# COURSE_SIZES=small gives a GPU the simulator's problem sizes: compute-sanitizer runs
+# kernels a hundred times slower, and the small cases still cover every edge case.
+SMALL_SIZES: bool = _small_sizes()
+
+
 def pick(*, sim, gpu):
-    """A problem size (or any setting) for this runtime: tiny in the simulator, real on a GPU."""
-    return sim if SIMULATOR else gpu
+    """A problem size (or any setting) for this runtime: tiny in the simulator (or with
+    COURSE_SIZES=small), real on a GPU."""
+    return sim if SMALL_SIZES else gpu
 
 
 def device_name() -> str:

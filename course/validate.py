@@ -117,10 +117,18 @@ def require_tree_attention_inputs(q, k, v, start, end, head_dims) -> tuple[int, 
     q, k, v: float32 (B, H, N, d) with d in head_dims; start, end: int32 (B, N) DFS times.
     """
     batch, heads, n, d = require_qkv(q, k, v, head_dims)
-    for name, times in (("start", start), ("end", end)):
-        require_tensor(times, name, ndim=2, dtypes=(torch.int32,))
-        if tuple(times.shape) != (batch, n):
-            raise ValueError(f"{name} must have shape (B, N) = {(batch, n)} to match q, "
-                             f"got {tuple(times.shape)}")
-    require_times(start, end)
+    if require_tree_times(start, end) != (batch, n):
+        raise ValueError(f"start and end must have shape (B, N) = {(batch, n)} to match q, "
+                         f"got {tuple(start.shape)}")
     return batch, heads, n, d
+
+
+def require_tree_times(start, end) -> tuple[int, int]:
+    """Check (B, N) int32 DFS times on one device; return (B, N)."""
+    require_tensor(start, "start", ndim=2, dtypes=(torch.int32,))
+    require_tensor(end, "end", ndim=2, dtypes=(torch.int32,))
+    require_same_shape("start", start, "end", end)
+    if start.device != end.device:
+        raise ValueError(f"start and end must be on one device, got {start.device} and {end.device}")
+    require_times(start, end)
+    return tuple(start.shape)

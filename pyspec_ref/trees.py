@@ -50,6 +50,7 @@ __all__ = [
     "relabel",
     "root",
     "sees",
+    "tile_mask",
     "tree_bitmask",
     "tree_mask",
     "tree_mask_from_times",
@@ -413,6 +414,27 @@ def sees(start: object, end: object, query: object, key: object) -> bool:
     q = index(query, "query", len(s), "node")
     k = index(key, "key", len(s), "node")
     return _sees(s, e, q, k)
+
+
+def tile_mask(start: object, end: object, tile: object) -> list[list[bool]]:
+    """The tree mask at tile granularity: entry [i][j] is True iff some query of tile i
+    (nodes i*tile .. i*tile+tile-1) sees some key of tile j (FlashSpecInfer §5.1's
+    interval test on every pair of the two tiles).
+
+    Beyond the paper: a kernel that knows this T x T table (T = ceil(N / tile)) can skip
+    the key tiles no row of its query tile sees -- the block mask of PyTorch's
+    FlexAttention, built from the DFS times. The last tile may be short.
+    """
+    s, e = validate_times(start, end)
+    size = positive_int(tile, "tile")
+    n = len(s)
+    tiles = (n + size - 1) // size
+
+    def members(t: int) -> range:
+        return range(t * size, min(n, (t + 1) * size))
+
+    return [[any(_sees(s, e, query, key) for query in members(i) for key in members(j))
+             for j in range(tiles)] for i in range(tiles)]
 
 
 # --------------------------------------------------------------------------- masks

@@ -127,3 +127,38 @@ def test_triton_guards():
     if course.SIMULATOR:
         with pytest.raises(TypeError, match="q is bfloat16"):
             require_interpretable_dtype(torch.empty(2, dtype=torch.bfloat16), "q")
+
+
+def test_oracle_tile_mask_agrees_with_pyspec_ref():
+    import pyspec_ref
+
+    for case in inputs.edge_case_trees(8):
+        start, end = inputs.dfs_times_tensors([case])
+        got = oracle.tile_mask(start, end, 8)[0].tolist()
+        assert got == pyspec_ref.tile_mask(start[0].tolist(), end[0].tolist(), 8), case.name
+
+
+def test_tile_visibility_checks_its_times():
+    from solutions import ladder_k10
+
+    start, end = inputs.dfs_times_tensors([[-1, 0, 0]], DEVICE)
+    with pytest.raises(TypeError, match="start must have dtype int32"):
+        ladder_k10.tile_visibility(start.long(), end)
+    with pytest.raises(ValueError, match="start and end must have the same shape"):
+        ladder_k10.tile_visibility(start, end[:, :2])
+    with pytest.raises(ValueError, match="end must hold DFS times"):
+        ladder_k10.tile_visibility(start, end + 5)
+
+
+def test_kernels_of_relaunches_every_kernel_of_a_launcher():
+    from course.launch import kernels_of
+    from solutions import ladder_k10
+
+    start, end = inputs.dfs_times_tensors([[-1, 0, 0, 1]], DEVICE)
+    q = k = v = inputs.random_tensor((1, 1, 4, 32), 0, torch.float32, DEVICE)
+    out = {}
+    relaunch = kernels_of(lambda: out.setdefault("first", ladder_k10.tree_attention(q, k, v, start, end)))
+    kernels = [launch.kernel.py_func.__name__ for launch in relaunch.launches]
+    assert kernels == ["tile_visibility_kernel", "tree_attention_kernel"]
+    with pytest.raises(RuntimeError, match="launched no kernel"):
+        kernels_of(lambda: None)

@@ -278,3 +278,26 @@ def test_100000_node_chain_does_not_recurse():
     assert T.validate_parents(rev) == rev
     assert T.dfs_order(rev) == list(range(n - 1, -1, -1))
     assert len(T.ancestors(rev, 0)) == n
+
+
+@FAST
+@given(random_trees(), st.integers(1, 5))
+def test_tile_mask_ors_the_tree_mask_over_tiles(parents, tile):
+    start, end = T.dfs_times(parents)
+    mask = brute_mask(parents)
+    n = len(parents)
+    tiles = (n + tile - 1) // tile
+    want = [[any(mask[q][k] for q in range(i * tile, min(n, i * tile + tile))
+                 for k in range(j * tile, min(n, j * tile + tile))) for j in range(tiles)]
+            for i in range(tiles)]
+    assert T.tile_mask(start, end, tile) == want
+
+
+def test_tile_mask_examples_and_bad_tile():
+    start, end = T.dfs_times([-1, 0, 0, 1, 1, 2, 2])  # nodes 4, 5 see 0,1,4 and 0,2,5
+    assert T.tile_mask(start, end, 2) == [[True, False, False, False], [True, True, False, False],
+                                         [True, True, True, False], [True, True, False, True]]
+    assert T.tile_mask(start, end, 1) == T.tree_mask_from_times(start, end)
+    assert T.tile_mask(start, end, 100) == [[True]]
+    with pytest.raises(ValueError, match="tile"):
+        T.tile_mask(start, end, 0)

@@ -17,10 +17,11 @@ import pyspec_ref
 
 from .. import inputs, oracle, runtime
 from . import CaseResult, rerun_problem
-from .diagnose import compare_floats
+from .diagnose import compare_floats, compare_ints
 
 ATOL, RTOL = 2e-5, 1e-4  # float32 accumulation over up to a few thousand keys
 SAMPLED_ROWS = 4
+SPEC_TILE_NODES = 256  # trees up to this size are also checked against pyspec_ref.tile_mask
 LABELS = ("batch", "head", "row", "column")
 
 
@@ -71,5 +72,34 @@ def check_tree_attention(module, seed: int, heads: int | None = None):
                        or _sampled_rows_problem(out.cpu(), q.cpu(), k.cpu(), v.cpu(), batch,
                                                 start.cpu(), end.cpu(), seed + index)
                        or rerun_problem(out, again))
+            return CaseResult(name, False, problem) if problem else None
+        yield name, run
+
+
+def check_tile_visibility(module, seed: int):
+    """module.tile_visibility(start, end) must be the (B, T, T) tile mask: 1 exactly where some
+    row of the query tile sees some key of the key tile (pyspec_ref.tile_mask per batch entry)."""
+    device = runtime.torch_device()
+    tile = module.TILE
+    cases = [(case.name, [case]) for case in inputs.edge_case_trees(tile)]
+    cases.append((f"batch of 3 different trees N={tile + 7}", inputs.random_cases(3, tile + 7, seed + 1)))
+    # More than 32 key tiles: a second group of key tiles (too slow for the simulator).
+    big = runtime.pick(sim=None, gpu=66 * tile + 5)
+    if big:
+        cases.append((f"random tree N={big}: 67 tiles", inputs.random_cases(1, big, seed)))
+    for name, batch in cases:
+        def run(name=name, batch=batch):
+            start, end = (t.to(device) for t in inputs.dfs_times_tensors(batch))
+            got = module.tile_visibility(start, end)
+            again = module.tile_visibility(start, end)
+            want = oracle.tile_mask(start, end, tile).to(torch.uint8)
+            problem = compare_ints(got, want, "tile_visible", ("batch", "query tile", "key tile"))
+            for b, case in enumerate(batch):
+                if problem or case.n > SPEC_TILE_NODES:
+                    break
+                spec = pyspec_ref.tile_mask(start[b].tolist(), end[b].tolist(), tile)
+                problem = compare_ints(got[b], torch.tensor(spec, dtype=torch.uint8), f"tile_visible[{b}]",
+                                       ("query tile", "key tile"))
+            problem = problem or rerun_problem(got, again)
             return CaseResult(name, False, problem) if problem else None
         yield name, run
