@@ -47,3 +47,16 @@ def _stub_in(function) -> str | None:
         ):
             return str(node.args[0].value)
     return None
+
+
+def require_written(*kernels) -> None:
+    """Refuse to launch kernels whose source still calls todo(): a GPU would drop the raise
+    (Numba) or refuse to compile the call (Triton), and Triton's interpreter would bury the
+    stub's message inside its own error. Names the first missing exercise."""
+    for kernel in kernels:
+        stub = kernel_stub_name(kernel)
+        if stub is not None:
+            raise ExerciseNotImplemented(
+                f"not implemented yet: exercise {stub}. The kernel still calls todo(...): write its "
+                "body in the lessons/ file and delete that line."
+            )

@@ -8,8 +8,12 @@ from dataclasses import dataclass
 from . import impl as implementations
 from .checks import Report, run_cases
 from .checks import attention as attention_checks
+from .checks import deft as deft_checks
+from .checks import sampling as sampling_checks
+from .checks import tree_verification as verification_checks
 from .checks import trees as tree_checks
 from .checks.tree_attention import check_tile_visibility, check_tree_attention
+from .checks.triton_attention import check_triton_tree_attention
 from .ladder import RUNGS
 
 
@@ -55,6 +59,30 @@ EXERCISES: dict[str, Exercise] = {
                 f"rung {rung.name}: {rung.change}",
                 requires=("ladder_k10.tile_visibility_kernel",) if rung.module == "ladder_k10" else ())
        for rung in RUNGS]
+    + [Exercise("triton_attention.tree_attention_kernel", "12_triton_tree_attention", 4,
+                check_triton_tree_attention,
+                "Triton: the interval mask and the online-softmax update of one key block")]
+    + [Exercise("deft.reduce_partials_kernel", "13_deft_node", 3, deft_checks.check_reduce_partials,
+                "DeFT's global reduction: merge each query's partials by LSE, in a fixed order"),
+       Exercise("deft.deft_node_kernel", "13_deft_node", 4, deft_checks.check_deft_node,
+                "DeFT-Node: the (query, head) rows of a node group's tile and its partial results",
+                requires=("deft.reduce_partials_kernel",)),
+       Exercise("deft.deft_flatten_kernel", "14_deft_flatten", 4, deft_checks.check_deft_flatten,
+                "DeFT-Flatten: a block's bitmask words as the mask of a score tile",
+                requires=("deft.reduce_partials_kernel", "deft.deft_node_kernel"))]
+    + [Exercise("spec_sampling.tile_pass_kernel", "15_speculative_sampling", 3,
+                sampling_checks.check_tile_pass,
+                "the seed paper's per-tile pass: the test r q(x) <= p(x), max(0, p - q), partial sums b_k"),
+       Exercise("spec_sampling.first_crossing", "15_speculative_sampling", 3,
+                sampling_checks.check_spec_sampling,
+                "the inverse CDF by tiles: the crossing tile from the partial sums, then the token",
+                requires=("spec_sampling.tile_pass_kernel",))]
+    + [Exercise("tree_verification.tree_walk_kernel", "16_tree_verification", 4,
+                verification_checks.check_tree_sampling,
+                "SpecInfer's tree walk: test a child, or reject it and update the residual in closed form"),
+       Exercise("tree_verification.greedy_walk_kernel", "16_tree_verification", 2,
+                verification_checks.check_greedy_verification,
+                "greedy verification: follow the child whose token is the target's argmax")]
 }
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import runtime, simulator
-from .exercise import ExerciseNotImplemented, kernel_stub_name
+from .exercise import require_written
 
 MAX_THREADS_PER_BLOCK = 1024
 
@@ -53,12 +53,7 @@ def launch(kernel, grid, block, *args, names: Sequence[str] | None = None) -> No
         threads *= extent
     if threads > MAX_THREADS_PER_BLOCK:
         raise ValueError(f"block has {threads} threads; CUDA allows at most {MAX_THREADS_PER_BLOCK}")
-    stub = kernel_stub_name(kernel)
-    if stub is not None:
-        raise ExerciseNotImplemented(
-            f"not implemented yet: exercise {stub}. The kernel still calls todo(...): write its "
-            "body in the lessons/ file and delete that line."
-        )
+    require_written(kernel)
     if runtime.SIMULATOR:
         simulator.install()
         simulator.lint_kernel(kernel)

@@ -45,3 +45,41 @@ def tree_attention(q, k, v, start, end, scale=None):
     """Tree attention for (B, H, N, d) inputs and (B, N) DFS times, in float64: (out, lse)."""
     mask = dense_tree_mask(start.long(), end.long()).unsqueeze(1)  # broadcast over heads
     return attention_with_lse(q, k, v, mask, scale)
+
+
+def tree_kv_mask(parents, lengths, query_nodes, device=None) -> torch.Tensor:
+    """(Q, T) bool: query i sees flattened token t (DeFT's KV tree; `pyspec_ref.deft.visible_tokens`).
+
+    Tokens are laid out node by node in DFS preorder, children in increasing id; query i
+    sees the tokens of every node on the root path of query_nodes[i], that node included.
+    """
+    parents, lengths, query_nodes = list(parents), list(lengths), list(query_nodes)
+    children = [[] for _ in parents]
+    for node in range(1, len(parents)):
+        children[parents[node]].append(node)
+    offsets, position, stack = [0] * len(parents), 0, [0]
+    while stack:  # DFS preorder, children in increasing id
+        node = stack.pop()
+        offsets[node] = position
+        position += lengths[node]
+        stack.extend(reversed(children[node]))
+    mask = torch.zeros((len(query_nodes), position), dtype=torch.bool, device=device)
+    for i, node in enumerate(query_nodes):
+        while node != -1:
+            mask[i, offsets[node] : offsets[node] + lengths[node]] = True
+            node = parents[node]
+    return mask
+
+
+def tree_kv_attention(q, k, v, parents, lengths, query_nodes, scale=None):
+    """Attention over a KV tree (DeFT; `pyspec_ref.deft.tree_kv_attention`), in float64: (out, lse).
+
+    q (Q, H_q, d); k, v (T, H_kv, d) in the flattened DFS layout (`tree_kv_mask`); query
+    head h reads KV head h // (H_q / H_kv). Returns out (Q, H_q, d) and lse (Q, H_q).
+    """
+    mask = tree_kv_mask(parents, lengths, query_nodes, q.device)
+    group = q.shape[1] // k.shape[1]
+    keys = k.double().repeat_interleave(group, dim=1).transpose(0, 1)  # (H_q, T, d)
+    values = v.double().repeat_interleave(group, dim=1).transpose(0, 1)
+    out, lse = attention_with_lse(q.double().transpose(0, 1), keys, values, mask, scale)
+    return out.transpose(0, 1), lse.transpose(0, 1)

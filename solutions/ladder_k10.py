@@ -13,7 +13,8 @@ specification), once per batch entry. The attention kernel then reads one byte p
 key tile, the same byte in every thread, and skips together: no barrier decides the
 skip. A visible tile's DFS times are loaded with its keys and values, behind the
 barrier those loads already need, so a visible tile costs 4 barriers instead of rung
-9's 6 (the vote and the times' own barrier are gone), and a skipped one none instead of 2. This is FlexAttention's block mask, computed from the DFS intervals.
+9's 6 (the vote and the times' own barrier are gone), and a skipped one none instead
+of 2. This is FlexAttention's block mask, computed from the DFS intervals.
 
 Limits: float32; head dimension d in HEAD_DIMS (a multiple of TILE); any N >= 1.
 """

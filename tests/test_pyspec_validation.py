@@ -400,11 +400,14 @@ def test_pyspec_ref_imports_only_the_standard_library(path):
             assert top in allowed, f"{path.name}:{node.lineno} imports {top!r}"
 
 
+SUBMODULES = [T, A] + [importlib.import_module(f"pyspec_ref.{name}") for name in ("deft", "sampling")]
+
+
 def test_package_reexports_every_public_name():
-    for module in (T, A):
+    for module in SUBMODULES:
         for name in module.__all__:
             assert getattr(pyspec_ref, name) is getattr(module, name), name
-    assert set(pyspec_ref.__all__) == set(T.__all__) | set(A.__all__)
+    assert set(pyspec_ref.__all__) == set().union(*(module.__all__ for module in SUBMODULES))
 
 
 CITATIONS = (
@@ -415,6 +418,8 @@ CITATIONS = (
     "Flash-Decoding",
     "DeFT",
     "Vaswani",
+    "Leviathan",
+    "Chen et al.",
 )
 
 

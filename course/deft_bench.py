@@ -1,0 +1,415 @@
+"""DeFT's measurements (notebook 14): `python -m course.deft_bench` on a GPU writes results/<device>/deft.json
+
+Every workload of `course.workloads.benchmark()` (speculative decoding P in {4096, 16384} x t in
+{32, 64, 128, 256}, few-shot b in {20, 30, 50} at decoding step 256, one tree-of-thoughts
+reasoning tree) runs at Llama-3-8B's attention shape (32 query heads, 8 KV heads, d = 128,
+fp16) on random inputs, through every method, in one process:
+
+  deft_flatten, deft_node   DeFT's kernels (`solutions.deft`, Yao et al. §3.3 / §3.2); Flatten's block
+                            size is chosen from the tree (`flatten_block_tokens`), and recorded
+  deft_flatten_paged        DeFT-Flatten reading K/V through a page table (random slots)
+  deft_flatten_sweep        DeFT-Flatten at every block size of SWEEP_BLOCKS (one row each, with
+                            block_tokens): the trade-off between partials and parallelism
+  sequence, medusa_dense,   the baselines of `course.deft_baselines`
+  flex, triton_tree
+  read_once                 not a kernel: the floor, the tree's KV read once at the measured
+                            copy bandwidth (modelled KV bytes / copy rate; "modelled": true)
+
+and once per run a `copy` row: a device-to-device copy of a 1 GiB tensor, read + write bytes per
+second, the bandwidth a memory-bound kernel can hope for.
+
+Rows follow the shared results schema (`course.results`) with a `workload` field: name (the
+method), workload, family, params (the generator's arguments), B = 1, H = 32 (query heads),
+H_kv = 8, N = T (tokens in the tree), Q (queries), M (nodes), d, dtype, median_ms
+(`course.timing.bench`: warm-up, then the median, L2 flushed between runs), max_abs_err
+(against the float64 oracle `course.deft_baselines.reference` on up to 8 sampled queries, every
+head), modelled_bytes and modelled_kv_bytes (`pyspec_ref.deft.io_bytes`: DeFT Table 4's IO
+model; sequence -> "sequence", medusa_dense and flex -> "dense_mask" (flex's block mask bytes are
+negligible, so its "masks" term is left out), deft_* -> their own; triton_tree is not modelled),
+achieved_gbps = modelled bytes / median time, copy_fraction = achieved / copy bandwidth.
+A method that fails (FlexAttention's compile, a missing kernel, out of memory) gets a row with
+an "error" field and null median_ms and max_abs_err (the schema allows that for error rows):
+skip rows with "error" (`ok_rows`).
+
+The DeFT kernels (`solutions.deft.make_runner`) and notebook 12's kernel
+(`solutions.triton_attention.prepare(...).attention`) are timed without their launchers' input
+checks (which read all of K and V and wait for the GPU); the one-time preparation (grouping,
+block lists, masks, per-query KV copies) is outside every timing, as it is for the baselines.
+`targets(rows)` computes the issue's targets; `main` prints them after the run.
+
+Budget: 12 workloads x 14 measurements (7 of them the sweep), each timed for ~0.25 s, plus
+FlexAttention's compile per shape (tens of seconds the first time, seconds after). To split a run:
+`python -m course.deft_bench --workloads "P=4096"`, then `... --workloads "P=16384" --keep`, etc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import random
+import sys
+import time
+
+import torch
+
+from . import deft_baselines, results, runtime, timing, workloads
+from .workloads import LLAMA3_8B, Workload
+
+SUITE = "deft"
+METHODS = ("deft_flatten", "deft_node", "deft_flatten_paged", "sequence", "medusa_dense", "flex",
+           "triton_tree", "deft_flatten_sweep")
+BASELINE_METHODS = ("sequence", "medusa_dense", "flex", "triton_tree")
+DEFT_METHODS = ("deft_flatten", "deft_node", "deft_flatten_paged")
+MODELLED = {"deft_flatten": "deft_flatten", "deft_flatten_paged": "deft_flatten", "deft_node": "deft_node",
+            "sequence": "sequence", "medusa_dense": "dense_mask", "flex": "dense_mask",
+            "read_once": "read_once"}
+BLOCK_TOKENS = 256  # make_method's default DeFT-Flatten block; the bench picks one per tree
+SWEEP_BLOCKS = (64, 128, 256, 512, 1024, 2048, 4096)  # deft_flatten_sweep's block sizes
+ERROR_QUERIES = 8
+COPY_BYTES = 1 << 30
+SEED = 2024
+
+# The issue's targets.
+SPEEDUP_TARGET = 3.0  # DeFT-Flatten vs the best baseline, speculative P >= 4096, t >= 64
+FLOOR_TARGET = 3.0  # DeFT-Flatten's time at most this many read-once floors
+KV_BYTES_TARGET = 1.1  # DeFT-Flatten's modelled KV bytes vs the tree's own KV
+PAPER_FLATTEN_VS_NODE = 1.75  # DeFT Figure 5, trees with uneven node lengths
+ERROR_LIMIT = 1e-2  # fp16 inputs, fp32 accumulation, against float64
+
+
+def ok_rows(rows) -> list[dict]:
+    """The rows that measured something (no "error" field)."""
+    return [row for row in rows if "error" not in row]
+
+
+# --------------------------------------------------------------------------- methods
+
+
+def _deft_module():
+    from .impl import load
+
+    return load("deft", "solutions")
+
+
+def make_method(method: str, q, k, v, workload: Workload, *, block_tokens: int = BLOCK_TOKENS,
+                seed: int = SEED):
+    """A function of no arguments running `method` on these inputs (preparation done already).
+
+    DeFT's methods run `solutions.deft.make_runner`: the two kernels alone, the inputs checked
+    once when the runner is made (the launchers check them on every call: a pass over K and V).
+    """
+    if method in deft_baselines.BASELINES:
+        return deft_baselines.BASELINES[method](q, k, v, workload)
+    if method not in DEFT_METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    module = _deft_module()
+    tree = (list(workload.parents), list(workload.lengths), list(workload.query_nodes))
+    if method == "deft_node":
+        return module.make_runner(q, k, v, module.prepare_node(*tree, q.device))
+    prepared = module.prepare_flatten(*tree, block_tokens, q.device)
+    if method == "deft_flatten":
+        return module.make_runner(q, k, v, prepared)
+    cache_k, cache_v, slots = workloads.paged(k, v, seed)
+    return module.make_runner(q, cache_k, cache_v, prepared, slots=slots)
+
+
+def modelled(method: str, workload: Workload, shape: dict = LLAMA3_8B, *,
+             block_tokens: int = BLOCK_TOKENS) -> dict | None:
+    """pyspec_ref.deft.io_bytes for the method's IO model (None if it has none)."""
+    kind = MODELLED.get(method)
+    if kind is None:
+        return None
+    from pyspec_ref import deft
+
+    found = deft.io_bytes(kind, list(workload.parents), list(workload.lengths), list(workload.query_nodes),
+                          shape["d"], shape["heads_kv"], shape["heads_q"], _dtype(shape).itemsize,
+                          block_tokens=block_tokens)
+    if method == "flex":  # a block mask, not a dense one: its bytes are negligible
+        found = dict(found, masks=0, total=found["total"] - found["masks"])
+    return found
+
+
+def _dtype(shape: dict) -> torch.dtype:
+    return getattr(torch, shape["dtype"])
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def _base_row(name: str, workload: Workload, shape: dict) -> dict:
+    return {"name": name, "workload": workload.name, "family": workload.family,
+            "params": dict(workload.params), "B": 1, "H": shape["heads_q"], "H_kv": shape["heads_kv"],
+            "N": workload.tokens, "Q": workload.queries, "M": workload.nodes, "d": shape["d"],
+            "dtype": shape["dtype"]}
+
+
+def _with_bytes(row: dict, found: dict | None, copy_gbps: float | None) -> dict:
+    if found is None:
+        return row
+    row.update(modelled_bytes=int(found["total"]), modelled_kv_bytes=int(found["kv"]))
+    if row["median_ms"] > 0:
+        row["achieved_gbps"] = found["total"] / (row["median_ms"] * 1e-3) / 1e9
+        if copy_gbps:
+            row["copy_fraction"] = row["achieved_gbps"] / copy_gbps
+    return row
+
+
+def error_row(name: str, workload: Workload, shape: dict, error: BaseException) -> dict:
+    """A method that did not run: the error, and no time or error (null)."""
+    message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    return dict(_base_row(name, workload, shape), median_ms=None, max_abs_err=None, error=message[:300])
+
+
+def floor_row(workload: Workload, copy_gbps: float, shape: dict = LLAMA3_8B) -> dict:
+    """The KV read-once floor: the time to read the tree's KV once at the copy bandwidth.
+
+    As the issue defines it (P=4096, t=64: 17 MB of KV / 3.0 TB/s = 5.7 us). The queries and
+    outputs, which must move too, are in modelled_bytes but not in the time.
+    """
+    found = modelled("read_once", workload, shape)
+    return dict(_base_row("read_once", workload, shape), median_ms=found["kv"] / (copy_gbps * 1e9) * 1e3,
+                max_abs_err=None, modelled=True, modelled_bytes=int(found["total"]),
+                modelled_kv_bytes=int(found["kv"]))
+
+
+def copy_row(timer=timing.bench, nbytes: int = COPY_BYTES, device=None) -> dict:
+    """Device-to-device copy bandwidth: (read + write bytes) / median time of copying nbytes."""
+    device = device or runtime.torch_device()
+    source = torch.empty(nbytes // 2, dtype=torch.float16, device=device).normal_()
+    target = torch.empty_like(source)
+    median_ms = timer(lambda: target.copy_(source))
+    error = float((target - source).abs().max())
+    gbps = 2 * source.numel() * source.element_size() / (median_ms * 1e-3) / 1e9
+    return {"name": "copy", "workload": "copy 1 GiB" if nbytes == COPY_BYTES else f"copy {nbytes} B",
+            "family": "copy", "B": 1, "H": 1, "N": source.numel(), "d": 1, "median_ms": median_ms,
+            "max_abs_err": error, "bytes": 2 * source.numel() * source.element_size(), "gbps": gbps}
+
+
+def sampled_queries(workload: Workload, count: int = ERROR_QUERIES, seed: int = SEED) -> list[int]:
+    """The queries whose outputs are compared with the oracle: first, last and random ones."""
+    total = workload.queries
+    chosen = {0, total - 1} | set(random.Random(seed).sample(range(total), min(total, max(0, count - 2))))
+    return sorted(chosen)
+
+
+def flatten_block_tokens(workload: Workload, shape: dict = LLAMA3_8B, programs: int | None = None) -> int:
+    """DeFT-Flatten's block size for a workload: the largest that still keeps the GPU busy.
+
+    Bigger blocks mean fewer partial results to write and merge (DeFT §3.4: one per (block,
+    query)); smaller blocks mean more programs (one per (block, tile of its queries, KV head),
+    `solutions.deft`'s work list). The rule: the largest block in SWEEP_BLOCKS that gives at
+    least `programs` programs (default: two per SM of this GPU, 264 on an H100), else the
+    smallest. Decided from the tree alone, never from timings; the deft_flatten_sweep rows
+    show how good the choice was.
+    """
+    if programs is None:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if runtime.on_gpu() else 132
+        programs = 2 * sms
+    group = shape["heads_q"] // shape["heads_kv"]
+    per_tile = max(1, min(64, 1 << ((64 // group).bit_length() - 1)))  # solutions.deft.tile_shape on a GPU
+    mask = deft_baselines.visibility_mask(workload)
+    for block in sorted(SWEEP_BLOCKS, reverse=True):
+        blocks = -(-workload.tokens // block)
+        padded = torch.zeros((workload.queries, blocks * block), dtype=torch.bool)
+        padded[:, :workload.tokens] = mask
+        queries = padded.view(workload.queries, blocks, block).any(dim=2).sum(dim=0)  # per block
+        if int(((queries + per_tile - 1) // per_tile).sum()) * shape["heads_kv"] >= programs:
+            return block
+    return min(SWEEP_BLOCKS)
+
+
+def measure_workload(workload: Workload, methods=METHODS, *, timer=timing.bench, device=None,
+                     shape: dict = LLAMA3_8B, copy_gbps: float | None = None,
+                     block_tokens: int | None = None, seed: int = SEED, log=print) -> list[dict]:
+    """One row per method (and the read-once floor when copy_gbps is known) for one workload.
+
+    block_tokens: DeFT-Flatten's block (None: `flatten_block_tokens`); the method
+    "deft_flatten_sweep" gives one row per block size in SWEEP_BLOCKS instead.
+    """
+    device = device or runtime.torch_device()
+    dtype = _dtype(shape)
+    q = workloads.query_tensor(workload, shape["heads_q"], shape["d"], dtype, device, seed)
+    k, v = workloads.kv_tensors(workload, shape["heads_kv"], shape["d"], dtype, device, seed)
+    chosen = sampled_queries(workload, seed=seed)
+    expected, _ = deft_baselines.reference(q, k, v, workload, chosen)
+    block_tokens = block_tokens or flatten_block_tokens(workload, shape)
+    plan = []
+    for method in methods:
+        if method == "deft_flatten_sweep":
+            plan += [("deft_flatten_sweep", "deft_flatten", block) for block in SWEEP_BLOCKS]
+        else:
+            plan.append((method, method, block_tokens))
+    rows = []
+    for name, method, block in plan:
+        started = time.perf_counter()
+        extra = {"block_tokens": block} if method in ("deft_flatten", "deft_flatten_paged") else {}
+        try:
+            fn = make_method(method, q, k, v, workload, block_tokens=block, seed=seed)
+            out = fn()
+            error = float((out[chosen].double() - expected).abs().max())
+            median_ms = timer(fn)
+            for attribute in ("kv_copy_bytes", "rows_computed"):
+                if hasattr(fn, attribute):
+                    extra[attribute] = getattr(fn, attribute)
+            row = dict(_base_row(name, workload, shape), median_ms=median_ms, max_abs_err=error, **extra)
+            row = _with_bytes(row, modelled(method, workload, shape, block_tokens=block), copy_gbps)
+        except Exception as failure:  # noqa: BLE001  (any failure becomes an error row)
+            row = dict(error_row(name, workload, shape, failure), **extra)
+            if torch.device(device).type == "cuda":
+                torch.cuda.empty_cache()
+        finally:
+            fn = out = None
+        rows.append(row)
+        took = time.perf_counter() - started
+        shown = row.get("error") or f"{row['median_ms'] * 1e3:9.1f} us, err {row['max_abs_err']:.1e}"
+        label = f"{name} {block}" if name == "deft_flatten_sweep" else name
+        log(f"{workload.name:34} {label:23} {shown}  ({took:.0f} s)")
+    if copy_gbps:
+        rows.append(floor_row(workload, copy_gbps, shape))
+    return rows
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def _by(rows, workload: str) -> dict[str, dict]:
+    return {row["name"]: row for row in ok_rows(rows) if row.get("workload") == workload}
+
+
+def targets(rows) -> list[dict]:
+    """The issue's targets, computed from rows: dicts of target, workload, value, limit, met.
+
+    Speculative decoding with P >= 4096 and t >= 64: DeFT-Flatten >= 3x faster than the best
+    baseline; at most 3x the read-once floor; modelled KV bytes within 1.1x of the tree's KV. Trees
+    with uneven nodes (reasoning, few-shot): DeFT-Flatten vs DeFT-Node (DeFT Figure 5: ~1.75x;
+    met when Flatten is not slower). Every method's max_abs_err below ERROR_LIMIT.
+    """
+    found = []
+    names = list(dict.fromkeys(row["workload"] for row in rows if row.get("family") not in (None, "copy")))
+    for workload in names:
+        by = _by(rows, workload)
+        first = next(row for row in rows if row.get("workload") == workload)
+        family, params = first.get("family"), first.get("params", {})
+        flatten = by.get("deft_flatten")
+        if family == "speculative" and params.get("P", 0) >= 4096 and params.get("t", 0) >= 64:
+            baselines = [by[name] for name in BASELINE_METHODS if name in by]
+            if flatten and baselines:
+                best = min(baselines, key=lambda row: row["median_ms"])
+                value = best["median_ms"] / flatten["median_ms"]
+                found.append({"target": f"DeFT-Flatten speedup over the best baseline ({best['name']})",
+                              "workload": workload, "value": value, "limit": f">= {SPEEDUP_TARGET}",
+                              "met": value >= SPEEDUP_TARGET})
+                sweep = [row for row in ok_rows(rows) if row.get("workload") == workload
+                         and row["name"] == "deft_flatten_sweep"]
+                if sweep:  # what the block-size rule left on the table
+                    fastest = min(sweep, key=lambda row: row["median_ms"])
+                    value = best["median_ms"] / fastest["median_ms"]
+                    found.append({"target": f"DeFT-Flatten speedup over the best baseline, best block of the "
+                                            f"sweep ({fastest['block_tokens']} tokens)",
+                                  "workload": workload, "value": value, "limit": f">= {SPEEDUP_TARGET}",
+                                  "met": value >= SPEEDUP_TARGET})
+            if flatten and "read_once" in by:
+                value = flatten["median_ms"] / by["read_once"]["median_ms"]
+                found.append({"target": "DeFT-Flatten time / read-once floor", "workload": workload,
+                              "value": value, "limit": f"<= {FLOOR_TARGET}", "met": value <= FLOOR_TARGET})
+            if flatten and "read_once" in by and "modelled_kv_bytes" in flatten:
+                value = flatten["modelled_kv_bytes"] / by["read_once"]["modelled_kv_bytes"]
+                found.append({"target": "DeFT-Flatten KV bytes / the tree's KV (modelled)",
+                              "workload": workload, "value": value, "limit": f"<= {KV_BYTES_TARGET}",
+                              "met": value <= KV_BYTES_TARGET})
+        if family in ("reasoning", "few_shot") and flatten and "deft_node" in by:
+            value = by["deft_node"]["median_ms"] / flatten["median_ms"]
+            found.append({"target": f"DeFT-Flatten speedup over DeFT-Node (paper ~{PAPER_FLATTEN_VS_NODE}x)",
+                          "workload": workload, "value": value, "limit": ">= 1", "met": value >= 1.0})
+    measured = [row for row in ok_rows(rows) if not row.get("modelled") and row.get("family") != "copy"]
+    if measured:
+        worst = max(measured, key=lambda row: row["max_abs_err"])
+        found.append({"target": f"largest error vs float64 ({worst['name']})", "workload": worst["workload"],
+                      "value": worst["max_abs_err"], "limit": f"<= {ERROR_LIMIT}",
+                      "met": worst["max_abs_err"] <= ERROR_LIMIT})
+    return found
+
+
+def format_targets(found) -> str:
+    lines = [f"{'met' if t['met'] else 'NOT MET':7} {t['target']}: {t['value']:.3g} ({t['limit']}) "
+             f"on {t['workload']}" for t in found]
+    return "\n".join(lines) if lines else "no targets could be computed from these rows"
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run(workload_list=None, methods=METHODS, *, timer=timing.bench, device=None, shape: dict = LLAMA3_8B,
+        copy_bytes: int = COPY_BYTES, block_tokens: int | None = None, on_workload=None,
+        log=print) -> list[dict]:
+    """The copy row, then every workload's rows; `on_workload(rows so far)` after each workload."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"methods must be some of {METHODS}; got {unknown}")
+    workload_list = workloads.benchmark() if workload_list is None else list(workload_list)
+    rows = [copy_row(timer, copy_bytes, device)]
+    log(f"copy: {rows[0]['gbps']:.0f} GB/s (read + write)")
+    for workload in workload_list:
+        rows += measure_workload(workload, methods, timer=timer, device=device, shape=shape,
+                                 copy_gbps=rows[0]["gbps"], block_tokens=block_tokens, log=log)
+        if on_workload is not None:
+            on_workload(rows)
+    return rows
+
+
+def dry_run_document(rows) -> dict:
+    """Rows as a results document without a GPU (for tests: same schema check as `results.document`)."""
+    return results.validate({"suite": SUITE, "device": runtime.device_name(),
+                             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                             "software": runtime.software_versions(), "rows": rows}, f"suite {SUITE!r}")
+
+
+def _select(names) -> list[Workload]:
+    found = workloads.benchmark()
+    if not names:
+        return found
+    chosen = [w for w in found if any(name in w.name for name in names)]
+    if not chosen:
+        raise SystemExit(f"no workload matches {names}; the workloads are: {[w.name for w in found]}")
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="*", default=[],
+                        help="measure only workloads whose name contains one of these strings")
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--rep-ms", type=float, default=200, help="timing budget per measurement")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep this device's committed rows of the (workload, method) pairs not "
+                             "measured now")
+    args = parser.parse_args(argv)
+    if runtime.SIMULATOR:
+        raise SystemExit("course.deft_bench measures a GPU; the simulator has no timings (see notebook 14 "
+                         "for the committed results)")
+    torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape
+    chosen = _select(args.workloads)
+    kept = []
+    if args.keep:
+        try:
+            committed = results.load(SUITE, results.device_folder(runtime.device_name()))
+            now = {(w.name, m) for w in chosen for m in (*args.methods, "read_once")}
+            kept = [dict(row, run=row.get("run", committed["date"])) for row in committed["rows"]
+                    if row["name"] != "copy" and (row["workload"], row["name"]) not in now]
+        except FileNotFoundError:
+            pass
+    stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    started = time.perf_counter()
+
+    def save(rows):  # after every workload, so that partial results survive a timeout
+        path = results.save(SUITE, kept + [dict(row, run=stamp) for row in rows])
+        print(f"saved {path} ({time.perf_counter() - started:.0f} s so far)", flush=True)
+
+    rows = run(chosen, args.methods, timer=lambda fn: timing.bench(fn, rep_ms=args.rep_ms), on_workload=save,
+               log=lambda line: print(line, flush=True))
+    print(format_targets(targets(kept + rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

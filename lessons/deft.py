@@ -1,0 +1,786 @@
+# Student copy, generated from solutions/deft.py by `python -m course release`.
+# Write your code where a todo(...) line stands; everything else matches the solution.
+"""Notebooks 13 and 14: DeFT, attention over a tree-structured KV cache, in Triton.
+
+Yao et al., "DeFT: Decoding with Flash Tree-attention for Efficient Tree-structured LLM
+Inference" (ICLR 2025). The KV tree, its flattened DFS layout and the grouping rules are
+specified in `pyspec_ref.deft`; this module computes the same thing on a GPU in two phases.
+
+Phase 1, QKV preparation (host, PyTorch; `prepare_node`, `prepare_flatten`). KV-guided
+grouping (§3.2): DeFT-Node makes one QKV group per node, the node's tokens with every query
+that sees them. DeFT-Flatten (§3.3) cuts the flattened tokens into blocks of equal length;
+a block's queries are those that see any of its tokens, and each node piece of the block
+gets a bitmask of the block's queries that see it (64 queries per int64 word, as many words
+as the block needs). The result is a few small int32/int64 tensors (`PreparedNode`,
+`PreparedFlatten`): each group's token range, its queries as a CSR list, and for every query
+the positions of its partial results, in increasing group order.
+
+Phase 2, attention (Triton). `deft_node_kernel` / `deft_flatten_kernel`: one program per
+(tile of a group's queries, KV head). The rows of the program's tile are (query, query head)
+pairs: with grouped-query attention, the H_q / H_kv query heads that share a KV head are rows
+of the same tile, so each KV tile the program loads serves all of them. The program streams
+over its group's tokens with the online softmax (FlashAttention-2) and writes one float32
+partial output row and its log-sum-exp per (group, query, head). `reduce_partials_kernel`,
+one program per (query, block of heads), then merges each query's partials in increasing
+group order with a running maximum that starts at -inf (§3.4's tree-topology-aware global
+reduction, the Flash-Decoding merge): no atomics, so two runs give the same bits.
+
+Paged KV: pass `slots`, (T,) int32, mapping each flattened token to its row of the cache;
+the kernels gather K and V rows through it. Contiguous KV is the case slots = None, k and v
+of shape (T, H_kv, d).
+
+Loops whose trip count is only known at run time are written as `while` loops: Triton's
+interpreter (3.6) turns a run-time `range` bound into an int by a conversion NumPy >= 2.4
+refuses, while a `while` condition works in the interpreter and on a GPU alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import triton
+import triton.language as tl
+
+from course import interpreter, runtime
+from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
+from course.validate import require_dot_block, require_interpretable_dtype, require_tensor
+
+HEAD_DIMS = (16, 32, 64, 128)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+WORD_BITS = 64  # queries per bitmask word (int64)
+MAX_GROUP = 64  # query heads per KV head that one tile can hold
+BLOCK_TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+LN2 = 0.6931471805599453
+
+
+# --------------------------------------------------------------------------- phase 1 (host)
+
+
+def _int_sequence(value, name: str) -> list[int]:
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.is_floating_point() or value.dtype == torch.bool:
+            raise TypeError(f"{name} must be a 1-D integer tensor or a list of ints, got a "
+                            f"{value.dim()}-D {str(value.dtype).replace('torch.', '')} tensor")
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a list of ints, got {type(value).__name__}")
+    items = list(value)
+    for i, x in enumerate(items):
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"{name}[{i}] must be an int, got {x!r} of type {type(x).__name__}")
+    if not items:
+        raise ValueError(f"{name} must not be empty")
+    return items
+
+
+def kv_tree(parents, lengths, query_nodes) -> tuple[list[int], list[int], list[int]]:
+    """Check a KV tree (see `pyspec_ref.deft`) and return (parents, lengths, query_nodes) as lists.
+
+    parents: numbered parent-before-child, parents[0] == -1 and 0 <= parents[i] < i;
+    lengths: one int >= 1 per node; query_nodes: the node each query continues.
+    """
+    p = _int_sequence(parents, "parents")
+    if p[0] != -1:
+        raise ValueError(f"parents[0] = {p[0]}: node 0 must be the root (parent -1)")
+    for i in range(1, len(p)):
+        if not 0 <= p[i] < i:
+            raise ValueError(f"parents[{i}] = {p[i]}: every node's parent must be a node numbered before it "
+                             f"(0 <= parent < {i}); a second root, a cycle or an id out of range breaks this")
+    sizes = _int_sequence(lengths, "lengths")
+    if len(sizes) != len(p):
+        raise ValueError(f"lengths has {len(sizes)} entries, expected M = {len(p)} (one per node of parents)")
+    for i, n in enumerate(sizes):
+        if n < 1:
+            raise ValueError(f"lengths[{i}] = {n}: every node holds at least one token")
+    nodes = _int_sequence(query_nodes, "query_nodes")
+    for i, x in enumerate(nodes):
+        if not 0 <= x < len(p):
+            raise ValueError(f"query_nodes[{i}] = {x} is out of range: there are {len(p)} nodes "
+                             f"(0..{len(p) - 1})")
+    return p, sizes, nodes
+
+
+def _preorder(p: list[int]) -> list[int]:
+    """Node ids in DFS preorder, children in increasing id (the flattened layout's node order)."""
+    children: list[list[int]] = [[] for _ in p]
+    for i in range(1, len(p)):
+        children[p[i]].append(i)
+    order, stack = [], [0]
+    while stack:
+        v = stack.pop()
+        order.append(v)
+        stack.extend(reversed(children[v]))
+    return order
+
+
+def _layout(p: list[int], sizes: list[int]) -> tuple[list[int], list[int]]:
+    """(preorder, offsets): offsets[v] is the flattened index of node v's first token."""
+    order = _preorder(p)
+    offsets, position = [0] * len(p), 0
+    for v in order:
+        offsets[v] = position
+        position += sizes[v]
+    return order, offsets
+
+
+def _queries_by_node(p: list[int], nodes: list[int]) -> list[list[int]]:
+    """seen_by[v]: the queries whose root path holds v, increasing (O(sum of query depths))."""
+    seen_by: list[list[int]] = [[] for _ in p]
+    for i, v in enumerate(nodes):
+        while v != -1:
+            seen_by[v].append(i)
+            v = p[v]
+    return seen_by
+
+
+def _device(device) -> torch.device:
+    try:
+        return torch.device(device)
+    except (TypeError, RuntimeError) as error:
+        raise ValueError(f"device must be a torch device or a name such as 'cuda', got {device!r}") from error
+
+
+def _ints(values, device, dtype=torch.int32) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PreparedGroups:
+    """Phase 1's output: the QKV groups of one KV tree, as small index tensors on one device.
+
+    Group g covers the flattened tokens [group_start[g], group_end[g]); its queries are
+    member_query[group_ptr[g] : group_ptr[g + 1]] (CSR). Each (group, query) pair is one
+    *partial*, numbered by its position p in member_query. Query i's partials are
+    query_parts[query_ptr[i] : query_ptr[i + 1]], in increasing group order: the order in
+    which the reduction merges them.
+    """
+
+    num_queries: int
+    num_tokens: int
+    group_start: torch.Tensor  # (G,) int32
+    group_end: torch.Tensor  # (G,) int32
+    group_ptr: torch.Tensor  # (G + 1,) int32
+    member_query: torch.Tensor  # (P,) int32
+    query_ptr: torch.Tensor  # (Q + 1,) int32
+    query_parts: torch.Tensor  # (P,) int32
+    max_group_queries: int
+    max_group_tokens: int
+    work_lists: dict = field(default_factory=dict, repr=False)  # filled by the launchers, per tile shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.group_start.device
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.group_start.shape[0])
+
+    @property
+    def num_partials(self) -> int:
+        return int(self.member_query.shape[0])
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PreparedNode(PreparedGroups):
+    """DeFT-Node's groups (`prepare_node`): group g is node group_node[g]."""
+
+    group_node: torch.Tensor  # (G,) int32
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PreparedFlatten(PreparedGroups):
+    """DeFT-Flatten's groups (`prepare_flatten`): group g is block group_block[g] of the tokens.
+
+    Blocks no query sees are left out. The block's node pieces are segments: segment s
+    covers tokens [segment_start[s], segment_end[s]) of node segment_node[s];
+    token_segment[t] is the segment of token t. Bit j of segment_words[s, w] is set iff
+    the block's query number 64 w + j (its position in the block's member list) sees
+    segment s; num_words = segment_words.shape[1] is the largest number of words a block
+    needs (the rest are 0).
+    """
+
+    block_tokens: int
+    group_block: torch.Tensor  # (G,) int32
+    token_segment: torch.Tensor  # (T,) int32
+    segment_node: torch.Tensor  # (S,) int32
+    segment_start: torch.Tensor  # (S,) int32
+    segment_end: torch.Tensor  # (S,) int32
+    segment_words: torch.Tensor  # (S, num_words) int64
+
+    @property
+    def num_words(self) -> int:
+        return int(self.segment_words.shape[1])
+
+
+def _query_lists(members: list[list[int]], n_queries: int, device):
+    """CSR tensors of the groups' members and of each query's partial positions."""
+    group_ptr, member_query = [0], []
+    parts: list[list[int]] = [[] for _ in range(n_queries)]
+    for queries in members:
+        for i in queries:
+            parts[i].append(len(member_query))
+            member_query.append(i)
+        group_ptr.append(len(member_query))
+    query_ptr = [0]
+    for own in parts:
+        query_ptr.append(query_ptr[-1] + len(own))
+    return dict(group_ptr=_ints(group_ptr, device), member_query=_ints(member_query, device),
+                query_ptr=_ints(query_ptr, device),
+                query_parts=_ints([x for own in parts for x in own], device),
+                max_group_queries=max(len(m) for m in members))
+
+
+def prepare_node(parents, lengths, query_nodes, device) -> PreparedNode:
+    """Phase 1 of DeFT-Node (§3.2, KV-guided grouping): one QKV group per node some query sees.
+
+    Groups come in increasing node id, each with its queries in increasing id; equal to
+    `pyspec_ref.deft.node_groups`. Host work O(M + sum of query depths).
+    """
+    p, sizes, nodes = kv_tree(parents, lengths, query_nodes)
+    device = _device(device)
+    _, offsets = _layout(p, sizes)
+    seen_by = _queries_by_node(p, nodes)
+    groups = [v for v in range(len(p)) if seen_by[v]]
+    return PreparedNode(
+        num_queries=len(nodes), num_tokens=sum(sizes),
+        group_node=_ints(groups, device),
+        group_start=_ints([offsets[v] for v in groups], device),
+        group_end=_ints([offsets[v] + sizes[v] for v in groups], device),
+        max_group_tokens=max(sizes[v] for v in groups),
+        **_query_lists([seen_by[v] for v in groups], len(nodes), device),
+    )
+
+
+def _signed64(word: int) -> int:
+    """An unsigned 64-bit word as the int64 with the same bits (torch has no uint64 arithmetic)."""
+    return word - (1 << 64) if word >= 1 << 63 else word
+
+
+def _blocks(p: list[int], sizes: list[int], seen_by: list[list[int]], block_tokens: int):
+    """(block index, its node pieces (node, start, stop), its queries) of every block some query sees."""
+    _, offsets = _layout(p, sizes)
+    pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(-(-sum(sizes) // block_tokens))]
+    for v in _preorder(p):  # token order: cut each node at the block boundaries it crosses
+        start, end = offsets[v], offsets[v] + sizes[v]
+        while start < end:
+            block = start // block_tokens
+            stop = min(end, (block + 1) * block_tokens)
+            pieces[block].append((v, start, stop))
+            start = stop
+    for block, block_pieces in enumerate(pieces):
+        queries = sorted({i for v, _, _ in block_pieces for i in seen_by[v]})
+        if queries:
+            yield block, block_pieces, queries
+
+
+def prepare_flatten(parents, lengths, query_nodes, block_tokens, device) -> PreparedFlatten:
+    """Phase 1 of DeFT-Flatten (§3.3): equal blocks of the DFS-flattened tokens, with bitmasks.
+
+    block_tokens: a power of two in 16..4096. Blocks no query sees are left out; the others
+    equal `pyspec_ref.deft.flatten_blocks(..., word_bits=64)`. A block with more than 64
+    queries gets more bitmask words. Host work O(M + blocks + sum over blocks of the queries
+    of each of its segments).
+    """
+    p, sizes, nodes = kv_tree(parents, lengths, query_nodes)
+    if isinstance(block_tokens, bool) or block_tokens not in BLOCK_TOKENS:
+        raise ValueError(f"block_tokens must be a power of two in {BLOCK_TOKENS[0]}..{BLOCK_TOKENS[-1]}, "
+                         f"got {block_tokens!r}")
+    device = _device(device)
+    seen_by = _queries_by_node(p, nodes)
+    total = sum(sizes)
+    kept, members, segments = [], [], []
+    for block, block_pieces, queries in _blocks(p, sizes, seen_by, block_tokens):
+        position = {i: j for j, i in enumerate(queries)}
+        for v, start, stop in block_pieces:
+            words = [0] * -(-len(queries) // WORD_BITS)
+            for i in seen_by[v]:
+                j = position[i]
+                words[j // WORD_BITS] |= 1 << (j % WORD_BITS)
+            segments.append((v, start, stop, words))
+        kept.append(block)
+        members.append(queries)
+    n_words = max(len(s[3]) for s in segments)
+    token_segment = [0] * total
+    for s, (_, start, stop, _) in enumerate(segments):
+        token_segment[start:stop] = [s] * (stop - start)
+    return PreparedFlatten(
+        num_queries=len(nodes), num_tokens=total, block_tokens=block_tokens,
+        group_block=_ints(kept, device),
+        group_start=_ints([b * block_tokens for b in kept], device),
+        group_end=_ints([min(total, (b + 1) * block_tokens) for b in kept], device),
+        max_group_tokens=block_tokens,
+        token_segment=_ints(token_segment, device),
+        segment_node=_ints([s[0] for s in segments], device),
+        segment_start=_ints([s[1] for s in segments], device),
+        segment_end=_ints([s[2] for s in segments], device),
+        segment_words=_ints([[_signed64(w) for w in s[3]] + [0] * (n_words - len(s[3])) for s in segments],
+                            device, torch.int64),
+        **_query_lists(members, len(nodes), device),
+    )
+
+
+def suggest_block_tokens(parents, lengths, query_nodes, heads_q: int, heads_kv: int, d: int, *,
+                         programs: int | None = None) -> int:
+    """The longest DeFT-Flatten block (64..4096 tokens) whose launch still has `programs` programs.
+
+    The trade-off of §3.3's block length: every (block, query) pair writes and reads back a
+    float32 partial per query head (`pyspec_ref.deft.io_bytes`, "partials"), so longer blocks
+    move fewer bytes; but phase 2 runs one program per (tile of a block's queries, KV head), so
+    too few blocks leave the GPU's SMs idle. `programs` defaults to 2 per SM of the current GPU
+    (8 in the interpreter). A heuristic to start from: measure around it.
+    """
+    p, sizes, nodes = kv_tree(parents, lengths, query_nodes)
+    if isinstance(heads_kv, bool) or not isinstance(heads_kv, int) or heads_kv < 1:
+        raise ValueError(f"heads_kv must be a positive int, got {heads_kv!r}")
+    if isinstance(heads_q, bool) or not isinstance(heads_q, int) or heads_q < 1 or heads_q % heads_kv:
+        raise ValueError(f"heads_q must be a positive multiple of heads_kv = {heads_kv}, got {heads_q!r}")
+    if programs is None:
+        programs = 8 if runtime.SIMULATOR else 2 * torch.cuda.get_device_properties(
+            torch.cuda.current_device()).multi_processor_count
+    per_tile = tile_shape(d, heads_q // heads_kv).queries_per_tile
+    seen_by = _queries_by_node(p, nodes)
+    choice = 64
+    for block_tokens in (b for b in BLOCK_TOKENS if b >= 64):
+        launched = heads_kv * sum(-(-len(queries) // per_tile)
+                                  for _, _, queries in _blocks(p, sizes, seen_by, block_tokens))
+        if launched >= programs:
+            choice = block_tokens
+    return choice
+
+
+# --------------------------------------------------------------------------- phase 2 (Triton)
+
+
+@triton.jit
+def deft_node_kernel(
+    q, k, v, slots, out_part, lse_part,
+    group_start, group_end, group_ptr, member_query, work_group, work_tile,
+    stride_q_row, stride_q_head, stride_k_row, stride_k_head, stride_v_row, stride_v_head,
+    qk_scale,
+    HEADS_Q: tl.constexpr, GROUP: tl.constexpr, QUERIES_PER_TILE: tl.constexpr, D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One program per (tile of one node group's queries, KV head): the group's partials.
+
+    Work item w is tile work_tile[w] of group work_group[w]: the group's members
+    QUERIES_PER_TILE * tile ... (+ QUERIES_PER_TILE - 1). Row r of the tile is member
+    r // GROUP with query head kv_head * GROUP + r % GROUP, so one K/V tile load serves
+    every query head that shares this KV head. The program streams over the node's tokens
+    (all visible to all its queries: no mask) and writes partial out and lse (natural log)
+    at position group_ptr[g] + member.
+    """
+    work = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    g = tl.load(work_group + work)
+    tile = tl.load(work_tile + work)
+    token_start = tl.load(group_start + g)
+    token_end = tl.load(group_end + g)
+    first = tl.load(group_ptr + g)
+    count = tl.load(group_ptr + g + 1) - first
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, D)
+    # The tile's rows: member (the row's query, as a position among the group's queries), head
+    # (its query head), valid (the row holds a real pair), query (its id, int64) and q_tile
+    # (BLOCK_M x D rows of q, zeros for the invalid rows).
+    # YOUR CODE HERE: exercise deft.deft_node_kernel (delete the todo line when you start)
+    todo("deft.deft_node_kernel")
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scores (log2 units)
+    l = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)  # running sum of exp2(score - m) * v
+    start = token_start
+    while start < token_end:
+        tokens = start + tl.arange(0, BLOCK_N)
+        inside = tokens < token_end
+        if PAGED:
+            kv_rows = tl.load(slots + tokens, mask=inside, other=0).to(tl.int64)
+        else:
+            kv_rows = tokens.to(tl.int64)
+        k_tile = tl.load(k + kv_rows[:, None] * stride_k_row + kv_head * stride_k_head + cols[None, :],
+                         mask=inside[:, None], other=0.0)
+        v_tile = tl.load(v + kv_rows[:, None] * stride_v_row + kv_head * stride_v_head + cols[None, :],
+                         mask=inside[:, None], other=0.0)
+        # The online softmax (notebook 02, FlashAttention-2 Algorithm 1), in base 2 with the
+        # scale folded in: every tile holds a token of the node, so every row's max is finite.
+        s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * qk_scale
+        s = tl.where(inside[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
+        m = m_new
+        start += BLOCK_N
+    l = tl.where(l > 0, l, 1.0)  # rows past the group's queries saw zeros; never stored
+    out = acc / l[:, None]
+    lse = (m + tl.log2(l)) * 0.6931471805599453  # back to natural log
+    # Each valid row's partial goes to its pair's position first + member: out_part[p, h, :]
+    # starts at element (p * HEADS_Q + h) * D, lse_part[p, h] is element p * HEADS_Q + h.
+    # YOUR CODE HERE: exercise deft.deft_node_kernel (delete the todo line when you start)
+    todo("deft.deft_node_kernel")
+
+
+@triton.jit
+def deft_flatten_kernel(
+    q, k, v, slots, out_part, lse_part,
+    group_start, group_end, group_ptr, member_query, work_group, work_tile,
+    token_segment, segment_words, num_words,
+    stride_q_row, stride_q_head, stride_k_row, stride_k_head, stride_v_row, stride_v_head,
+    qk_scale,
+    HEADS_Q: tl.constexpr, GROUP: tl.constexpr, QUERIES_PER_TILE: tl.constexpr, D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One program per (tile of one block's queries, KV head): the block's partials.
+
+    As `deft_node_kernel`, but a block holds pieces of several nodes, and a query of the
+    block sees only some of them: the score tile is masked by the segments' bitmasks. A
+    tile's QUERIES_PER_TILE members divide 64, so all its rows read the same bitmask word.
+    """
+    work = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    g = tl.load(work_group + work)
+    tile = tl.load(work_tile + work)
+    token_start = tl.load(group_start + g)
+    token_end = tl.load(group_end + g)
+    first = tl.load(group_ptr + g)
+    count = tl.load(group_ptr + g + 1) - first
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, D)
+    member = tile * QUERIES_PER_TILE + rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    valid = (rows < QUERIES_PER_TILE * GROUP) & (member < count)
+    query = tl.load(member_query + first + member, mask=valid, other=0).to(tl.int64)
+    q_tile = tl.load(q + query[:, None] * stride_q_row + head[:, None] * stride_q_head + cols[None, :],
+                     mask=valid[:, None], other=0.0)
+    word = (tile * QUERIES_PER_TILE) // 64  # the bitmask word of this tile's members
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    start = token_start
+    while start < token_end:
+        tokens = start + tl.arange(0, BLOCK_N)
+        inside = tokens < token_end
+        if PAGED:
+            kv_rows = tl.load(slots + tokens, mask=inside, other=0).to(tl.int64)
+        else:
+            kv_rows = tokens.to(tl.int64)
+        k_tile = tl.load(k + kv_rows[:, None] * stride_k_row + kv_head * stride_k_head + cols[None, :],
+                         mask=inside[:, None], other=0.0)
+        v_tile = tl.load(v + kv_rows[:, None] * stride_v_row + kv_head * stride_v_head + cols[None, :],
+                         mask=inside[:, None], other=0.0)
+        s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * qk_scale
+        # visible[r, c]: row r's query sees token c of this tile (the bit of its member number
+        # in the word of the token's segment), and the token lies inside the block.
+        # YOUR CODE HERE: exercise deft.deft_flatten_kernel (delete the todo line when you start)
+        todo("deft.deft_flatten_kernel")
+        s = tl.where(visible, s, float("-inf"))
+        # A row may see nothing in this tile (or in none so far): its max stays -inf, and
+        # exp2(-inf - -inf) would be NaN, so such rows subtract 0 instead.
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
+        m = m_new
+        start += BLOCK_N
+    l = tl.where(l > 0, l, 1.0)  # every query of a block sees a token of it; padding rows saw none
+    out = acc / l[:, None]
+    lse = (m + tl.log2(l)) * 0.6931471805599453
+    position = (first + member).to(tl.int64)
+    tl.store(out_part + (position[:, None] * HEADS_Q + head[:, None]) * D + cols[None, :], out,
+             mask=valid[:, None])
+    tl.store(lse_part + position * HEADS_Q + head, lse, mask=valid)
+
+
+@triton.jit
+def reduce_partials_kernel(
+    out_part, lse_part, query_ptr, query_parts, out, lse,
+    HEADS_Q: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """One program per (query, block of BLOCK_H query heads): merge the query's partials.
+
+    §3.4's global reduction, the Flash-Decoding merge, in a fixed order (increasing group):
+    out = sum_p exp(lse_p - lse) out_p with lse = log sum_p exp(lse_p), computed around a
+    running maximum that starts at -inf. No atomics, so the result is the same bits every run.
+    """
+    query = tl.program_id(0)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < HEADS_Q
+    cols = tl.arange(0, D)
+    first = tl.load(query_ptr + query)
+    last = tl.load(query_ptr + query + 1)
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of the lse's seen
+    l = tl.zeros([BLOCK_H], tl.float32)  # running sum of exp(lse_p - m)
+    acc = tl.zeros([BLOCK_H, D], tl.float32)  # running sum of exp(lse_p - m) * out_p
+    i = first
+    while i < last:
+        part = tl.load(query_parts + i).to(tl.int64)
+        lse_p = tl.load(lse_part + part * HEADS_Q + heads, mask=head_ok, other=0.0)
+        out_p = tl.load(out_part + (part * HEADS_Q + heads[:, None]) * D + cols[None, :],
+                        mask=head_ok[:, None], other=0.0)
+        # Fold this partial into (m, l, acc): the Flash-Decoding merge as a running recurrence.
+        # YOUR CODE HERE: exercise deft.reduce_partials_kernel (delete the todo line when you start)
+        todo("deft.reduce_partials_kernel")
+        i += 1
+    result = acc / l[:, None]
+    tl.store(out + (query * HEADS_Q + heads[:, None]) * D + cols[None, :], result.to(out.dtype.element_ty),
+             mask=head_ok[:, None])
+    tl.store(lse + query * HEADS_Q + heads, m + tl.log(l), mask=head_ok)
+
+
+interpreter.prepare(deft_node_kernel, deft_flatten_kernel, reduce_partials_kernel)
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (x.bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class TileShape:
+    """Tile sizes of one phase-2 launch (fixed per head dim and GQA group: deterministic)."""
+
+    block_m: int  # rows of a tile: (query, query head) pairs
+    block_n: int  # tokens per K/V tile
+    queries_per_tile: int  # block_m // group rounded down to a power of two <= 64
+    num_warps: int
+
+
+def tile_shape(d: int, group: int, block_tokens: int | None = None) -> TileShape:
+    """The tile sizes for head dim d and `group` query heads per KV head.
+
+    Rows: 64 on a GPU (32 in the interpreter, where every op costs a NumPy call), at least
+    the GQA group. A tile's members never straddle a 64-query bitmask word. K/V tiles of
+    64 tokens (32 in the interpreter), at most a Flatten block.
+    """
+    if group > MAX_GROUP:
+        raise ValueError(f"H_q / H_kv = {group} query heads per KV head is more than a tile holds "
+                         f"(at most {MAX_GROUP})")
+    block_m = max(runtime.pick(sim=32, gpu=64), triton.next_power_of_2(group))
+    block_n = runtime.pick(sim=32, gpu=64)
+    if block_tokens is not None:
+        block_n = min(block_n, block_tokens)
+    require_dot_block(block_m=block_m, block_n=block_n, d=d)
+    return TileShape(block_m, block_n, min(WORD_BITS, _pow2_floor(block_m // group)),
+                     num_warps=4 if d <= 64 else 8)
+
+
+def _work_list(prepared: PreparedGroups, queries_per_tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(group, tile) of every work item: group g has ceil(its queries / queries_per_tile) tiles.
+
+    Built once per tile shape and kept on `prepared`, so a repeated call launches at once.
+    """
+    cached = prepared.work_lists.get(queries_per_tile)
+    if cached is None:
+        counts = (prepared.group_ptr[1:] - prepared.group_ptr[:-1]).long()
+        tiles = (counts + queries_per_tile - 1) // queries_per_tile
+        groups = torch.repeat_interleave(torch.arange(len(tiles), device=prepared.device), tiles)
+        first_item = torch.cumsum(tiles, 0) - tiles
+        tile = torch.arange(len(groups), device=prepared.device) - torch.repeat_interleave(first_item, tiles)
+        cached = (groups.to(torch.int32), tile.to(torch.int32))
+        prepared.work_lists[queries_per_tile] = cached
+    return cached
+
+
+def _check_inputs(q, k, v, prepared, slots, kind: type, prepare: str) -> tuple[int, int, int, int]:
+    """Check phase 2's inputs against the prepared tree; return (Q, H_q, H_kv, d)."""
+    if not isinstance(prepared, kind):
+        raise TypeError(f"prepared must be the result of {prepare}(...), got {type(prepared).__name__}")
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        require_tensor(tensor, name, ndim=3, dtypes=DTYPES)
+        require_interpretable_dtype(tensor, name)
+    for name, tensor in (("k", k), ("v", v)):
+        if tensor.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {str(q.dtype).replace('torch.', '')}, "
+                            f"got {str(tensor.dtype).replace('torch.', '')}")
+        if tensor.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {tensor.device}")
+    n_queries, heads_q, d = q.shape
+    if n_queries != prepared.num_queries:
+        raise ValueError(f"q has {n_queries} queries (rows), but prepared was built for "
+                         f"{prepared.num_queries} query nodes")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"q's head dimension (last axis) must be one of {HEAD_DIMS}, got {d}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    rows, heads_kv, d_kv = k.shape
+    if d_kv != d:
+        raise ValueError(f"k's head dimension is {d_kv}, but q's is {d}")
+    if heads_q % heads_kv:
+        raise ValueError(f"q's {heads_q} heads must be a multiple of k's {heads_kv} KV heads "
+                         "(grouped-query attention)")
+    if prepared.device != q.device:
+        raise ValueError(f"prepared lives on {prepared.device}, but q on {q.device}: "
+                         f"build it with {prepare}(..., device=q.device)")
+    if slots is None:
+        if rows != prepared.num_tokens:
+            raise ValueError(f"k has {rows} rows, but the tree holds T = {prepared.num_tokens} tokens "
+                             "(contiguous KV is (T, H_kv, d); for a paged cache pass slots=)")
+    else:
+        require_tensor(slots, "slots", ndim=1, dtypes=(torch.int32,))
+        if slots.shape[0] != prepared.num_tokens:
+            raise ValueError(f"slots has {slots.shape[0]} entries, expected T = {prepared.num_tokens} "
+                             "(one cache row per token of the tree)")
+        if slots.device != q.device:
+            raise ValueError(f"slots must be on q's device {q.device}, got {slots.device}")
+        low, high = int(slots.min()), int(slots.max())
+        if low < 0 or high >= rows:
+            raise ValueError(f"slots must be rows of the cache, in [0, {rows}), got values in "
+                             f"[{low}, {high}]")
+    return n_queries, heads_q, heads_kv, d
+
+
+def _partials_launch(q, k, v, prepared: PreparedGroups, slots):
+    """Allocate the partial buffers and return (a function launching phase 2's first kernel, buffers)."""
+    n_queries, heads_q, d = q.shape
+    heads_kv = k.shape[1]
+    group = heads_q // heads_kv
+    flatten = isinstance(prepared, PreparedFlatten)
+    shape = tile_shape(d, group, prepared.block_tokens if flatten else None)
+    work_group, work_tile = _work_list(prepared, shape.queries_per_tile)
+    out_part = torch.empty((prepared.num_partials, heads_q, d), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((prepared.num_partials, heads_q), dtype=torch.float32, device=q.device)
+    paged = slots is not None
+    common = dict(HEADS_Q=heads_q, GROUP=group, QUERIES_PER_TILE=shape.queries_per_tile, D=d,
+                  BLOCK_M=shape.block_m, BLOCK_N=shape.block_n, PAGED=paged,
+                  PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=shape.num_warps)
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
+    qk_scale = LOG2E / math.sqrt(d)
+    grid = (int(work_group.shape[0]), heads_kv)
+    index = slots if paged else prepared.group_start  # an unused pointer when the KV is contiguous
+    head = (q, k, v, index, out_part, lse_part, prepared.group_start, prepared.group_end,
+            prepared.group_ptr, prepared.member_query, work_group, work_tile)
+    if flatten:
+        def launch():
+            deft_flatten_kernel[grid](*head, prepared.token_segment, prepared.segment_words,
+                                      prepared.num_words, *strides, qk_scale, **common)
+    else:
+        def launch():
+            deft_node_kernel[grid](*head, *strides, qk_scale, **common)
+    return launch, out_part, lse_part
+
+
+def _reduce_launch(out_part, lse_part, query_ptr, query_parts, out_dtype):
+    n_queries = query_ptr.shape[0] - 1
+    _, heads_q, d = out_part.shape
+    out = torch.empty((n_queries, heads_q, d), dtype=out_dtype, device=out_part.device)
+    lse = torch.empty((n_queries, heads_q), dtype=torch.float32, device=out_part.device)
+    block_h = min(triton.next_power_of_2(heads_q), 16)
+    grid = (n_queries, triton.cdiv(heads_q, block_h))
+
+    def launch():
+        reduce_partials_kernel[grid](out_part, lse_part, query_ptr, query_parts, out, lse,
+                                     HEADS_Q=heads_q, D=d, BLOCK_H=block_h, num_warps=4)
+    return launch, out, lse
+
+
+def _kernel_of(prepared) -> object:
+    return deft_flatten_kernel if isinstance(prepared, PreparedFlatten) else deft_node_kernel
+
+
+def group_partials(q, k, v, prepared: PreparedGroups, *, slots=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phase 2, step 1 alone: (out_part (P, H_q, d) float32, lse_part (P, H_q) float32).
+
+    Row p is the partial of the p-th (group, query) pair of `prepared` (query
+    prepared.member_query[p]): attention over the tokens of its group that the query sees,
+    with their log-sum-exp (natural log). `prepared` from `prepare_node` or `prepare_flatten`.
+    """
+    kind = PreparedFlatten if isinstance(prepared, PreparedFlatten) else PreparedNode
+    prepare = "prepare_flatten" if kind is PreparedFlatten else "prepare_node"
+    _check_inputs(q, k, v, prepared, slots, kind, prepare)
+    require_written(_kernel_of(prepared))
+    launch, out_part, lse_part = _partials_launch(q, k, v, prepared, slots)
+    launch()
+    return out_part, lse_part
+
+
+def reduce_partials(out_part, lse_part, query_ptr, query_parts, *, out_dtype=torch.float32):
+    """Phase 2, step 2 alone: merge each query's partials by LSE; return (out, lse).
+
+    out_part (P, H_q, d) and lse_part (P, H_q) float32 partials; query i merges rows
+    query_parts[query_ptr[i] : query_ptr[i + 1]] in that order. out is (Q, H_q, d) of
+    `out_dtype`, lse (Q, H_q) float32 (natural log).
+    """
+    require_tensor(out_part, "out_part", ndim=3, dtypes=(torch.float32,))
+    require_tensor(lse_part, "lse_part", ndim=2, dtypes=(torch.float32,))
+    require_tensor(query_ptr, "query_ptr", ndim=1, dtypes=(torch.int32,))
+    require_tensor(query_parts, "query_parts", ndim=1, dtypes=(torch.int32,))
+    n_parts, heads_q, d = out_part.shape
+    if tuple(lse_part.shape) != (n_parts, heads_q):
+        raise ValueError(f"lse_part must have shape (P, H_q) = {(n_parts, heads_q)} to match out_part, "
+                         f"got {tuple(lse_part.shape)}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"out_part's head dimension (last axis) must be one of {HEAD_DIMS}, got {d}")
+    if out_dtype not in DTYPES:
+        raise TypeError(f"out_dtype must be one of float16, bfloat16, float32, got {out_dtype}")
+    if query_ptr.shape[0] < 2:
+        raise ValueError("query_ptr must hold Q + 1 >= 2 offsets")
+    steps = query_ptr[1:] - query_ptr[:-1]
+    if int(query_ptr[0]) != 0 or int(query_ptr[-1]) != query_parts.shape[0]:
+        raise ValueError(f"query_ptr must run from 0 to len(query_parts) = {query_parts.shape[0]}, got "
+                         f"{int(query_ptr[0])} .. {int(query_ptr[-1])}")
+    if bool((steps < 1).any()):
+        i = int(torch.nonzero(steps < 1)[0, 0])
+        raise ValueError(f"query_ptr must increase: query {i} has {int(steps[i])} partials "
+                         "(at least 1 needed)")
+    if int(query_parts.min()) < 0 or int(query_parts.max()) >= n_parts:
+        raise ValueError(f"query_parts must be rows of out_part, in [0, {n_parts}), got values in "
+                         f"[{int(query_parts.min())}, {int(query_parts.max())}]")
+    require_written(reduce_partials_kernel)
+    launch, out, lse = _reduce_launch(out_part, lse_part, query_ptr, query_parts, out_dtype)
+    launch()
+    return out, lse
+
+
+def make_runner(q, k, v, prepared: PreparedGroups, *, slots=None) -> Callable[[], torch.Tensor]:
+    """Check the inputs once and return a function that runs only the two kernels.
+
+    The attention functions check their inputs on every call (finite values, slot ranges:
+    a pass over q, k and v and a wait for the GPU); a benchmark that wants the kernels' own
+    time calls this once and times the function it returns. Each call returns the output
+    (Q, H_q, d), written into the same buffer every time.
+    """
+    kind = PreparedFlatten if isinstance(prepared, PreparedFlatten) else PreparedNode
+    prepare = "prepare_flatten" if kind is PreparedFlatten else "prepare_node"
+    _check_inputs(q, k, v, prepared, slots, kind, prepare)
+    require_written(_kernel_of(prepared), reduce_partials_kernel)
+    partials, out_part, lse_part = _partials_launch(q, k, v, prepared, slots)
+    reduce, out, _ = _reduce_launch(out_part, lse_part, prepared.query_ptr, prepared.query_parts, q.dtype)
+
+    def run() -> torch.Tensor:
+        partials()
+        reduce()
+        return out
+    return run
+
+
+def _attention(q, k, v, prepared, slots, return_lse, kind, prepare):
+    _check_inputs(q, k, v, prepared, slots, kind, prepare)
+    require_written(_kernel_of(prepared), reduce_partials_kernel)
+    partials, out_part, lse_part = _partials_launch(q, k, v, prepared, slots)
+    reduce, out, lse = _reduce_launch(out_part, lse_part, prepared.query_ptr, prepared.query_parts, q.dtype)
+    partials()
+    reduce()
+    return (out, lse) if return_lse else out
+
+
+def deft_node_attention(q, k, v, prepared: PreparedNode, *, slots=None, return_lse: bool = False):
+    """DeFT-Node attention: q (Q, H_q, d) over the KV tree of `prepared` (from `prepare_node`).
+
+    k, v: (T, H_kv, d) in the flattened DFS layout, or with `slots` (T,) int32 a paged cache
+    (S, H_kv, d). H_q a multiple of H_kv; d in HEAD_DIMS; float16, bfloat16 (GPU only) or
+    float32, accumulated in float32. Returns out (Q, H_q, d) in q's dtype, and with
+    return_lse=True also lse (Q, H_q) float32.
+    """
+    return _attention(q, k, v, prepared, slots, return_lse, PreparedNode, "prepare_node")
+
+
+def deft_flatten_attention(q, k, v, prepared: PreparedFlatten, *, slots=None, return_lse: bool = False):
+    """DeFT-Flatten attention: as `deft_node_attention`, over the blocks of `prepare_flatten`."""
+    return _attention(q, k, v, prepared, slots, return_lse, PreparedFlatten, "prepare_flatten")

@@ -1,0 +1,533 @@
+"""Notebook 16: token-tree verification in Triton, sampled (SpecInfer) and greedy.
+
+A token tree (notebook 01) holds N speculated tokens: node 0 is the last verified token, and
+every other node is a draft token that continues its parent. The target model scores all N
+nodes in one pass, giving p[i], its distribution of the token after node i; the draft gave
+q[i]. Verification walks the tree from the root and returns the accepted path and one more
+token, so that the emitted tokens follow the target distribution exactly.
+
+Sampled verification, SpecInfer's multi-step speculative sampling (Miao et al., 2024, §4.3,
+Algorithm 2; `pyspec_ref.sampling.tree_speculative_sampling` is the specification): at node
+u the children s are tried in increasing id; s is accepted when r_s * q_u(x_s) <= p_u(x_s),
+and the walk moves to s; on a rejection p_u becomes max_norm(p_u - q_u) and the next child
+is tried; when every child is rejected (or u is a leaf) the next token is drawn from the
+current p_u by the inverse CDF with the uniform of node u.
+
+The residual needs no scratch copy of p: because every child of u was drawn from the same
+q_u, after k rejections the current distribution is a closed form of the two rows,
+
+    p_u^(k) = max(0, p_u - C_k q_u) / Z_k,    C_0 = 0, Z_0 = 1,
+    C_{k+1} = C_k + Z_k,    Z_{k+1} = sum_v max(0, p_u(v) - C_{k+1} q_u(v)),
+
+(induction: max(0, max(0, p - C q) - Z q) = max(0, p - (C + Z) q) since q >= 0; dividing
+by Z_k is the renormalisation). So a rejection costs one pass over the two rows for Z_{k+1}
+(`residual_mass`), the test of the next child is r q(x) Z_k <= max(0, p(x) - C_k q(x)), and
+the state at a node is two numbers. When the residual is empty (p <= q everywhere,
+Z_{k+1} = 0) the state is kept: the specification then keeps p.
+
+Kernels (Triton):
+1. `tree_walk_kernel`, one program per tree: the walk, a sequential loop of scalar tests,
+   with a vocabulary pass after each rejection. It writes the path and the final state
+   (node, C, Z).
+2. `residual_tile_sums_kernel`, grid (B, T): the mass of each vocabulary tile of the final
+   node's residual max(0, p - C q) (T = cdiv(V, DRAW_BLOCK_V) programs per tree, in parallel).
+3. `inverse_cdf_kernel`, one program per tree: finds the tile where the cumulative mass
+   crosses u * total from the tile sums, then the token inside that tile by a cumsum
+   (`inverse_cdf_by_tiles`).
+
+Greedy verification (SpecInfer §4.3, greedy decoding): the longest root path whose every
+token is the target's argmax at its parent. `argmax_kernel` (one program per node, first
+maximum on ties, as torch.argmax) and `greedy_walk_kernel` (one program per tree).
+
+Exactness: p and q are float32 and every product and difference is taken in float64, where
+r * q(x) of two float32 numbers is exact. So the first test at every node is exactly the
+specification's r * q(x) <= p(x). Later tests and the draw use sums over the vocabulary,
+which the specification takes exactly (fsum, fractions) and the kernels by float64 tiles:
+they can differ only where a comparison lies within float64 rounding of its threshold
+(about V * 2^-53 relative); the checks detect and count such cases.
+
+Trees come as parent arrays (B, N) int32, numbered parent-before-child, or as DFS times
+(start, end) (notebook 01), from which `parents_from_times_kernel` rebuilds the parents.
+
+Relation to notebook 15 (solutions/spec_sampling.py): its `first_crossing` is the same two-level
+inverse-CDF search in float32, and its `tile_pass_kernel` the residual's partial sums of a chain.
+This module keeps its own float64 helpers (`residual_tile`, `residual_mass`,
+`inverse_cdf_by_tiles`): the closed-form residual max(0, p - C q) with a float64 C, and no
+dependency on notebook 15's exercises (a student can do notebook 16 first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from course import interpreter, runtime
+from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
+from course.validate import (
+    require_interpretable_dtype,
+    require_same_shape,
+    require_tensor,
+    require_topological_trees,
+    require_tree_times,
+)
+from pyspec_ref.sampling import NORMALISATION_TOLERANCE
+from pyspec_ref.trees import validate_times
+
+INDEX_DTYPES = (torch.int32,)
+PROBABILITY_DTYPES = (torch.float32,)  # float32 inputs, float64 arithmetic: see the docstring
+UNIFORM_DTYPES = (torch.float32, torch.float64)
+TARGET_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # greedy: logits or probabilities
+MAX_NODES = 1024  # the walk keeps a tree's parent array in one block of registers
+# One program walks a tree, so a residual pass is as fast as one SM can pull two rows in: the
+# loop is not software-pipelined, so each iteration waits for its loads, and a large tile keeps
+# many bytes in flight (8192 floats x 2 rows = 64 KB per iteration; 97 registers at 16 warps, no
+# spills, on sm_90). The tile sums of the draw run on all SMs at once: a smaller tile, more programs.
+WALK_BLOCK_V = runtime.pick(sim=16, gpu=8192)  # vocabulary tile of the walk's residual passes
+WALK_WARPS = runtime.pick(sim=1, gpu=16)
+DRAW_BLOCK_V = runtime.pick(sim=16, gpu=1024)  # vocabulary tile of the parallel draw
+ARGMAX_BLOCK_V = runtime.pick(sim=16, gpu=8192)  # one program per node row: a large tile, as the walk
+ARGMAX_WARPS = runtime.pick(sim=1, gpu=8)
+TIMES_BLOCK_ROWS = 16  # nodes per program when rebuilding parents from DFS times
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+@triton.jit
+def residual_tile(p_row, q_row, c, first, V: tl.constexpr, BLOCK_V: tl.constexpr):
+    """max(0, p(v) - c q(v)) in float64 for the BLOCK_V tokens from `first` (0 past V).
+
+    With c = 0 it is p itself; with c = C_k it is the unnormalised residual after k rejections.
+    """
+    cols = first + tl.arange(0, BLOCK_V)
+    inside = cols < V
+    p_v = tl.load(p_row + cols, mask=inside, other=0.0).to(tl.float64)
+    q_v = tl.load(q_row + cols, mask=inside, other=0.0).to(tl.float64)
+    return tl.maximum(p_v - c * q_v, 0.0)
+
+
+@triton.jit
+def residual_mass(p_row, q_row, c, V: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Z(c) = sum_v max(0, p(v) - c q(v)) over one vocabulary row, tile by tile, in float64
+    (the seed paper's partial sums b_k of a = max(0, f), summed by one program)."""
+    acc = tl.zeros([BLOCK_V], dtype=tl.float64)
+    for first in range(0, V, BLOCK_V):
+        acc += residual_tile(p_row, q_row, c, first, V, BLOCK_V)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def inverse_cdf_by_tiles(p_row, q_row, c, tile_sums, u, V: tl.constexpr, BLOCK_V: tl.constexpr,
+                         BLOCK_T: tl.constexpr):
+    """The smallest token i with w_0 + ... + w_i > u * sum(w), w = max(0, p - c q), from the
+    (BLOCK_T,) float64 vector of the tiles' sums (0 past the last tile): the crossing tile by
+    a cumsum over the tiles, then the token by a cumsum inside that one tile.
+
+    Rounding can leave no crossing where the exact sums have one (u * total rounded up to the
+    total, or a tile's cumsum ending a hair below its tile sum): then the last token with mass
+    is taken, which is where the exact search ends in those cases.
+    """
+    tiles = tl.arange(0, BLOCK_T)
+    inclusive = tl.cumsum(tile_sums, axis=0)
+    total = tl.max(inclusive, axis=0)  # the prefix never decreases: weights are >= 0
+    threshold = u * total
+    crossing = tl.min(tl.where(inclusive > threshold, tiles, BLOCK_T), axis=0)
+    last_with_mass = tl.max(tl.where(tile_sums > 0.0, tiles, -1), axis=0)
+    crossing = tl.where(crossing < BLOCK_T, crossing, last_with_mass)
+    before = tl.max(tl.where(tiles < crossing, inclusive, 0.0), axis=0)  # mass of earlier tiles
+    w = residual_tile(p_row, q_row, c, crossing * BLOCK_V, V, BLOCK_V)
+    offsets = tl.arange(0, BLOCK_V)
+    found = tl.min(tl.where(before + tl.cumsum(w, axis=0) > threshold, offsets, BLOCK_V), axis=0)
+    last_positive = tl.max(tl.where(w > 0.0, offsets, -1), axis=0)
+    return crossing * BLOCK_V + tl.where(found < BLOCK_V, found, last_positive)
+
+
+# --------------------------------------------------------------------------- sampled verification
+
+
+@triton.jit
+def tree_walk_kernel(parents, tokens, q, p, accept_uniforms, path, final_node, final_c, final_z, N,
+                     V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One program per tree: SpecInfer's walk. path[b, :depth + 1] gets the accepted node ids
+    (path[b, 0] = 0, then -1); final_node/c/z[b] the node where the walk stopped and
+    its state (C, Z): the next token is drawn from max(0, p - C q) there."""
+    b = tl.program_id(0)
+    ids = tl.arange(0, BLOCK_N)
+    par = tl.load(parents + b * N + ids, mask=ids < N, other=-2)  # -2: padding is nobody's child
+    tl.store(path + b * N, 0)
+    node = b * 0  # int32 scalars (a literal 0 would be a constant, not a loop variable)
+    last = b * 0  # the last child of `node` tried; its next child has a larger id
+    depth = b * 0
+    c = tl.zeros([], dtype=tl.float64)  # C_k
+    z = tl.zeros([], dtype=tl.float64) + 1.0  # Z_k
+    searching = b >= 0
+    while searching:
+        child = tl.min(tl.where((par == node) & (ids > last), ids, BLOCK_N), axis=0)
+        searching = child < BLOCK_N
+        if searching:
+            x = tl.load(tokens + b * N + child)
+            r = tl.load(accept_uniforms + b * N + child).to(tl.float64)
+            row = (b * N + node).to(tl.int64) * V
+            p_x = tl.load(p + row + x).to(tl.float64)
+            q_x = tl.load(q + row + x).to(tl.float64)
+            ### BEGIN SOLUTION
+            # r <= min(1, p'(x) / q(x)) for p' = max(0, p - C q) / Z, without a division:
+            # with C = 0, Z = 1 (no rejection yet) this is exactly r * q(x) <= p(x).
+            accept = r * q_x * z <= tl.maximum(p_x - c * q_x, 0.0)
+            if accept:
+                depth += 1
+                tl.store(path + b * N + depth, child)
+                node = child
+                c = tl.zeros_like(c)
+                z = tl.zeros_like(z) + 1.0
+            else:
+                # Reject: p' <- max_norm(p' - q), i.e. C <- C + Z and Z <- sum max(0, p - C q).
+                # An empty residual (p' <= q everywhere) keeps p', as the specification does.
+                c_next = c + z
+                z_next = residual_mass(p + row, q + row, c_next, V, BLOCK_V)
+                keep = z_next > 0.0
+                c = tl.where(keep, c_next, c)
+                z = tl.where(keep, z_next, z)
+            ### END SOLUTION
+            last = child  # the next child tried (if any) has a larger id
+    tl.store(path + b * N + ids, -1, mask=(ids > depth) & (ids < N))  # pad after the last node
+    tl.store(final_node + b, node)
+    tl.store(final_c + b, c)
+    tl.store(final_z + b, z)
+
+
+@triton.jit
+def residual_tile_sums_kernel(q, p, final_node, final_c, tile_sums, N, T, V: tl.constexpr,
+                              BLOCK_V: tl.constexpr):
+    """Grid (B, T): tile_sums[b, t] = the mass of tile t of max(0, p - C q) at the final node."""
+    b = tl.program_id(0)
+    t = tl.program_id(1)
+    row = (b * N + tl.load(final_node + b)).to(tl.int64) * V
+    w = residual_tile(p + row, q + row, tl.load(final_c + b), t * BLOCK_V, V, BLOCK_V)
+    tl.store(tile_sums + b * T + t, tl.sum(w, axis=0))
+
+
+@triton.jit
+def inverse_cdf_kernel(q, p, final_node, final_c, tile_sums, sample_uniforms, next_token, N, T,
+                       V: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One program per tree: the next token, drawn at the final node with its uniform."""
+    b = tl.program_id(0)
+    node = tl.load(final_node + b)
+    row = (b * N + node).to(tl.int64) * V
+    u = tl.load(sample_uniforms + b * N + node).to(tl.float64)
+    tiles = tl.arange(0, BLOCK_T)
+    sums = tl.load(tile_sums + b * T + tiles, mask=tiles < T, other=0.0)
+    token = inverse_cdf_by_tiles(p + row, q + row, tl.load(final_c + b), sums, u, V, BLOCK_V, BLOCK_T)
+    tl.store(next_token + b, token)
+
+
+# --------------------------------------------------------------------------- greedy verification
+
+
+@triton.jit
+def argmax_kernel(target, best, V: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One program per (tree, node) row: best[row] = the first index of the row's maximum."""
+    row = tl.program_id(0)
+    base = row.to(tl.int64) * V
+    best_value = tl.full([], float("-inf"), tl.float32)
+    best_index = row * 0
+    for first in range(0, V, BLOCK_V):
+        cols = first + tl.arange(0, BLOCK_V)
+        values = tl.load(target + base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        tile_max = tl.max(values, axis=0)
+        tile_index = first + tl.argmax(values, axis=0, tie_break_left=True)
+        better = tile_max > best_value  # strict: an equal maximum in a later tile comes later
+        best_index = tl.where(better, tile_index, best_index)
+        best_value = tl.where(better, tile_max, best_value)
+    tl.store(best + row, best_index)
+
+
+@triton.jit
+def greedy_walk_kernel(parents, tokens, best, path, next_token, N, BLOCK_N: tl.constexpr):
+    """One program per tree: from the root, follow the first child (in id order) whose token
+    is the target's argmax at the current node; stop where none is."""
+    b = tl.program_id(0)
+    ids = tl.arange(0, BLOCK_N)
+    par = tl.load(parents + b * N + ids, mask=ids < N, other=-2)
+    tok = tl.load(tokens + b * N + ids, mask=ids < N, other=-1)
+    tl.store(path + b * N, 0)
+    node = b * 0
+    depth = b * 0
+    going = b >= 0
+    while going:
+        wanted = tl.load(best + b * N + node)
+        ### BEGIN SOLUTION
+        match = tl.min(tl.where((par == node) & (tok == wanted), ids, BLOCK_N), axis=0)
+        going = match < BLOCK_N
+        depth += going.to(tl.int32)
+        tl.store(path + b * N + depth, match, mask=going)
+        node = tl.where(going, match, node)
+        ### END SOLUTION
+    tl.store(path + b * N + ids, -1, mask=(ids > depth) & (ids < N))  # pad after the last node
+    tl.store(next_token + b, tl.load(best + b * N + node))
+
+
+# --------------------------------------------------------------------------- trees as DFS times
+
+
+@triton.jit
+def parents_from_times_kernel(start, end, parents, N, BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Grid (B, cdiv(N, BLOCK_ROWS)): parents[b, v] = the node with the tightest interval that
+    strictly contains v's (FlashSpecInfer §5.1), i.e. v's proper ancestor with the largest start;
+    -1 for the root."""
+    b = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_start = tl.load(start + b * N + rows, mask=rows < N, other=-1)
+    row_end = tl.load(end + b * N + rows, mask=rows < N, other=-1)
+    col_start = tl.load(start + b * N + cols, mask=cols < N, other=N)  # padding contains nothing
+    col_end = tl.load(end + b * N + cols, mask=cols < N, other=-1)
+    above = (col_start[None, :] < row_start[:, None]) & (row_end[:, None] <= col_end[None, :])
+    nearest = tl.max(tl.where(above, col_start[None, :], -1), axis=1)
+    is_parent = above & (col_start[None, :] == nearest[:, None])
+    tl.store(parents + b * N + rows, tl.max(tl.where(is_parent, cols[None, :], -1), axis=1),
+             mask=rows < N)
+
+
+interpreter.prepare(residual_tile, residual_mass, inverse_cdf_by_tiles, tree_walk_kernel,
+                    residual_tile_sums_kernel, inverse_cdf_kernel, argmax_kernel, greedy_walk_kernel,
+                    parents_from_times_kernel)
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _block_nodes(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def parents_from_times(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """(B, N) int32 parent arrays of the trees whose DFS times are (start, end), (B, N) int32.
+
+    The times must be a real preorder of each tree (`pyspec_ref.validate_times`); the trees must
+    be numbered parent-before-child (node 0 the root), as every tree of the course is.
+    """
+    batch, n = require_tree_times(start, end)
+    if n > MAX_NODES:
+        raise ValueError(f"start must have at most {MAX_NODES} nodes per tree, got {n}")
+    for b, (s, e) in enumerate(zip(start.tolist(), end.tolist(), strict=True)):
+        try:
+            validate_times(s, e, f"start[{b}]/end[{b}]")
+        except ValueError as error:
+            raise ValueError(f"start/end are not the DFS times of a tree: {error}") from None
+    parents = torch.empty_like(start)
+    grid = (batch, triton.cdiv(n, TIMES_BLOCK_ROWS))
+    parents_from_times_kernel[grid](start, end, parents, n, BLOCK_ROWS=TIMES_BLOCK_ROWS,
+                                    BLOCK_N=_block_nodes(n))
+    try:
+        require_topological_trees(parents, "parents")
+    except ValueError as error:
+        raise ValueError("start/end describe a tree that is not numbered parent-before-child "
+                         f"(node 0 the root), which the walk needs: {error}") from None
+    return parents
+
+
+def _tree(tree, name: str = "tree") -> torch.Tensor:
+    """The (B, N) int32 parents of `tree`: a parents tensor, or a (start, end) pair of DFS times."""
+    if isinstance(tree, (tuple, list)):
+        if len(tree) != 2:
+            raise ValueError(f"{name} must be a (B, N) parents tensor or a (start, end) pair of DFS "
+                             f"times, got a sequence of {len(tree)}")
+        return parents_from_times(*tree)
+    require_tensor(tree, f"{name} (parents)", ndim=2, dtypes=INDEX_DTYPES)
+    if tree.shape[1] > MAX_NODES:
+        raise ValueError(f"{name} must have at most {MAX_NODES} nodes per tree, got {tree.shape[1]}")
+    require_topological_trees(tree, "parents")
+    return tree
+
+
+def _require_tokens(tokens: torch.Tensor, name: str, shape: tuple[int, int], vocabulary: int | None):
+    require_tensor(tokens, name, ndim=2, dtypes=INDEX_DTYPES)
+    if tuple(tokens.shape) != shape:
+        raise ValueError(f"{name} must have shape (B, N) = {shape} to match the tree, "
+                         f"got {tuple(tokens.shape)}")
+    if vocabulary is not None:
+        bad = torch.nonzero((tokens < 0) | (tokens >= vocabulary))
+        if len(bad):
+            b, i = (int(x) for x in bad[0])
+            raise ValueError(f"{name}[{b}, {i}] = {int(tokens[b, i])} is not a token id in "
+                             f"[0, {vocabulary})")
+
+
+def _require_distributions(x: torch.Tensor, name: str) -> None:
+    """Finite (require_tensor), non-negative, each row summing to 1 within the specification's
+    tolerance: probabilities, not logits."""
+    negative = torch.nonzero(x < 0)
+    if len(negative):
+        b, i, v = (int(t) for t in negative[0])
+        raise ValueError(f"{name}[{b}, {i}, {v}] = {float(x[b, i, v])} is negative: probabilities "
+                         "must be >= 0")
+    sums = x.sum(dim=-1, dtype=torch.float64)  # no float64 copy of the (B, N, V) tensor
+    off = torch.nonzero((sums - 1.0).abs() > NORMALISATION_TOLERANCE)
+    if len(off):
+        b, i = (int(t) for t in off[0])
+        raise ValueError(f"{name}[{b}, {i}] sums to {float(sums[b, i]):.6g}, not 1 (within "
+                         f"{NORMALISATION_TOLERANCE}): pass probabilities, not logits or weights")
+
+
+def _require_uniforms(u: torch.Tensor, name: str, shape: tuple[int, int], first: int) -> None:
+    require_tensor(u, name, ndim=2, dtypes=UNIFORM_DTYPES)
+    if tuple(u.shape) != shape:
+        raise ValueError(f"{name} must have shape (B, N) = {shape}, got {tuple(u.shape)}")
+    used = u[:, first:]
+    bad = torch.nonzero((used < 0) | (used >= 1))
+    if len(bad):
+        b, i = int(bad[0, 0]), int(bad[0, 1]) + first
+        raise ValueError(f"{name}[{b}, {i}] = {float(u[b, i])} must lie in [0, 1)")
+
+
+def _check_sampling_inputs(tree, tokens, q, p, accept_uniforms, sample_uniforms):
+    parents = _tree(tree)
+    batch, n = parents.shape
+    require_tensor(p, "p", ndim=3, dtypes=PROBABILITY_DTYPES)
+    require_tensor(q, "q", ndim=3, dtypes=PROBABILITY_DTYPES)
+    if tuple(p.shape[:2]) != (batch, n):
+        raise ValueError(f"p must have shape (B, N, V) with (B, N) = {(batch, n)} from the tree, "
+                         f"got {tuple(p.shape)}")
+    require_same_shape("p", p, "q", q)
+    vocabulary = p.shape[2]
+    _require_tokens(tokens, "tokens", (batch, n), vocabulary)
+    _require_distributions(p, "p")
+    _require_distributions(q, "q")
+    _require_uniforms(accept_uniforms, "accept_uniforms", (batch, n), first=1)  # entry 0 unused
+    _require_uniforms(sample_uniforms, "sample_uniforms", (batch, n), first=0)
+    for name, tensor in (("tokens", tokens), ("q", q), ("accept_uniforms", accept_uniforms),
+                         ("sample_uniforms", sample_uniforms), ("tree", parents)):
+        if tensor.device != p.device:
+            raise ValueError(f"{name} must be on p's device {p.device}, got {tensor.device}")
+    return parents, batch, n, vocabulary
+
+
+def prepare_sampling(tree, tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                     accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor) -> Callable:
+    """Check the inputs once and return a function that runs the three kernels into preallocated
+    outputs and returns (path, next_token): what `tree_speculative_sampling` does, minus the
+    checks (for timing the kernels alone)."""
+    require_written(tree_walk_kernel)
+    parents, batch, n, vocabulary = _check_sampling_inputs(tree, tokens, q, p, accept_uniforms,
+                                                           sample_uniforms)
+    device = p.device
+    path = torch.empty((batch, n), dtype=torch.int32, device=device)
+    final_node = torch.empty(batch, dtype=torch.int32, device=device)
+    final_c = torch.empty(batch, dtype=torch.float64, device=device)
+    final_z = torch.empty(batch, dtype=torch.float64, device=device)
+    tiles = triton.cdiv(vocabulary, DRAW_BLOCK_V)
+    tile_sums = torch.empty((batch, tiles), dtype=torch.float64, device=device)
+    next_token = torch.empty(batch, dtype=torch.int32, device=device)
+
+    def run():
+        tree_walk_kernel[(batch,)](parents, tokens, q, p, accept_uniforms, path, final_node, final_c,
+                                   final_z, n, V=vocabulary, BLOCK_N=_block_nodes(n),
+                                   BLOCK_V=WALK_BLOCK_V, num_warps=WALK_WARPS)
+        residual_tile_sums_kernel[(batch, tiles)](q, p, final_node, final_c, tile_sums, n, tiles,
+                                                  V=vocabulary, BLOCK_V=DRAW_BLOCK_V)
+        inverse_cdf_kernel[(batch,)](q, p, final_node, final_c, tile_sums, sample_uniforms, next_token,
+                                     n, tiles, V=vocabulary, BLOCK_V=DRAW_BLOCK_V,
+                                     BLOCK_T=max(16, triton.next_power_of_2(tiles)))
+        return path, next_token
+
+    return run
+
+
+def tree_speculative_sampling(tree, tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                              accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor):
+    """SpecInfer's multi-step speculative sampling over B token trees of N nodes.
+
+    tree: (B, N) int32 parents (node 0 the root, parents before children) or a (start, end) pair
+    of (B, N) int32 DFS times; tokens: (B, N) int32 token of each node (the root's is the last
+    verified token); q, p: (B, N, V) float32 draft and target distributions at each node;
+    accept_uniforms: (B, N) float32 or float64, entry [b, i] tests node i against its parent
+    (entry 0 unused); sample_uniforms: (B, N), entry [b, i] draws the next token if the walk
+    stops at node i. Returns (path, next_token): path (B, N) int32, the accepted node ids from
+    the root (path[b, 0] = 0) padded with -1; next_token (B,) int32. Equals
+    `pyspec_ref.sampling.tree_speculative_sampling` on each tree (see the module docstring).
+    """
+    return prepare_sampling(tree, tokens, q, p, accept_uniforms, sample_uniforms)()
+
+
+def target_argmax(target: torch.Tensor) -> torch.Tensor:
+    """(B, N) int32: the first index of the maximum of each row of a (B, N, V) float tensor
+    (logits or probabilities; the same argmax either way)."""
+    require_tensor(target, "target", ndim=3, dtypes=TARGET_DTYPES)
+    require_interpretable_dtype(target, "target")
+    batch, n, vocabulary = target.shape
+    best = torch.empty((batch, n), dtype=torch.int32, device=target.device)
+    argmax_kernel[(batch * n,)](target, best, V=vocabulary, BLOCK_V=ARGMAX_BLOCK_V, num_warps=ARGMAX_WARPS)
+    return best
+
+
+def prepare_greedy(tree, tokens: torch.Tensor, target: torch.Tensor) -> Callable:
+    """Check the inputs once and return a function that runs the kernels of
+    `greedy_tree_verification` into preallocated outputs (for timing)."""
+    require_written(greedy_walk_kernel)
+    parents = _tree(tree)
+    batch, n = parents.shape
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    scores = target.dim() == 3
+    if scores:
+        require_tensor(target, "target", ndim=3, dtypes=TARGET_DTYPES)
+        require_interpretable_dtype(target, "target")
+        if tuple(target.shape[:2]) != (batch, n):
+            raise ValueError(f"target must have shape (B, N, V) with (B, N) = {(batch, n)} from the "
+                             f"tree, got {tuple(target.shape)}")
+        vocabulary = target.shape[2]
+    else:
+        _require_tokens(target, "target (argmax ids)", (batch, n), None)
+        if bool((target < 0).any()):
+            raise ValueError("target (argmax ids) must hold token ids >= 0")
+        vocabulary = None
+    _require_tokens(tokens, "tokens", (batch, n), vocabulary)
+    for name, tensor in (("tokens", tokens), ("tree", parents)):
+        if tensor.device != target.device:
+            raise ValueError(f"{name} must be on target's device {target.device}, got {tensor.device}")
+    best = torch.empty((batch, n), dtype=torch.int32, device=target.device) if scores else target
+    path = torch.empty((batch, n), dtype=torch.int32, device=target.device)
+    next_token = torch.empty(batch, dtype=torch.int32, device=target.device)
+
+    def run():
+        if scores:
+            argmax_kernel[(batch * n,)](target, best, V=vocabulary, BLOCK_V=ARGMAX_BLOCK_V,
+                                        num_warps=ARGMAX_WARPS)
+        greedy_walk_kernel[(batch,)](parents, tokens, best, path, next_token, n,
+                                     BLOCK_N=_block_nodes(n))
+        return path, next_token
+
+    return run
+
+
+def greedy_tree_verification(tree, tokens: torch.Tensor, target: torch.Tensor):
+    """Greedy verification of B token trees: (path, next_token) as in `tree_speculative_sampling`.
+
+    target: the target's (B, N, V) logits or probabilities (float32, float16; bfloat16 on a GPU),
+    whose argmax per node the kernel takes (the first maximum on ties), or the (B, N) int32
+    argmax ids themselves. Equals `pyspec_ref.sampling.greedy_tree_verification` on each tree.
+    """
+    return prepare_greedy(tree, tokens, target)()
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def accepted_counts(path: torch.Tensor) -> torch.Tensor:
+    """(B,) int32: the draft tokens accepted per tree (the path's length minus the root)."""
+    return ((path >= 0).sum(dim=1) - 1).to(torch.int32)
+
+
+def emitted_tokens(tokens: torch.Tensor, path: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
+    """(B, N) int32 as production samplers report them: the accepted draft tokens, then the next
+    token, then -1 (the root's token, already emitted, is not repeated)."""
+    batch, n = path.shape
+    accepted = accepted_counts(path).long()
+    nodes = torch.cat([path[:, 1:], torch.full((batch, 1), -1, dtype=path.dtype, device=path.device)], 1)
+    out = torch.where(nodes >= 0, tokens.gather(1, nodes.clamp(min=0).long()), -1)
+    out[torch.arange(batch, device=path.device), accepted] = next_token.to(out.dtype)
+    return out.to(torch.int32)

@@ -1,0 +1,280 @@
+"""solutions/deft.py: phase 1 equals pyspec_ref.deft, bad inputs are named, the checks catch bugs.
+
+The full correctness checks (every edge case, contiguous and paged, GQA, fp16/fp32, twice)
+run in tests/test_checks.py and in notebooks 13 and 14.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import course
+import pyspec_ref.deft as spec
+from course import inputs
+from course.checks import deft as deft_checks
+from course.checks.deft import KVTreeCase, case_tensors
+from solutions import deft
+
+DEVICE = course.torch_device()
+
+
+def _i32(values) -> torch.Tensor:
+    return torch.tensor(list(values), dtype=torch.int32, device=DEVICE)
+
+
+def _random_kv_tree(rng: random.Random):
+    nodes = rng.randint(1, 14)
+    parents = [-1] + [rng.randrange(i) for i in range(1, nodes)]
+    lengths = [rng.choice([1, 1, 2, 5, 17, 40]) for _ in range(nodes)]
+    queries = [rng.randrange(nodes) for _ in range(rng.randint(1, 80))]  # sometimes > 64 in a block
+    return parents, lengths, queries
+
+
+def _members(prepared, g):
+    ptr = prepared.group_ptr.tolist()
+    return prepared.member_query[ptr[g] : ptr[g + 1]].tolist()
+
+
+def _signed(word: int) -> int:
+    return word - (1 << 64) if word >= 1 << 63 else word
+
+
+def _check_query_parts(prepared):
+    """Query i's partials are exactly its (group, i) pairs, in increasing group order."""
+    ptr, parts = prepared.query_ptr.tolist(), prepared.query_parts.tolist()
+    members = prepared.member_query.tolist()
+    group_ptr = prepared.group_ptr.tolist()
+    group_of = [g for g in range(prepared.num_groups) for _ in range(group_ptr[g], group_ptr[g + 1])]
+    for i in range(prepared.num_queries):
+        own = parts[ptr[i] : ptr[i + 1]]
+        assert all(members[p] == i for p in own)
+        assert [group_of[p] for p in own] == sorted({group_of[p] for p, q in enumerate(members) if q == i})
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_phase_1_equals_pyspec_ref(seed):
+    parents, lengths, queries = _random_kv_tree(random.Random(seed))
+    node = deft.prepare_node(parents, lengths, queries, DEVICE)
+    groups = spec.node_groups(parents, lengths, queries)
+    assert node.group_node.tolist() == [g[0] for g in groups]
+    assert node.group_start.tolist() == [g[1] for g in groups]
+    assert node.group_end.tolist() == [g[2] for g in groups]
+    assert [_members(node, g) for g in range(node.num_groups)] == [g[3] for g in groups]
+    _check_query_parts(node)
+
+    block = random.Random(seed).choice([16, 32, 64])
+    flat = deft.prepare_flatten(parents, lengths, queries, block, DEVICE)
+    every_block = spec.flatten_blocks(parents, lengths, queries, block)
+    blocks = [(b, x) for b, x in enumerate(every_block) if x["queries"]]
+    assert flat.group_block.tolist() == [b for b, _ in blocks]
+    assert flat.group_start.tolist() == [x["token_start"] for _, x in blocks]
+    assert flat.group_end.tolist() == [x["token_end"] for _, x in blocks]
+    assert [_members(flat, g) for g in range(flat.num_groups)] == [x["queries"] for _, x in blocks]
+    segments = [s for _, x in blocks for s in x["segments"]]
+    assert flat.segment_node.tolist() == [s[0] for s in segments]
+    assert flat.segment_start.tolist() == [s[1] for s in segments]
+    assert flat.segment_end.tolist() == [s[2] for s in segments]
+    words = flat.segment_words.tolist()
+    for row, s in zip(words, segments, strict=True):
+        assert row[: len(s[3])] == [_signed(w) for w in s[3]] and not any(row[len(s[3]):])
+    token_segment = flat.token_segment.tolist()
+    for n, (_, start, end, _) in enumerate(segments):
+        assert token_segment[start:end] == [n] * (end - start)
+    _check_query_parts(flat)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_oracle_agrees_with_pyspec_ref(seed):
+    from course import oracle
+
+    parents, lengths, queries = _random_kv_tree(random.Random(100 + seed))
+    mask = oracle.tree_kv_mask(parents, lengths, queries)
+    seen = [torch.nonzero(row)[:, 0].tolist() for row in mask]
+    assert seen == spec.visible_tokens(parents, lengths, queries)
+    total = sum(lengths)
+    q, k, v = (inputs.random_tensor(shape, seed + i, torch.float64) for i, shape in
+               enumerate([(len(queries), 4, 3), (total, 2, 3), (total, 2, 3)]))
+    out, lse = oracle.tree_kv_attention(q, k, v, parents, lengths, queries)
+    want, want_lse = spec.tree_kv_attention(q[:, 3].tolist(), k[:, 1].tolist(), v[:, 1].tolist(),
+                                            parents, lengths, queries)
+    assert torch.allclose(out[:, 3], torch.tensor(want, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(lse[:, 3], torch.tensor(want_lse, dtype=torch.float64), atol=1e-12)
+
+
+def test_prepared_tensors_are_int32_and_on_the_device():
+    flat = deft.prepare_flatten([-1, 0], [3, 2], [1], 16, DEVICE)
+    for name in ("group_start", "group_end", "group_ptr", "member_query", "query_ptr", "query_parts",
+                 "token_segment", "segment_node"):
+        tensor = getattr(flat, name)
+        assert tensor.dtype == torch.int32 and tensor.device.type == DEVICE.type, name
+    assert flat.segment_words.dtype == torch.int64
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+
+def _small(dtype=torch.float32, heads_q=2, heads_kv=1, d=16):
+    parents, lengths, queries = [-1, 0, 0], [5, 3, 2], [1, 2]
+    prepared = deft.prepare_node(parents, lengths, queries, DEVICE)
+    q = inputs.random_tensor((2, heads_q, d), 0, dtype, DEVICE)
+    k = inputs.random_tensor((10, heads_kv, d), 1, dtype, DEVICE)
+    v = inputs.random_tensor((10, heads_kv, d), 2, dtype, DEVICE)
+    return q, k, v, prepared
+
+
+@pytest.mark.parametrize("call, kind, message", [
+    (lambda: deft.prepare_node([0, 0], [1, 1], [0], "cpu"), ValueError, r"parents\[0\] = 0"),
+    (lambda: deft.prepare_node([-1, 1], [1, 1], [0], "cpu"), ValueError, r"parents\[1\] = 1"),
+    (lambda: deft.prepare_node([-1, 0], [1], [0], "cpu"), ValueError, "lengths has 1 entries"),
+    (lambda: deft.prepare_node([-1, 0], [1, 0], [0], "cpu"), ValueError, r"lengths\[1\] = 0"),
+    (lambda: deft.prepare_node([-1, 0], [1, 1], [2], "cpu"), ValueError, r"query_nodes\[0\] = 2"),
+    (lambda: deft.prepare_node([-1, 0], [1, 1], [], "cpu"), ValueError, "query_nodes must not be empty"),
+    (lambda: deft.prepare_node([-1, 0], [1, 1.5], [0], "cpu"), TypeError, r"lengths\[1\]"),
+    (lambda: deft.prepare_node("ab", [1, 1], [0], "cpu"), TypeError, "parents must be a list"),
+    (lambda: deft.prepare_node([-1], [1], [0], "gpu0"), ValueError, "device must be"),
+    (lambda: deft.prepare_flatten([-1], [4], [0], 24, "cpu"), ValueError, "block_tokens must be a power"),
+])
+def test_bad_trees_are_named(call, kind, message):
+    with pytest.raises(kind, match=message):
+        call()
+
+
+def _replace(index, value):
+    def make():
+        args = list(_small())
+        args[index] = value(args)
+        return args
+    return make
+
+
+@pytest.mark.parametrize("make, kind, message", [
+    (_replace(0, lambda a: a[0][0]), ValueError, "q must have 3 dimensions"),
+    (_replace(0, lambda a: a[0].double()), TypeError, "q must have dtype"),
+    (_replace(1, lambda a: a[1].half()), TypeError, "k must have q's dtype"),
+    (_replace(0, lambda a: a[0][:1].contiguous()), ValueError, "q has 1 queries"),
+    (_replace(1, lambda a: a[1][:9].contiguous()), ValueError, "k and v must have the same shape"),
+    (lambda: [*_small(heads_q=3, heads_kv=2)], ValueError, "multiple of k's 2 KV heads"),
+    (lambda: [*_small(d=48)], ValueError, "head dimension .* must be one of"),
+    (lambda: [*_small(heads_q=128, heads_kv=1)], ValueError, "more than a tile holds"),
+    (_replace(0, lambda a: a[0].masked_fill(torch.ones_like(a[0], dtype=torch.bool), float("nan"))),
+     ValueError, "q contains NaN"),
+    (_replace(3, lambda a: deft.prepare_flatten([-1, 0, 0], [5, 3, 2], [1, 2], 16, DEVICE)), TypeError,
+     "prepared must be the result of prepare_node"),
+])
+def test_bad_attention_inputs_are_named(make, kind, message):
+    q, k, v, prepared = make()
+    with pytest.raises(kind, match=message):
+        deft.deft_node_attention(q, k, v, prepared)
+
+
+def test_contiguous_kv_must_hold_the_tree_and_slots_must_fit():
+    q, k, v, prepared = _small()
+    cache = torch.cat([k, k])
+    with pytest.raises(ValueError, match="tree holds T = 10 tokens"):
+        deft.deft_node_attention(q, cache, cache, prepared)
+    with pytest.raises(TypeError, match="slots must have dtype int32"):
+        deft.deft_node_attention(q, cache, cache, prepared, slots=torch.arange(10, device=DEVICE))
+    with pytest.raises(ValueError, match="slots has 9 entries"):
+        deft.deft_node_attention(q, cache, cache, prepared, slots=_i32(range(9)))
+    with pytest.raises(ValueError, match=r"slots must be rows of the cache, in \[0, 20\)"):
+        deft.deft_node_attention(q, cache, cache, prepared, slots=_i32(range(15, 25)))
+
+
+@pytest.mark.skipif(course.on_gpu(), reason="bfloat16 is refused only in the interpreter")
+def test_bfloat16_is_refused_in_the_interpreter():
+    q, k, v, prepared = _small(torch.bfloat16)
+    with pytest.raises(TypeError, match="q is bfloat16"):
+        deft.deft_node_attention(q, k, v, prepared)
+
+
+def test_reduce_partials_refuses_a_query_without_partials():
+    out_part = torch.zeros((2, 1, 16), device=DEVICE)
+    lse_part = torch.zeros((2, 1), device=DEVICE)
+    parts = _i32([0, 1])
+    with pytest.raises(ValueError, match="query 1 has 0 partials"):
+        deft.reduce_partials(out_part, lse_part, _i32([0, 2, 2]), parts)
+    with pytest.raises(ValueError, match="query_parts must be rows of out_part"):
+        deft.reduce_partials(out_part, lse_part, _i32([0, 2]), parts + 1)
+
+
+# --------------------------------------------------------------------------- runner, checks
+
+
+def test_runner_repeats_the_attention_bit_for_bit():
+    case = KVTreeCase("few-shot", (-1, 0, 0, 0), (40, 7, 3, 12), (1, 2, 3, 0), 4, 2, 16, torch.float16,
+                      True, 16)
+    tensors = case_tensors(case, 5)
+    prepared = deft.prepare_flatten(case.parents, case.lengths, case.query_nodes, 16, DEVICE)
+    args = (tensors.q, tensors.cache_k, tensors.cache_v, prepared)
+    want = deft.deft_flatten_attention(*args, slots=tensors.slots)
+    run = deft.make_runner(*args, slots=tensors.slots)
+    assert torch.equal(run(), want) and torch.equal(run(), want)
+
+
+def _first_failure(cases) -> str:
+    for _, run in cases:
+        result = run()
+        if result is not None and not result.passed:
+            return result.detail
+    return ""
+
+
+def test_a_flatten_kernel_that_ignores_the_bitmask_is_caught():
+    def prepare_flatten(*args):  # every query of a block sees all of it: the mask is lost
+        prepared = deft.prepare_flatten(*args)
+        return dataclasses.replace(prepared, segment_words=torch.full_like(prepared.segment_words, -1),
+                                   work_lists={})
+
+    module = SimpleNamespace(**{name: getattr(deft, name) for name in dir(deft) if not name.startswith("_")})
+    module.prepare_flatten = prepare_flatten
+    detail = _first_failure(deft_checks.check_deft_flatten(module, 0))
+    assert "partial lse" in detail and "block group" in detail
+
+
+def test_a_reduction_whose_running_max_starts_at_0_is_caught():
+    def reduce_partials(out_part, lse_part, query_ptr, query_parts, *, out_dtype=torch.float32):
+        # DeFT's own code starts the running max at 0: exp(lse - 0) underflows for very negative lse.
+        outs, lses = [], []
+        for i in range(query_ptr.shape[0] - 1):
+            parts = query_parts[int(query_ptr[i]) : int(query_ptr[i + 1])].long()
+            m = torch.zeros(lse_part.shape[1])
+            m = torch.maximum(m, lse_part[parts].max(dim=0).values)
+            weights = torch.exp(lse_part[parts] - m)
+            total = weights.sum(dim=0)
+            outs.append((weights[..., None] * out_part[parts]).sum(dim=0) / total[:, None])
+            lses.append(m + torch.log(total))
+        return torch.stack(outs).to(out_dtype), torch.stack(lses)
+
+    module = SimpleNamespace(reduce_partials=reduce_partials)
+    report = [run() for _, run in deft_checks.check_reduce_partials(module, 0)]
+    failed = [r for r in report if r is not None and not r.passed]
+    assert len(failed) == 1 and "far below 0" in failed[0].case and "NaN" in failed[0].detail
+
+
+# --------------------------------------------------------------------------- the shared workloads
+
+
+def _workload_cases():
+    from course import workloads
+
+    return [pytest.param(w, id=w.name) for w in workloads.tiny() + workloads.edge_cases(16)]
+
+
+@pytest.mark.parametrize("workload", _workload_cases())
+def test_every_tiny_workload_and_edge_case_equals_the_oracle(workload):
+    from course import oracle, workloads
+
+    q = workloads.query_tensor(workload, 4, 16, torch.float32, DEVICE, seed=1)
+    k, v = workloads.kv_tensors(workload, 2, 16, torch.float32, DEVICE, seed=2)
+    want, _ = oracle.tree_kv_attention(q, k, v, workload.parents, workload.lengths, workload.query_nodes)
+    tree = (workload.parents, workload.lengths, workload.query_nodes)
+    flat = deft.deft_flatten_attention(q, k, v, deft.prepare_flatten(*tree, 16, DEVICE))
+    assert (flat.double() - want).abs().max() < 2e-5
+    if workload.queries <= 64 or course.on_gpu():  # DeFT-Node's 130 one-token groups take ~15 s here
+        node = deft.deft_node_attention(q, k, v, deft.prepare_node(*tree, DEVICE))
+        assert (node.double() - want).abs().max() < 2e-5
