@@ -400,7 +400,9 @@ def test_pyspec_ref_imports_only_the_standard_library(path):
             assert top in allowed, f"{path.name}:{node.lineno} imports {top!r}"
 
 
-SUBMODULES = [T, A] + [importlib.import_module(f"pyspec_ref.{name}") for name in ("deft", "sampling")]
+SUBMODULES = [T, A] + [
+    importlib.import_module(f"pyspec_ref.{name}") for name in ("deft", "sampling", "kvcache")
+]
 
 
 def test_package_reexports_every_public_name():
@@ -420,6 +422,8 @@ CITATIONS = (
     "Vaswani",
     "Leviathan",
     "Chen et al.",
+    "EMS-SD",
+    "SwiftSpec",
 )
 
 
