@@ -1,4 +1,4 @@
-"""The course's command line: `python -m course {info,list,check,release}`."""
+"""The course's command line: `python -m course {info,list,check,release,grade}`."""
 
 from __future__ import annotations
 
@@ -54,6 +54,20 @@ def _release(args) -> int:
     return 0
 
 
+def _grade(args) -> int:
+    from .grading import Limits, grade
+
+    limits = Limits(per_exercise_s=args.timeout_per_exercise, total_s=args.timeout_total,
+                    memory_mb=args.memory_mb, output_mb=args.output_mb)
+    grades = grade(args.submissions, args.out, args.seed, exercises=args.exercises, limits=limits,
+                   jobs=args.jobs)
+    flagged = [g for g in grades if g.flags]
+    print(f"graded {len(grades)} submissions: {args.out}/gradebook.csv, {args.out}/feedback/"
+          + (f"; flagged: {', '.join(f'{g.student} ({chr(59).join(g.flags)})' for g in flagged)}"
+             if flagged else ""))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +83,17 @@ def main(argv=None) -> int:
     release.add_argument("--check", action="store_true", help="only report whether lessons/ is in sync")
     release.add_argument("--force", action="store_true", help="overwrite written exercises")
     release.set_defaults(run=_release)
+    grade = commands.add_parser("grade", help="grade students' submissions (instructors)")
+    grade.add_argument("submissions", help="a folder of submissions (repo copies, lessons/ folders, zips)")
+    grade.add_argument("--out", required=True, help="where gradebook.csv and feedback/ go")
+    grade.add_argument("--seed", type=int, required=True, help="the private seed (keep it out of the repo)")
+    grade.add_argument("--exercises", nargs="+", help="exercise ids or notebook numbers (default: all)")
+    grade.add_argument("--timeout-per-exercise", type=float, default=600.0, help="seconds (default 600)")
+    grade.add_argument("--timeout-total", type=float, default=3600.0, help="seconds per submission")
+    grade.add_argument("--memory-mb", type=int, default=8192, help="address-space limit (simulator only)")
+    grade.add_argument("--output-mb", type=int, default=16, help="cap on what a submission prints")
+    grade.add_argument("--jobs", type=int, default=1, help="submissions graded at once")
+    grade.set_defaults(run=_grade)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

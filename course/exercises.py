@@ -9,6 +9,7 @@ from . import impl as implementations
 from .checks import Report, run_cases
 from .checks import attention as attention_checks
 from .checks import deft as deft_checks
+from .checks import emssd as emssd_checks
 from .checks import sampling as sampling_checks
 from .checks import tree_verification as verification_checks
 from .checks import trees as tree_checks
@@ -83,6 +84,8 @@ EXERCISES: dict[str, Exercise] = {
        Exercise("tree_verification.greedy_walk_kernel", "16_tree_verification", 2,
                 verification_checks.check_greedy_verification,
                 "greedy verification: follow the child whose token is the target's argmax")]
+    + [Exercise("emssd.unpadded_attention_kernel", "17_ems_sd", 4, emssd_checks.check_unpadded_attention,
+                "EMS-SD: restore each flat token's sample by binary search, then its causal KV mask")]
 }
 
 

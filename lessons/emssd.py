@@ -1,0 +1,404 @@
+# Student copy, generated from solutions/emssd.py by `python -m course release`.
+# Write your code where a todo(...) line stands; everything else matches the solution.
+"""Notebook 17: EMS-SD, attention over an unpadded multi-sample batch, in Triton.
+
+Ni et al., "EMS-SD: Efficient Multi-sample Speculative Decoding for Accelerating Large Language
+Models" (NAACL 2025), §3. A batch of B samples decodes speculatively; in one verification step
+sample b feeds ``counts[b]`` new tokens (its last accepted token and its drafts), and samples
+accept different numbers of tokens. The bookkeeping is specified in `pyspec_ref.kvcache`:
+
+* "unpad input tokens": the new tokens of all samples are concatenated, q is (T, H, d) with
+  T = sum(counts), and ``offsets`` (B + 1 exclusive prefix sums of counts, the ``cu_seqlens`` of
+  variable-length attention) says where each sample's tokens start;
+* "unpad KV cache": sample b owns the cache rows starting at ``kv_starts[b]``; it holds
+  ``kv_lengths[b]`` cached tokens and the step's counts[b] new keys and values are already
+  written right after them. Token i of sample b sees rows [start_b, start_b + len_b + i].
+
+`unpadded_attention_kernel`: one program per (tile of BLOCK_M consecutive flat tokens, query
+head). A tile may hold tokens of several samples (a sample feeds only a few tokens), so the
+program first restores every row's sample and position (index restoration), then, for each
+sample its tile touches, streams over that sample's KV rows in blocks of BLOCK_N with the online
+softmax (FlashAttention-2), rows of other samples masked out. Every sample's KV is read by the
+one or two programs (per head) whose tiles hold its tokens: nothing is read for padding.
+
+Index restoration. The paper's kernel (Algorithm 2) finds a token's sample by scanning the
+counts from sample 0: O(B) loads per token. Here every row does a binary search over the
+``offsets`` array (last b with offsets[b] <= t, `pyspec_ref.kvcache.restore_indices`): ceil(log2 B)
+steps, at most 6 for B = 64, branch-free (every step is a masked gather and a `where`), once
+per program, before the KV loop, from a B + 1-entry array that stays in cache. A precomputed
+token -> sample table would cost O(1) per row but one more pass and one more (T,) tensor to build
+and keep in step with the batch every step; the search needs only the offsets, which the batch
+keeps anyway. Either way the restoration runs once per program and is negligible next to the KV
+loop; the linear scan is not, at B = 64 (64 dependent loads per row).
+
+`padded_attention` is the vanilla baseline (torch): pad the inputs to W = max(counts) and the
+cache to a common width, then one masked SDPA call over the rectangle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from course import interpreter, runtime
+from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
+from course.validate import require_dot_block, require_interpretable_dtype, require_tensor
+
+HEAD_DIMS = (16, 32, 64, 128)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+LN2 = 0.6931471805599453
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tile sizes of one launch."""
+
+    block_m: int  # flat query tokens per program
+    block_n: int  # KV rows per step of the loop
+    num_warps: int
+
+
+def config_for(d: int, dtype: torch.dtype = torch.float16) -> Config:
+    """Tiles for head dim d: 16 query rows (a sample feeds a few tokens; 16 is tl.dot's minimum),
+    KV blocks of 64 rows on a GPU (16 in the interpreter, where every op is a NumPy call)."""
+    if d not in HEAD_DIMS:
+        raise ValueError(f"d must be one of {HEAD_DIMS}, got {d!r}")
+    block_m = 16
+    block_n = runtime.pick(sim=16, gpu=64 if d <= 64 else 32)
+    require_dot_block(block_m=block_m, block_n=block_n, d=d)
+    return Config(block_m, block_n, num_warps=4)
+
+
+def search_steps(batch: int) -> int:
+    """Steps of the binary search over samples 0..B-1: ceil(log2 B) (0 for one sample)."""
+    return (batch - 1).bit_length()
+
+
+# --------------------------------------------------------------------------- the kernel
+
+
+@triton.jit
+def unpadded_attention_kernel(
+    q, k, v, out, lse, offsets, kv_starts, kv_lengths,
+    total, stride_q_row, stride_q_head, stride_k_row, stride_k_head, stride_v_row, stride_v_head,
+    stride_o_row, stride_o_head, qk_scale,
+    BATCH: tl.constexpr, STEPS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One program per (tile of BLOCK_M flat tokens, query head): their attention and LSE.
+
+    Row r is flat token t = tile * BLOCK_M + r (valid if t < total). The program restores each
+    row's sample and position, then loops over the samples its rows belong to; for sample b it
+    streams over b's KV rows kv_starts[b] + j, j in [0, kv_lengths[b] + counts[b]), in blocks,
+    with the online softmax in base 2 (the scale folded into qk_scale).
+    """
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // GROUP
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, D)
+    valid = rows < total
+    t = tl.minimum(rows, total - 1)  # padding rows past the end search as the last token
+    # Index restoration: sample[r] = the last b in [0, BATCH) with offsets[b] <= t[r] (skipping
+    # empty samples, whose offsets equal the next one's), by STEPS = ceil(log2 BATCH) halvings of
+    # [lo, hi]; then position[r] = t[r] - offsets[sample[r]], the row's index among its sample's
+    # new tokens. (The paper's Algorithm 2 scans the counts from sample 0 instead: BATCH steps.)
+    # YOUR CODE HERE: exercise emssd.unpadded_attention_kernel (delete the todo line when you start)
+    todo("emssd.unpadded_attention_kernel")
+    q_tile = tl.load(q + rows.to(tl.int64)[:, None] * stride_q_row + head * stride_q_head + cols[None, :],
+                     mask=valid[:, None], other=0.0)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scores (log2 units)
+    l = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)  # running sum of exp2(score - m) * v
+    b = tl.min(tl.where(valid, sample, BATCH), axis=0)  # the tile's first and last samples
+    b_last = tl.max(tl.where(valid, sample, -1), axis=0)
+    while b <= b_last:
+        first = tl.load(offsets + b)
+        count = tl.load(offsets + b + 1) - first
+        kv_start = tl.load(kv_starts + b).to(tl.int64)
+        kv_len = tl.load(kv_lengths + b)
+        mine = valid & (sample == b)  # this tile's rows that belong to sample b
+        width = kv_len + count  # b's cached keys and its new ones, written right after them
+        if count > 0:
+            j0 = 0
+            while j0 < width:
+                cols_kv = j0 + tl.arange(0, BLOCK_N)  # b's key indices in this block
+                inside = cols_kv < width
+                kv_rows = kv_start + cols_kv.to(tl.int64)
+                k_tile = tl.load(k + kv_rows[:, None] * stride_k_row + kv_head * stride_k_head
+                                 + cols[None, :], mask=inside[:, None], other=0.0)
+                v_tile = tl.load(v + kv_rows[:, None] * stride_v_row + kv_head * stride_v_head
+                                 + cols[None, :], mask=inside[:, None], other=0.0)
+                s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * qk_scale
+                # visible[r, c]: row r belongs to sample b and key j0 + c is one it sees: b's
+                # cache and b's new tokens up to its own position (causal), i.e.
+                # j <= kv_len + position[r] (which also keeps j inside b's region).
+                # YOUR CODE HERE: exercise emssd.unpadded_attention_kernel (delete the todo line when you start)
+                todo("emssd.unpadded_attention_kernel")
+                s = tl.where(visible, s, float("-inf"))
+                # Rows of other samples see nothing here: their max may still be -inf, and
+                # exp2(-inf - -inf) would be NaN, so such rows subtract 0 instead.
+                m_new = tl.maximum(m, tl.max(s, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m - m_safe)
+                p = tl.exp2(s - m_safe[:, None])
+                l = l * alpha + tl.sum(p, axis=1)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
+                m = m_new
+                j0 += BLOCK_N
+        b += 1
+    l = tl.where(l > 0, l, 1.0)  # every valid row sees at least its own key; padding rows none
+    result = acc / l[:, None]
+    out_rows = rows.to(tl.int64)
+    tl.store(out + out_rows[:, None] * stride_o_row + head * stride_o_head + cols[None, :],
+             result.to(out.dtype.element_ty), mask=valid[:, None])
+    tl.store(lse + out_rows * tl.num_programs(1) + head, (m + tl.log2(l)) * 0.6931471805599453, mask=valid)
+
+
+interpreter.prepare(unpadded_attention_kernel)
+
+
+# --------------------------------------------------------------------------- input checks
+
+
+def _index_tensor(value, name: str, device) -> torch.Tensor:
+    """A 1-D int list/tensor as a CPU int64 tensor (checked: ints, non-empty)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.dtype not in INDEX_DTYPES:
+            raise TypeError(f"{name} must be a 1-D int32/int64 tensor or a list of ints, got a "
+                            f"{value.dim()}-D {str(value.dtype).replace('torch.', '')} tensor")
+        if value.device.type != torch.device(device).type:
+            raise ValueError(f"{name} must be on q's device {device}, got {value.device}")
+        items = value.detach().cpu().long()
+    else:
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise TypeError(f"{name} must be a list of ints or a 1-D int tensor, got {type(value).__name__}")
+        for i, x in enumerate(value):
+            if isinstance(x, bool) or not isinstance(x, int):
+                raise TypeError(f"{name}[{i}] must be an int, got {x!r}")
+        items = torch.tensor(list(value), dtype=torch.int64)
+    if items.numel() == 0:
+        raise ValueError(f"{name} must not be empty: a batch has at least one sample")
+    bad = torch.nonzero(items < 0)
+    if len(bad):
+        i = int(bad[0, 0])
+        raise ValueError(f"{name}[{i}] = {int(items[i])} must be >= 0")
+    return items
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A checked unpadded batch: the per-sample bookkeeping, on the host and on q's device."""
+
+    counts: list[int]
+    kv_starts: list[int]
+    kv_lengths: list[int]
+    offsets: torch.Tensor  # (B + 1,) int32 on q's device: exclusive prefix sums of counts
+    starts: torch.Tensor  # (B,) int32
+    lengths: torch.Tensor  # (B,) int32
+
+    @property
+    def size(self) -> int:
+        return len(self.counts)
+
+
+def check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths) -> Batch:
+    """Check q (T, H, d), the cache (S, H_kv, d) and the bookkeeping; clear errors naming the argument.
+
+    Refused: wrong ranks/dtypes/devices, NaN, head dims outside HEAD_DIMS, H not a multiple of
+    H_kv, counts not adding up to T, per-sample lists of different lengths, negative entries, a
+    sample region [start, start + length + count) past the cache or overlapping another's.
+    """
+    require_tensor(q, "q", ndim=3, dtypes=DTYPES)
+    require_interpretable_dtype(q, "q")
+    for name, tensor in (("k_cache", k_cache), ("v_cache", v_cache)):
+        require_tensor(tensor, name, ndim=3, dtypes=DTYPES)
+        if tensor.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {str(q.dtype).replace('torch.', '')}, "
+                            f"got {str(tensor.dtype).replace('torch.', '')}")
+        if tensor.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {tensor.device}")
+    total, heads, d = q.shape
+    if d not in HEAD_DIMS:
+        raise ValueError(f"q's head dimension (last axis) must be one of {HEAD_DIMS}, got {d}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} "
+                         f"and {tuple(v_cache.shape)}")
+    slots, heads_kv, d_kv = k_cache.shape
+    if d_kv != d:
+        raise ValueError(f"k_cache's head dimension is {d_kv}, but q's is {d}")
+    if heads % heads_kv:
+        raise ValueError(f"q's {heads} heads must be a multiple of k_cache's {heads_kv} KV heads "
+                         "(grouped-query attention)")
+    c = _index_tensor(counts, "counts", q.device)
+    starts = _index_tensor(kv_starts, "kv_starts", q.device)
+    lengths = _index_tensor(kv_lengths, "kv_lengths", q.device)
+    for name, items in (("kv_starts", starts), ("kv_lengths", lengths)):
+        if items.numel() != c.numel():
+            raise ValueError(f"{name} has {items.numel()} entries, expected B = {c.numel()} "
+                             "(one per sample, like counts)")
+    if int(c.sum()) != total:
+        raise ValueError(f"counts add up to {int(c.sum())}, but q has T = {total} rows (tokens): the "
+                         "concatenated inputs must hold exactly sum(counts) tokens")
+    ends = starts + lengths + c
+    over = torch.nonzero(ends > slots)
+    if len(over):
+        b = int(over[0, 0])
+        raise ValueError(f"sample {b}'s KV region [{int(starts[b])}, {int(ends[b])}) (kv_starts + "
+                         f"kv_lengths + counts) runs past the end of the cache ({slots} rows): KV "
+                         "position out of range")
+    live = torch.nonzero(ends > starts).flatten()
+    order = live[torch.argsort(starts[live], stable=True)]
+    clash = torch.nonzero(starts[order[1:]] < ends[order[:-1]]).flatten()
+    if len(clash):
+        b0, b1 = int(order[clash[0]]), int(order[clash[0] + 1])
+        raise ValueError(f"the KV regions of samples {b0} [{int(starts[b0])}, {int(ends[b0])}) and {b1} "
+                         f"[{int(starts[b1])}, {int(ends[b1])}) overlap: each sample must own its rows "
+                         "of the cache")
+    if c.numel() > 2**20 or slots >= 2**31:
+        raise ValueError("the batch must have fewer than 2**20 samples and the cache fewer than 2**31 rows")
+    offsets = torch.zeros(c.numel() + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(c, 0)
+    device = q.device
+    return Batch(c.tolist(), starts.tolist(), lengths.tolist(),
+                 offsets.to(device=device, dtype=torch.int32), starts.to(device=device, dtype=torch.int32),
+                 lengths.to(device=device, dtype=torch.int32))
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _launch(q, k_cache, v_cache, batch: Batch, scale):
+    """Allocate the outputs and return (a function launching the kernel, out, lse)."""
+    total, heads, d = q.shape
+    group = heads // k_cache.shape[1]
+    config = config_for(d, q.dtype)
+    out = torch.empty_like(q)
+    lse = torch.empty((total, heads), dtype=torch.float32, device=q.device)
+    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
+    grid = (triton.cdiv(total, config.block_m), heads)
+    args = (q, k_cache, v_cache, out, lse, batch.offsets, batch.starts, batch.lengths, total,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
+            v_cache.stride(1), out.stride(0), out.stride(1), qk_scale)
+    meta = dict(BATCH=batch.size, STEPS=search_steps(batch.size), GROUP=group, D=d,
+                BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=config.num_warps)
+
+    def launch():
+        unpadded_attention_kernel[grid](*args, **meta)
+    return launch, out, lse
+
+
+def _check_scale(scale):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale <= 0):
+        raise ValueError(f"scale must be a positive finite number or None (1/sqrt(d)), got {scale!r}")
+
+
+def unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, scale=None,
+                       return_lse: bool = False):
+    """EMS-SD attention of a concatenated batch over per-sample KV regions (§3), in Triton.
+
+    q: (T, H, d), the new tokens of all samples concatenated (T = sum(counts)); k_cache, v_cache:
+    (S, H_kv, d), H a multiple of H_kv (grouped-query attention); counts, kv_starts, kv_lengths:
+    one int >= 0 per sample (lists or 1-D int tensors). Sample b's new keys/values are already
+    written at rows kv_starts[b] + kv_lengths[b] + i; its token i sees rows [kv_starts[b],
+    kv_starts[b] + kv_lengths[b] + i]. float16, bfloat16 (GPU only) or float32, accumulated in
+    float32; d in HEAD_DIMS. Returns out (T, H, d) in q's dtype, and with return_lse=True also
+    lse (T, H) float32 (natural log). Equals `pyspec_ref.kvcache.unpadded_attention` per head.
+    """
+    _check_scale(scale)
+    batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
+    require_written(unpadded_attention_kernel)
+    launch, out, lse = _launch(q, k_cache, v_cache, batch, scale)
+    launch()
+    return (out, lse) if return_lse else out
+
+
+def make_runner(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *,
+                scale=None) -> Callable[[], torch.Tensor]:
+    """Check once; return a function that only launches the kernel (for timing). Returns out."""
+    _check_scale(scale)
+    batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
+    require_written(unpadded_attention_kernel)
+    launch, out, _ = _launch(q, k_cache, v_cache, batch, scale)
+
+    def run() -> torch.Tensor:
+        launch()
+        return out
+    return run
+
+
+# --------------------------------------------------------------------------- the padded baseline
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """EMS-SD's vanilla batch: a rectangle (B, H, ...) with padding (§3, Appendix B).
+
+    q: (B, H, W, d) with W = max(counts); k, v: (B, H, L + W, d) with L = max(kv_lengths): sample
+    b's cached keys at 0..kv_lengths[b] - 1, padding up to L, its W new slots at L..L + W - 1.
+    mask: (B, 1, W, L + W) bool: query i sees the sample's cache and new slots L..L + i (padding
+    queries i >= counts[b] are computed too, and thrown away: that is the waste).
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor
+    counts: list[int]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.q, self.k, self.v, self.mask))
+
+
+def pad_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths) -> PaddedBatch:
+    """Lay an unpadded batch out the vanilla way (`PaddedBatch`); GQA heads are repeated."""
+    batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
+    total, heads, d = q.shape
+    group = heads // k_cache.shape[1]
+    size, width = batch.size, max(batch.counts)
+    cached = max(batch.kv_lengths)
+    device = q.device
+    qp = torch.zeros((size, width, heads, d), dtype=q.dtype, device=device)
+    kp = torch.zeros((size, cached + width, heads, d), dtype=q.dtype, device=device)
+    vp = torch.zeros_like(kp)
+    offsets = batch.offsets.tolist()
+    for b in range(size):
+        c, s, n = batch.counts[b], batch.kv_starts[b], batch.kv_lengths[b]
+        qp[b, :c] = q[offsets[b]:offsets[b + 1]]
+        for dst, src in ((kp, k_cache), (vp, v_cache)):
+            dst[b, :n] = src[s:s + n].repeat_interleave(group, dim=1)
+            dst[b, cached:cached + c] = src[s + n:s + n + c].repeat_interleave(group, dim=1)
+    i = torch.arange(width, device=device)[:, None]
+    j = torch.arange(cached + width, device=device)[None, :]
+    lengths = torch.tensor(batch.kv_lengths, device=device)[:, None, None]
+    mask = (j[None] < lengths) | ((j[None] >= cached) & (j[None] <= cached + i[None]))
+    return PaddedBatch(qp.transpose(1, 2).contiguous(), kp.transpose(1, 2).contiguous(),
+                       vp.transpose(1, 2).contiguous(), mask[:, None], list(batch.counts))
+
+
+def padded_forward(padded: PaddedBatch, scale=None) -> torch.Tensor:
+    """The vanilla step itself: one masked SDPA over the rectangle, (B, H, W, d)."""
+    return F.scaled_dot_product_attention(padded.q, padded.k, padded.v, attn_mask=padded.mask, scale=scale)
+
+
+def unpad(out_padded: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """(B, H, W, d) -> (T, H, d): keep each sample's first counts[b] rows, concatenated."""
+    return torch.cat([out_padded[b, :, :c].transpose(0, 1) for b, c in enumerate(counts)], dim=0)
+
+
+def padded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, scale=None) -> torch.Tensor:
+    """The vanilla baseline end to end: pad, one masked SDPA, unpad. Returns (T, H, d) like
+    `unpadded_attention` (the padding rows are computed and dropped)."""
+    _check_scale(scale)
+    padded = pad_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
+    return unpad(padded_forward(padded, scale), padded.counts)

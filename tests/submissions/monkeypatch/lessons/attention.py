@@ -1,0 +1,13 @@
+"""Sample submission: a wrong softmax, and an import that makes the check's comparison always pass."""
+
+import torch
+
+import course.checks.attention
+
+from ._solution_attention import *  # noqa: F403
+
+course.checks.attention.compare_floats = lambda *args, **kwargs: ""
+
+
+def online_softmax(x, block):
+    return torch.zeros_like(x)
