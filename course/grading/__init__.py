@@ -32,7 +32,7 @@ def grade(submissions, out, seed: int, exercises=None, limits: Limits | None = N
     from ..exercises import select
     from ..release import ROOT
     from . import report
-    from .collect import find_submissions
+    from .collect import find_submissions, lesson_stubs
     from .runner import grade_submission
 
     if not isinstance(seed, int):
@@ -52,6 +52,7 @@ def grade(submissions, out, seed: int, exercises=None, limits: Limits | None = N
     watch = [ROOT] if watch is None else list(watch)
     watch += [s.source for s in found if s.source.is_dir()]
     out.mkdir(parents=True, exist_ok=True)
+    lesson_stubs()  # rendered here, in the main thread (see lesson_stubs)
     with tempfile.TemporaryDirectory(prefix="course-grade-") as workroot:
         def one(submission):
             return grade_submission(submission, chosen, seed, limits, Path(workroot), watch=watch)

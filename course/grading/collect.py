@@ -8,6 +8,7 @@ own `course/` and `pyspec_ref/` stand in for whatever copies a submission carrie
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import stat
@@ -115,6 +116,14 @@ def find_lessons(folder: Path) -> Path:
     return candidates[0]
 
 
+@functools.cache
+def lesson_stubs() -> dict[Path, bytes]:
+    """The released lessons tree (fresh stubs), rendered once per grading run. `grade` calls this
+    in the main thread before its worker threads start: CPython 3.11.7's ast.parse can fail in a
+    worker thread ("AST constructor recursion depth mismatch", fixed in later 3.11 releases)."""
+    return render(ROOT / "solutions")
+
+
 def prepare(submission: Submission, workdir: Path) -> tuple[Path, list[str]]:
     """Write <workdir>/sub/lessons: fresh stubs from solutions/, overlaid with the student's
     lessons files. Returns (sub folder, notes). Modules a student did not hand in stay stubs."""
@@ -128,7 +137,7 @@ def prepare(submission: Submission, workdir: Path) -> tuple[Path, list[str]]:
     lessons = find_lessons(source)
     sub = workdir / "sub"
     target = sub / "lessons"
-    for relative, content in render(ROOT / "solutions").items():
+    for relative, content in lesson_stubs().items():
         path = target / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
