@@ -194,16 +194,17 @@ def runtimes(names, order: str = "bfs") -> tuple[list[dict], str]:
         rows = [measure(name, BASELINES.get(name), "ladder", batch, heads, n, d, order, rep_ms=100)
                 for name in names]
         return rows, f"measured now on {runtime.device_name()}"
-    document = results.load("ladder")
-    rows = []
-    for name in names:
-        found = [row for row in document["rows"] if row["figure"] == "ladder" and row["name"] == name
-                 and row["order"] == order]
-        if not found:
-            raise ValueError(f"the committed ladder.json has no {name!r} row in {order} order")
-        rows.append(found[0])
-    return rows, (f"simulator: these are the committed measurements from {document['device']} "
-                  f"({document['date'][:10]}), not timings of this machine")
+    return results.committed_rows("ladder", "ladder", names, order)
+
+
+def runtimes_if_measured(names, order: str = "bfs") -> list[dict]:
+    """`runtimes(names, order)[0]`, or [] with a printed note where the committed file holds
+    no such rows yet (a rung added since the last GPU run)."""
+    try:
+        return runtimes(names, order)[0]
+    except results.NotMeasuredYet as missing:
+        print(f"not measured yet: {missing}")
+        return []
 
 
 FIGURES_OF = {"ladder": ("ladder",), "sweeps": ("dense", "pytorch"), "memory": ("memory",)}

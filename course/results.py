@@ -85,3 +85,31 @@ def load(suite: str, device: str | None = None, directory: Path = RESULTS) -> di
         names = ", ".join(p.parent.name for p in candidates)
         raise ValueError(f"suite {suite!r} has results for several devices ({names}): pass device=")
     return validate(json.loads(candidates[0].read_text()), str(candidates[0]))
+
+
+class NotMeasuredYet(LookupError):
+    """A suite's committed results do not exist yet, or lack the rows asked for."""
+
+
+def load_measured(suite: str) -> dict:
+    """`load(suite)`, or NotMeasuredYet naming the command that measures it."""
+    try:
+        return load(suite)
+    except FileNotFoundError:
+        raise NotMeasuredYet(f"no committed results/<device>/{suite}.json yet: run "
+                             f"`python -m course.{suite}_bench` on a GPU") from None
+
+
+def committed_rows(suite: str, figure: str, names, order: str) -> tuple[list[dict], str]:
+    """The committed rows of `figure` for each of `names` in one numbering, and a note that
+    says where they come from (the simulator shows another machine's measurements)."""
+    document = load_measured(suite)
+    rows = []
+    for name in names:
+        found = [row for row in document["rows"] if row.get("figure") == figure and row["name"] == name
+                 and row.get("order") == order]
+        if not found:
+            raise NotMeasuredYet(f"the committed {suite}.json has no {name!r} row in {order} order")
+        rows.append(found[0])
+    return rows, (f"simulator: these are the committed measurements from {document['device']} "
+                  f"({document['date'][:10]}), not timings of this machine")

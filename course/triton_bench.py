@@ -42,10 +42,6 @@ CANDIDATE_CONFIGS = ((64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8
                      (32, 32, 4, 2), (128, 32, 4, 3))
 
 
-class NotMeasuredYet(LookupError):
-    """The committed triton.json does not exist yet, or lacks the rows asked for."""
-
-
 def dtype_of(name: str) -> torch.dtype:
     if name in TRITON:
         return TRITON[name]
@@ -116,19 +112,6 @@ def config_rows() -> list[dict]:
 SECTIONS = {"paper": paper_rows, "sweep": sweep_rows, "configs": config_rows}
 
 
-def _committed() -> dict:
-    try:
-        return results.load(SUITE)
-    except FileNotFoundError:
-        raise NotMeasuredYet("no committed results/<device>/triton.json yet: run "
-                             "`python -m course.triton_bench` on a GPU") from None
-
-
-def _where(document: dict) -> str:
-    return (f"simulator: these are the committed measurements from {document['device']} "
-            f"({document['date'][:10]}), not timings of this machine")
-
-
 def runtimes(names, order: str = "bfs") -> tuple[list[dict], str]:
     """Rows for `names` at the paper's shape, and where they come from.
 
@@ -145,15 +128,7 @@ def runtimes(names, order: str = "bfs") -> tuple[list[dict], str]:
         batch, heads, n, d = PAPER_SHAPE
         rows = [measure(name, "paper", batch, heads, n, d, order) for name in names]
         return rows, f"measured now on {runtime.device_name()}"
-    document = _committed()
-    rows = []
-    for name in names:
-        found = [row for row in document["rows"] if row.get("figure") == "paper" and row["name"] == name
-                 and row.get("order") == order]
-        if not found:
-            raise NotMeasuredYet(f"the committed triton.json has no {name!r} row in {order} order")
-        rows.append(found[0])
-    return rows, _where(document)
+    return results.committed_rows(SUITE, "paper", names, order)
 
 
 def committed_rows(figure: str) -> tuple[list[dict], str]:
@@ -161,10 +136,10 @@ def committed_rows(figure: str) -> tuple[list[dict], str]:
     (read from the file on a GPU too: the sweep takes minutes to measure)."""
     if figure not in SECTIONS:
         raise ValueError(f"figure must be one of {list(SECTIONS)}, got {figure!r}")
-    document = _committed()
+    document = results.load_measured(SUITE)
     rows = [row for row in document["rows"] if row.get("figure") == figure]
     if not rows:
-        raise NotMeasuredYet(f"the committed triton.json has no {figure!r} rows")
+        raise results.NotMeasuredYet(f"the committed triton.json has no {figure!r} rows")
     return rows, (f"committed measurements from {document['device']} ({document['date'][:10]})")
 
 

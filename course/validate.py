@@ -117,10 +117,16 @@ def require_tree_attention_inputs(q, k, v, start, end, head_dims) -> tuple[int, 
     q, k, v: float32 (B, H, N, d) with d in head_dims; start, end: int32 (B, N) DFS times.
     """
     batch, heads, n, d = require_qkv(q, k, v, head_dims)
+    require_times_of(q, start, end)
+    return batch, heads, n, d
+
+
+def require_times_of(q, start, end) -> None:
+    """Check (B, N) int32 DFS times that belong to a (B, H, N, d) q."""
+    batch, _, n, _ = q.shape
     if require_tree_times(start, end) != (batch, n):
         raise ValueError(f"start and end must have shape (B, N) = {(batch, n)} to match q, "
                          f"got {tuple(start.shape)}")
-    return batch, heads, n, d
 
 
 def require_tree_times(start, end) -> tuple[int, int]:

@@ -42,6 +42,7 @@ from course.validate import (
     require_interpretable_dtype,
     require_same_shape,
     require_tensor,
+    require_times_of,
     require_tree_times,
 )
 
@@ -167,9 +168,7 @@ def _check_inputs(q, k, v, start, end, return_lse) -> tuple[int, int, int, int]:
     batch, heads, n, d = q.shape
     if d not in HEAD_DIMS:
         raise ValueError(f"q's head dimension (last axis) must be one of {HEAD_DIMS}, got {d}")
-    if require_tree_times(start, end) != (batch, n):
-        raise ValueError(f"start and end must have shape (B, N) = {(batch, n)} to match q, "
-                         f"got {tuple(start.shape)}")
+    require_times_of(q, start, end)
     for name, tensor in (("k", k), ("v", v), ("start", start)):
         if tensor.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {tensor.device}")

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 import course  # noqa: E402, F401  (picks GPU or simulator first)
-from course import ladder, ladder_bench, ladder_report, results  # noqa: E402
+from course import ladder, ladder_bench, ladder_report, results, runtime  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -213,3 +213,18 @@ def test_measurements_in_the_simulator_are_the_committed_ones():
     assert {row["figure"] for row in only["rows"]} == {"memory"}
     with pytest.raises(ValueError, match="sections must be some of"):
         ladder_bench.measurements(["plots"])
+
+
+def test_runtimes_if_measured_says_which_rows_are_missing(monkeypatch, capsys):
+    if runtime.on_gpu():
+        pytest.skip("on a GPU runtimes() measures")
+    document = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-01-01T00:00:00+00:00",
+                "rows": [{"name": "k8", "figure": "ladder", "order": "bfs", "median_ms": 3.0,
+                          "max_abs_err": 1e-6}]}
+    monkeypatch.setattr(results, "load", lambda suite, *args, **kwargs: document)
+    assert [row["median_ms"] for row in ladder_bench.runtimes_if_measured(["k8"])] == [3.0]
+    assert ladder_bench.runtimes_if_measured(["k8"], "dfs") == []
+    printed = capsys.readouterr().out
+    assert "not measured yet" in printed and "no 'k8' row in dfs order" in printed
+    with pytest.raises(ValueError, match="names must be rungs"):
+        ladder_bench.runtimes_if_measured(["k99"])

@@ -139,7 +139,7 @@ def test_runtimes_report_missing_measurements(monkeypatch):
         raise FileNotFoundError(suite)
 
     monkeypatch.setattr(results, "load", missing)
-    with pytest.raises(triton_bench.NotMeasuredYet, match="python -m course.triton_bench"):
+    with pytest.raises(results.NotMeasuredYet, match="python -m course.triton_bench"):
         triton_bench.runtimes(["triton_fp16"])
     document = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-01-01T00:00:00+00:00",
                 "rows": [{"name": "triton_fp16", "figure": "paper", "order": "bfs", "median_ms": 0.05,
@@ -147,6 +147,6 @@ def test_runtimes_report_missing_measurements(monkeypatch):
     monkeypatch.setattr(results, "load", lambda suite, *args, **kwargs: document)
     rows, where = triton_bench.runtimes(["triton_fp16"])
     assert rows[0]["median_ms"] == 0.05 and "committed measurements from NVIDIA H100" in where
-    with pytest.raises(triton_bench.NotMeasuredYet, match="no 'flex_fp16' row"):
+    with pytest.raises(results.NotMeasuredYet, match="no 'flex_fp16' row"):
         triton_bench.runtimes(["flex_fp16"])
     assert triton_bench.main([]) == 2  # the benchmark refuses to run in the simulator
