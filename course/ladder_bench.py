@@ -23,8 +23,8 @@ import sys
 
 import torch
 
-from . import inputs, ladder, oracle, results, runtime, timing
-from .impl import load
+from . import benchcli, inputs, ladder, oracle, results, runtime, timing
+from .impl import bench_impl, load
 from .launch import kernels_of
 
 PAPER_SHAPE = (10, 10, 1024, 64)  # (B, H, N, d) of FlashSpecInfer's Figure 3
@@ -80,8 +80,10 @@ def flex(q, k, v, start, end):
     return lambda: _flex(q, k, v, block_mask=block_mask)
 
 
-def rung_fn(rung: ladder.Rung, q, k, v, start, end):
-    module = load(rung.module, "solutions")
+def rung_fn(rung: ladder.Rung, q, k, v, start, end, impl: str | None = None):
+    """A call of the rung's launcher; impl: "solutions" or "lessons" (default: `impl.bench_impl()`,
+    the solutions, or the student's lessons in a hand-out)."""
+    module = load(rung.module, impl or bench_impl())
     if rung.module == "ladder_dense":
         mask = oracle.dense_tree_mask(start, end)
         return lambda: module.tree_attention_dense(q, k, v, mask)
@@ -90,7 +92,7 @@ def rung_fn(rung: ladder.Rung, q, k, v, start, end):
 
 def kernel_resources(rung: ladder.Rung, d: int) -> dict:
     """Static shared memory per block and registers per thread of a rung's compiled kernel."""
-    kernel = load(rung.module, "solutions").build(d)
+    kernel = load(rung.module, bench_impl()).build(d)
     (shared,) = kernel.get_shared_mem_per_block().values()  # one compiled signature
     (registers,) = kernel.get_regs_per_thread().values()
     return {"shared_bytes": int(shared), "registers": int(registers), "threads": 32}
@@ -239,16 +241,17 @@ def measurements(sections=None) -> tuple[dict, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sections", nargs="*", default=list(SECTIONS), choices=list(SECTIONS))
+    benchcli.add_sections(parser, SECTIONS)
     parser.add_argument("--keep", action="store_true",
                         help="keep the committed rows of the sections not measured now (each row "
                              "records the run that measured it)")
     args = parser.parse_args(argv)
+    sections = benchcli.chosen_sections(parser, args, SECTIONS)
     torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape
-    kept = kept_rows(args.sections) if args.keep else []
+    kept = kept_rows(sections) if args.keep else []
     rows = []
     run = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    for section in args.sections:
+    for section in sections:
         rows += [dict(row, run=run) for row in SECTIONS[section]()]
         # Saved after every section, so that partial results survive a timeout.
         print("saved", results.save("ladder", kept + rows), flush=True)

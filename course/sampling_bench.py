@@ -36,8 +36,8 @@ import sys
 
 import torch
 
-from . import results, runtime, timing
-from .impl import load
+from . import benchcli, results, runtime, timing
+from .impl import bench_impl, load
 
 SUITE = "sampling"
 BATCHES = (1, 8, 64)
@@ -255,7 +255,7 @@ def measure_size(batch: int, gamma: int, vocabulary: int, names=IMPLEMENTATIONS,
                  bandwidth: float | None = None, rep_ms: float = 100,
                  beta: float | None = None) -> list[dict]:
     """Timing rows of the implementations `names` at one size, on the same random inputs."""
-    kernels = load("spec_sampling", "solutions")
+    kernels = load("spec_sampling", bench_impl())
     q_logits, p_logits = synthetic_logits(batch, gamma, vocabulary, device=runtime.torch_device())
     draft, r, u = draft_and_uniforms(q_logits)
     q, p = torch.softmax(q_logits, dim=-1), torch.softmax(p_logits, dim=-1)
@@ -314,7 +314,7 @@ def timing_rows(batches=BATCHES, gammas=GAMMAS, vocabularies=VOCABULARIES) -> li
 
 def quality_rows(batch: int = 64, gamma: int = 5, vocabulary: int = 32000) -> list[dict]:
     """Section "quality": `sigmoid_quality` per mismatch, with the sigmoid kernel's time on those logits."""
-    kernels = load("spec_sampling", "solutions")
+    kernels = load("spec_sampling", bench_impl())
     rows = []
     for quality in sigmoid_quality(device=runtime.torch_device(), vocabulary=vocabulary):
         q_logits, p_logits = synthetic_logits(batch, gamma, vocabulary, noise=quality["mismatch"],
@@ -359,13 +359,14 @@ SECTIONS = {"timing": timing_rows, "quality": quality_rows, "verification": veri
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sections", nargs="*", default=list(SECTIONS), choices=list(SECTIONS))
+    benchcli.add_sections(parser, SECTIONS)
     args = parser.parse_args(argv)
+    sections = benchcli.chosen_sections(parser, args, SECTIONS)
     if runtime.SIMULATOR:
         print("python -m course.sampling_bench measures a GPU; this machine runs the simulator")
         return 1
     rows = []
-    for section in args.sections:
+    for section in sections:
         rows += SECTIONS[section]()
         print("saved", results.save(SUITE, rows), flush=True)  # after every section: partial results survive
     return 0

@@ -24,8 +24,8 @@ import sys
 
 import torch
 
-from . import ladder_bench, results, runtime, timing
-from .impl import load
+from . import benchcli, ladder_bench, results, runtime, timing
+from .impl import bench_impl, load
 
 SUITE = "triton"
 PAPER_SHAPE = ladder_bench.PAPER_SHAPE
@@ -62,7 +62,7 @@ def measure(name: str, figure: str, batch: int, heads: int, n: int, d: int, orde
         measured = ladder_bench.measure(name, None, figure, batch, heads, n, d, order, rep_ms=rep_ms)
         return dict(measured, **row)
     if name in TRITON:
-        module = load("triton_attention", "solutions")
+        module = load("triton_attention", bench_impl())
         fn = module.prepare(q, k, v, start, end, config=config)
         out = fn()
         torch.cuda.synchronize()
@@ -102,7 +102,7 @@ def sweep_rows() -> list[dict]:
 
 
 def config_rows() -> list[dict]:
-    module = load("triton_attention", "solutions")
+    module = load("triton_attention", bench_impl())
     batch, heads, n, d = PAPER_SHAPE
     return [measure("triton_fp16", "configs", batch, heads, n, d, "bfs", rep_ms=50,
                     config=module.Config(*values))
@@ -145,15 +145,11 @@ def committed_rows(figure: str) -> tuple[list[dict], str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sections", nargs="*", metavar="section",
-                        help=f"some of {', '.join(SECTIONS)} (default: all)")
+    benchcli.add_sections(parser, SECTIONS)
     parser.add_argument("--keep", action="store_true",
                         help="keep this device's committed rows of the sections not measured now")
     args = parser.parse_args(argv)
-    sections = args.sections or list(SECTIONS)
-    unknown = [section for section in sections if section not in SECTIONS]
-    if unknown:
-        parser.error(f"sections must be some of {', '.join(SECTIONS)}; got {', '.join(unknown)}")
+    sections = benchcli.chosen_sections(parser, args, SECTIONS)
     if not runtime.on_gpu():
         print("course.triton_bench measures a GPU; this machine runs the simulator", file=sys.stderr)
         return 2
