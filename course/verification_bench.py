@@ -11,7 +11,11 @@ mismatch, the draft tokens drawn from the draft):
 - ``chain_spec_sampling``: notebook 15's tiled kernel on the same chain (when
   solutions/spec_sampling.py is there), the other reference point;
 - ``tree_greedy``, ``chain_greedy``: greedy verification of the same trees from the same
-  target probabilities (the argmax kernel, then the walk).
+  target probabilities, each launcher's default: the chain's 9 nodes get the argmax kernel
+  (all nodes at once), then the walk; the 64-node tree the lazy walk (the argmax of the nodes
+  on the path only);
+- ``tree_greedy_all_argmax``: the tree with the argmax of all 64 nodes first (lazy=False), to
+  show what the lazy walk saves.
 
 Row mapping onto the shared schema (course.results): H = 1, N = the tree's node count (9 for
 the chain), d = V; extra fields V, nodes, gamma (chains), tree (its shape in words), mismatch,
@@ -32,7 +36,8 @@ import sys
 
 from . import impl, inputs, results, runtime, timing
 
-ROW_NAMES = ("tree_sampling", "chain_sampling", "chain_spec_sampling", "tree_greedy", "chain_greedy")
+ROW_NAMES = ("tree_sampling", "chain_sampling", "chain_spec_sampling", "tree_greedy", "chain_greedy",
+             "tree_greedy_all_argmax")
 SUITE = "sampling"
 BATCHES = (1, 8, 64)
 VOCABULARY = 128256
@@ -132,6 +137,12 @@ def verification_rows(batches=BATCHES, vocabulary: int = VOCABULARY, seed: int =
             accepted = float(module.accepted_counts(path).double().mean())
             rows.append(_row(f"{kind}_greedy", batch, parents, vocabulary, timing.bench(greedy), error,
                              tree=words, accepted_mean=accepted, **extra))
+            if kind == "tree":
+                every_node = module.prepare_greedy(tree, tokens, p, lazy=False)
+                error = _disagreement_greedy(tree, tokens, p, *every_node())
+                rows.append(_row("tree_greedy_all_argmax", batch, parents, vocabulary,
+                                 timing.bench(every_node), error, tree=words, accepted_mean=accepted,
+                                 **extra))
             if kind == "chain":
                 rows.extend(_notebook15_chain_row(batch, parents, vocabulary, tensors, path_chain))
             del tensors, tree, tokens, q, p, accept, sample, sampled, greedy

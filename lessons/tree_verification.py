@@ -39,7 +39,10 @@ Kernels (Triton):
 
 Greedy verification (SpecInfer §4.3, greedy decoding): the longest root path whose every
 token is the target's argmax at its parent. `argmax_kernel` (one program per node, first
-maximum on ties, as torch.argmax) and `greedy_walk_kernel` (one program per tree).
+maximum on ties, as torch.argmax) and `greedy_walk_kernel` (one program per tree). The walk
+needs the argmax only at the nodes of the path it takes, so for trees of many nodes (N >=
+LAZY_MIN_NODES) it takes each argmax itself (`lazy`): (accepted + 1) rows of scores read instead
+of N, one after another instead of in parallel.
 
 Exactness: p and q are float32 and every product and difference is taken in float64, where
 r * q(x) of two float32 numbers is exact. So the first test at every node is exactly the
@@ -92,6 +95,11 @@ WALK_WARPS = runtime.pick(sim=1, gpu=16)
 DRAW_BLOCK_V = runtime.pick(sim=16, gpu=1024)  # vocabulary tile of the parallel draw
 ARGMAX_BLOCK_V = runtime.pick(sim=16, gpu=8192)  # one program per node row: a large tile, as the walk
 ARGMAX_WARPS = runtime.pick(sim=1, gpu=8)
+# Greedy verification needs the argmax of the nodes on the accepted path only. Taking it inside
+# the walk reads (accepted + 1) rows of V scores instead of all N, but one row after another
+# in one program; worth it once a tree has many more nodes than a path has (64 nodes, paths of
+# a few: at B = 64, V = 128256 the all-nodes argmax reads 2.1 GB).
+LAZY_MIN_NODES = 16
 TIMES_BLOCK_ROWS = 16  # nodes per program when rebuilding parents from DFS times
 
 
@@ -213,9 +221,8 @@ def inverse_cdf_kernel(q, p, final_node, final_c, tile_sums, sample_uniforms, ne
 
 
 @triton.jit
-def argmax_kernel(target, best, V: tl.constexpr, BLOCK_V: tl.constexpr):
-    """One program per (tree, node) row: best[row] = the first index of the row's maximum."""
-    row = tl.program_id(0)
+def row_argmax(target, row, V: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The first index of the maximum of row `row` of a contiguous (rows, V) tensor."""
     base = row.to(tl.int64) * V
     best_value = tl.full([], float("-inf"), tl.float32)
     best_index = row * 0
@@ -227,13 +234,23 @@ def argmax_kernel(target, best, V: tl.constexpr, BLOCK_V: tl.constexpr):
         better = tile_max > best_value  # strict: an equal maximum in a later tile comes later
         best_index = tl.where(better, tile_index, best_index)
         best_value = tl.where(better, tile_max, best_value)
-    tl.store(best + row, best_index)
+    return best_index
 
 
 @triton.jit
-def greedy_walk_kernel(parents, tokens, best, path, next_token, N, BLOCK_N: tl.constexpr):
+def argmax_kernel(target, best, V: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One program per (tree, node) row: best[row] = the first index of the row's maximum."""
+    row = tl.program_id(0)
+    tl.store(best + row, row_argmax(target, row, V, BLOCK_V))
+
+
+@triton.jit
+def greedy_walk_kernel(parents, tokens, best, target, path, next_token, N, V: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, LAZY: tl.constexpr):
     """One program per tree: from the root, follow the first child (in id order) whose token
-    is the target's argmax at the current node; stop where none is."""
+    is the target's argmax at the current node; stop where none is. The argmax of a node is
+    read from `best` (computed for every node beforehand), or, LAZY, taken here from the
+    node's row of `target`: only the rows on the path are read."""
     b = tl.program_id(0)
     ids = tl.arange(0, BLOCK_N)
     par = tl.load(parents + b * N + ids, mask=ids < N, other=-2)
@@ -241,13 +258,17 @@ def greedy_walk_kernel(parents, tokens, best, path, next_token, N, BLOCK_N: tl.c
     tl.store(path + b * N, 0)
     node = b * 0
     depth = b * 0
+    wanted = b * 0
     going = b >= 0
     while going:
-        wanted = tl.load(best + b * N + node)
+        if LAZY:
+            wanted = row_argmax(target, b * N + node, V, BLOCK_V)
+        else:
+            wanted = tl.load(best + b * N + node)
         # YOUR CODE HERE: exercise tree_verification.greedy_walk_kernel (delete the todo line when you start)
         todo("tree_verification.greedy_walk_kernel")
     tl.store(path + b * N + ids, -1, mask=(ids > depth) & (ids < N))  # pad after the last node
-    tl.store(next_token + b, tl.load(best + b * N + node))
+    tl.store(next_token + b, wanted)  # the argmax at the last node: the walk stopped there
 
 
 # --------------------------------------------------------------------------- trees as DFS times
@@ -273,8 +294,8 @@ def parents_from_times_kernel(start, end, parents, N, BLOCK_ROWS: tl.constexpr, 
 
 
 interpreter.prepare(residual_tile, residual_mass, inverse_cdf_by_tiles, tree_walk_kernel,
-                    residual_tile_sums_kernel, inverse_cdf_kernel, argmax_kernel, greedy_walk_kernel,
-                    parents_from_times_kernel)
+                    residual_tile_sums_kernel, inverse_cdf_kernel, row_argmax, argmax_kernel,
+                    greedy_walk_kernel, parents_from_times_kernel)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -444,7 +465,7 @@ def target_argmax(target: torch.Tensor) -> torch.Tensor:
     return best
 
 
-def prepare_greedy(tree, tokens: torch.Tensor, target: torch.Tensor) -> Callable:
+def prepare_greedy(tree, tokens: torch.Tensor, target: torch.Tensor, lazy: bool | None = None) -> Callable:
     """Check the inputs once and return a function that runs the kernels of
     `greedy_tree_verification` into preallocated outputs (for timing)."""
     require_written(greedy_walk_kernel)
@@ -469,29 +490,34 @@ def prepare_greedy(tree, tokens: torch.Tensor, target: torch.Tensor) -> Callable
     for name, tensor in (("tokens", tokens), ("tree", parents)):
         if tensor.device != target.device:
             raise ValueError(f"{name} must be on target's device {target.device}, got {tensor.device}")
+    if lazy is not None and not isinstance(lazy, bool):
+        raise ValueError(f"lazy must be True, False or None (choose by tree size), got {lazy!r}")
+    lazy = scores and (n >= LAZY_MIN_NODES if lazy is None else lazy)
     best = torch.empty((batch, n), dtype=torch.int32, device=target.device) if scores else target
     path = torch.empty((batch, n), dtype=torch.int32, device=target.device)
     next_token = torch.empty(batch, dtype=torch.int32, device=target.device)
+    walk = dict(N=n, V=vocabulary or 1, BLOCK_N=_block_nodes(n), BLOCK_V=ARGMAX_BLOCK_V, LAZY=lazy,
+                num_warps=ARGMAX_WARPS if lazy else 4)
 
     def run():
-        if scores:
+        if scores and not lazy:
             argmax_kernel[(batch * n,)](target, best, V=vocabulary, BLOCK_V=ARGMAX_BLOCK_V,
                                         num_warps=ARGMAX_WARPS)
-        greedy_walk_kernel[(batch,)](parents, tokens, best, path, next_token, n,
-                                     BLOCK_N=_block_nodes(n))
+        greedy_walk_kernel[(batch,)](parents, tokens, best, target, path, next_token, **walk)
         return path, next_token
 
     return run
 
 
-def greedy_tree_verification(tree, tokens: torch.Tensor, target: torch.Tensor):
+def greedy_tree_verification(tree, tokens: torch.Tensor, target: torch.Tensor, lazy: bool | None = None):
     """Greedy verification of B token trees: (path, next_token) as in `tree_speculative_sampling`.
 
     target: the target's (B, N, V) logits or probabilities (float32, float16; bfloat16 on a GPU),
     whose argmax per node the kernel takes (the first maximum on ties), or the (B, N) int32
-    argmax ids themselves. Equals `pyspec_ref.sampling.greedy_tree_verification` on each tree.
+    argmax ids themselves. lazy: take the argmax inside the walk, of the path's nodes only (None:
+    when N >= LAZY_MIN_NODES). Equals `pyspec_ref.sampling.greedy_tree_verification` on each tree.
     """
-    return prepare_greedy(tree, tokens, target)()
+    return prepare_greedy(tree, tokens, target, lazy)()
 
 
 # --------------------------------------------------------------------------- outputs
