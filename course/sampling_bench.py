@@ -19,6 +19,11 @@ from the float64 reference of the same algorithm on the same inputs (`torch_spec
 in float64): 0 unless a draw falls within float32 rounding of a CDF boundary. Sigmoid rows also
 have "differs_from_exact", the fraction that differ from the exact algorithm's reference.
 
+Rows of section "graphs" time the same implementations at the headline size (gamma = 5,
+V = 128256, every B) replayed as CUDA graphs (`course.timing.graphed`): one launch for all of an
+implementation's kernels, as a decoder that captures its step runs them. At B = 1 the eager
+timings are mostly launch overhead; these rows say what the kernels themselves cost.
+
 Rows of section "quality" (name sigmoid_logits) measure the approximation itself on synthetic
 draft/target logit pairs with a controlled mismatch (`sigmoid_quality`, exact float64 formulas,
 no sampling noise): acceptance rates of the exact and the approximate test, and the distance of
@@ -253,8 +258,9 @@ def _row(name, batch, gamma, vocabulary, source, median_ms, err, **extra) -> dic
 
 def measure_size(batch: int, gamma: int, vocabulary: int, names=IMPLEMENTATIONS,
                  bandwidth: float | None = None, rep_ms: float = 100,
-                 beta: float | None = None) -> list[dict]:
-    """Timing rows of the implementations `names` at one size, on the same random inputs."""
+                 beta: float | None = None, graphs: bool = False) -> list[dict]:
+    """Timing rows of the implementations `names` at one size, on the same random inputs; with
+    graphs=True each one replayed as a CUDA graph (`timing.graphed`, rows of section "graphs")."""
     kernels = load("spec_sampling", bench_impl())
     q_logits, p_logits = synthetic_logits(batch, gamma, vocabulary, device=runtime.torch_device())
     draft, r, u = draft_and_uniforms(q_logits)
@@ -290,10 +296,12 @@ def measure_size(batch: int, gamma: int, vocabulary: int, names=IMPLEMENTATIONS,
             else:
                 form = {"exact_probs": "probs", "exact_logits": "logits", "sigmoid_logits": "sigmoid"}[name]
                 fn = kernels.prepare(draft, q_in, p_in, r, u, form=form, beta=beta)
+            extra = {"section": "graphs", "launch": "cuda_graph"} if graphs else {}
+            if graphs:
+                fn = timing.graphed(fn)
             got = tuple(t.clone() for t in fn())
-            extra = {}
             if name == "sigmoid_logits":
-                extra = {"alpha": 1.0, "beta": beta, "differs_from_exact": _differs(got, reference("logits"))}
+                extra.update(alpha=1.0, beta=beta, differs_from_exact=_differs(got, reference("logits")))
             err = _differs(got, reference(form))
             rows.append(_row(name, batch, gamma, vocabulary, source, timing.bench(fn, rep_ms=rep_ms), err,
                              **extra))
@@ -309,6 +317,20 @@ def timing_rows(batches=BATCHES, gammas=GAMMAS, vocabularies=VOCABULARIES) -> li
             for batch in batches:
                 rows += measure_size(batch, gamma, vocabulary, bandwidth=bandwidth)
                 torch.cuda.empty_cache()
+    return rows
+
+
+def graph_rows(batches=BATCHES) -> list[dict]:
+    """At the headline size, every implementation replayed as a CUDA graph: at B = 1 the eager
+    times are mostly the launches of a few short kernels (the baseline's tens of torch calls, the
+    kernels' two or three Triton launches), which a decoder running its step as a graph does not
+    pay. The read-once floor is the same model as in the timing section."""
+    bandwidth = copy_bandwidth()
+    names = [name for name in IMPLEMENTATIONS if name != "read_once_floor"]
+    rows = []
+    for batch in batches:
+        rows += measure_size(batch, HEADLINE["gamma"], HEADLINE["V"], names, bandwidth=bandwidth, graphs=True)
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -354,22 +376,33 @@ def verification_rows() -> list[dict]:
     return rows
 
 
-SECTIONS = {"timing": timing_rows, "quality": quality_rows, "verification": verification_rows}
+SECTIONS = {"timing": timing_rows, "graphs": graph_rows, "quality": quality_rows,
+            "verification": verification_rows}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     benchcli.add_sections(parser, SECTIONS)
+    parser.add_argument("--keep", action="store_true",
+                        help="keep this device's committed rows of the sections not measured now")
     args = parser.parse_args(argv)
     sections = benchcli.chosen_sections(parser, args, SECTIONS)
     if runtime.SIMULATOR:
         print("python -m course.sampling_bench measures a GPU; this machine runs the simulator")
         return 1
-    rows = []
+    rows = kept_rows(sections) if args.keep else []
     for section in sections:
         rows += SECTIONS[section]()
         print("saved", results.save(SUITE, rows), flush=True)  # after every section: partial results survive
     return 0
+
+
+def kept_rows(sections) -> list[dict]:
+    """This device's committed rows of the sections other than `sections`, each with the date of
+    the run that measured it."""
+    committed = results.load(SUITE, results.device_folder(runtime.device_name()))
+    return [dict(row, run=row.get("run", committed["date"])) for row in committed["rows"]
+            if row.get("section", "timing") not in sections]
 
 
 # --------------------------------------------------------------------------- for notebook 15
@@ -402,10 +435,11 @@ def runtimes(batch: int, gamma: int = HEADLINE["gamma"], vocabulary: int = HEADL
     return rows, f"simulator: {source}, not timings of this machine"
 
 
-def find(rows, name: str, source: str, **at) -> dict | None:
-    """The row of `name` with input `source` at the sizes `at` (B=..., gamma=..., V=...), or None."""
+def find(rows, name: str, source: str, section: str = "timing", **at) -> dict | None:
+    """The row of `name` with input `source` in `section` ("timing": launched eagerly; "graphs":
+    replayed as a CUDA graph) at the sizes `at` (B=..., gamma=..., V=...), or None."""
     found = [row for row in rows if row["name"] == name and row.get("input") == source
-             and row.get("section", "timing") == "timing" and all(row.get(k) == v for k, v in at.items())]
+             and row.get("section", "timing") == section and all(row.get(k) == v for k, v in at.items())]
     return found[0] if found else None
 
 
@@ -415,8 +449,8 @@ def targets(rows) -> list[dict]:
     gamma, vocabulary = HEADLINE["gamma"], HEADLINE["V"]
     out = []
 
-    def ms(name, source, batch):
-        row = find(rows, name, source, B=batch, gamma=gamma, V=vocabulary)
+    def ms(name, source, batch, section="timing"):
+        row = find(rows, name, source, section, B=batch, gamma=gamma, V=vocabulary)
         return row["median_ms"] if row else None
 
     def add(text, value, goal, at_least):
@@ -426,6 +460,9 @@ def targets(rows) -> list[dict]:
     for source, exact in (("logits", "exact_logits"), ("probs", "exact_probs")):
         base, fast = ms("baseline_torch", source, 1), ms(exact, source, 1)
         add(f"{exact} >= 10x faster than baseline_torch ({source}), B = 1",
+            None if None in (base, fast) else base / fast, 10.0, True)
+        base, fast = ms("baseline_torch", source, 1, "graphs"), ms(exact, source, 1, "graphs")
+        add(f"{exact} >= 10x faster than baseline_torch ({source}), B = 1, both as CUDA graphs",
             None if None in (base, fast) else base / fast, 10.0, True)
         floor, fast = ms("read_once_floor", source, 64), ms(exact, source, 64)
         add(f"{exact} within 2x of the read-once floor, B = 64",

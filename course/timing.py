@@ -33,3 +33,35 @@ def bench(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 20
     from triton.testing import do_bench
 
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def graphed(fn: Callable[[], object]) -> Callable[[], object]:
+    """fn captured in a CUDA graph (torch.cuda.CUDAGraph): calling the result replays all of fn's
+    kernels with one launch and returns the outputs fn returned at capture (the same tensors).
+
+    For timing work whose kernels are shorter than their launches: a few microseconds of GPU work
+    behind tens of microseconds of Python and driver calls measures the host, not the kernels.
+    Production decoders run such steps as graphs (fn must not synchronise with the host).
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if runtime.SIMULATOR:
+        raise NoTimingInSimulator("graphed() needs a GPU: the simulator has no CUDA graphs")
+    import torch
+
+    side = torch.cuda.Stream()  # warm up (compile, allocate) off the capturing stream, as PyTorch asks
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn()
+
+    def replay():
+        graph.replay()
+        return outputs
+
+    replay.graph = graph  # keeps the graph (and its memory pool) alive with the function
+    return replay
