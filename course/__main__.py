@@ -1,4 +1,4 @@
-"""The course's command line: `python -m course {info,list,check,release,grade}`."""
+"""The course's command line: `python -m course {info,list,check,release,grade,generate}`."""
 
 from __future__ import annotations
 
@@ -37,6 +37,11 @@ def _check(args) -> int:
 def _release(args) -> int:
     from . import release
 
+    if args.handout:
+        written = release.handout(args.handout)
+        print(f"wrote the hand-out to {args.handout}: {len(written)} files (no solutions/, no tests/; "
+              f"notebook cells tagged {release.HANDOUT_TAG!r} left out)")
+        return 0
     if args.check:
         problems = release.differences()
         for problem in problems:
@@ -60,11 +65,20 @@ def _grade(args) -> int:
     limits = Limits(per_exercise_s=args.timeout_per_exercise, total_s=args.timeout_total,
                     memory_mb=args.memory_mb, output_mb=args.output_mb)
     grades = grade(args.submissions, args.out, args.seed, exercises=args.exercises, limits=limits,
-                   jobs=args.jobs)
+                   jobs=args.jobs, timing=not args.no_timing)
     flagged = [g for g in grades if g.flags]
     print(f"graded {len(grades)} submissions: {args.out}/gradebook.csv, {args.out}/feedback/"
           + (f"; flagged: {', '.join(f'{g.student} ({chr(59).join(g.flags)})' for g in flagged)}"
              if flagged else ""))
+    return 0
+
+
+def _generate(args) -> int:
+    from .capstone.bench import generate_report
+
+    print(generate_report(args.prompt, pair=args.pair, max_new_tokens=args.max_new_tokens,
+                          tree_size=args.tree_size, width=args.width, mode=args.mode, seed=args.seed,
+                          backend=args.backend, impl=args.impl, progress=not args.no_progress))
     return 0
 
 
@@ -82,6 +96,10 @@ def main(argv=None) -> int:
     release = commands.add_parser("release", help="write lessons/ from solutions/")
     release.add_argument("--check", action="store_true", help="only report whether lessons/ is in sync")
     release.add_argument("--force", action="store_true", help="overwrite written exercises")
+    release.add_argument("--handout", metavar="DIR",
+                         help="instead, write what students get into DIR (new or empty): the repository "
+                              "without solutions/ and tests/, fresh lesson stubs, notebooks without the "
+                              "cells that need solutions/")
     release.set_defaults(run=_release)
     grade = commands.add_parser("grade", help="grade students' submissions (instructors)")
     grade.add_argument("submissions", help="a folder of submissions (repo copies, lessons/ folders, zips)")
@@ -93,11 +111,34 @@ def main(argv=None) -> int:
     grade.add_argument("--memory-mb", type=int, default=8192, help="address-space limit (simulator only)")
     grade.add_argument("--output-mb", type=int, default=16, help="cap on what a submission prints")
     grade.add_argument("--jobs", type=int, default=1, help="submissions graded at once")
+    grade.add_argument("--no-timing", action="store_true",
+                       help="on a GPU, skip timing passed kernels against the solutions' (never timed "
+                            "in the simulator)")
     grade.set_defaults(run=_grade)
+    generate = commands.add_parser("generate", help="tree speculative decoding with the capstone's models "
+                                   "(notebook 19): text, speed, acceptance")
+    generate.add_argument("--prompt", required=True, action="append",
+                          help="text to continue (repeat --prompt for a batch)")
+    generate.add_argument("--pair", choices=("small", "tiny"), default=None,
+                          help="the trained pair (default: small on a GPU, tiny in the simulator)")
+    generate.add_argument("--max-new-tokens", type=int, default=None,
+                          help="tokens per prompt (default: 64 on a GPU, 12 in the simulator)")
+    generate.add_argument("--tree-size", type=int, default=8, help="nodes verified per target call (bs)")
+    generate.add_argument("--width", type=int, default=2, help="nodes the draft expands per step (w)")
+    generate.add_argument("--mode", choices=("greedy", "sample"), default="greedy")
+    generate.add_argument("--seed", type=int, default=0, help="seed of the sampling uniforms")
+    generate.add_argument("--backend", choices=("kernels", "reference"), default="kernels",
+                          help="the course's kernels (default) or the torch reference")
+    generate.add_argument("--impl", choices=("lessons", "solutions"), default=None,
+                          help="which copy of the kernels (default: COURSE_IMPL, else lessons)")
+    generate.add_argument("--no-progress", action="store_true", help="no progress bar")
+    generate.set_defaults(run=_generate)
     args = parser.parse_args(argv)
+    from .impl import SolutionsMissing
+
     try:
         return args.run(args)
-    except ValueError as error:
+    except (ValueError, SolutionsMissing) as error:  # SolutionsMissing: --impl solutions in a hand-out
         print(f"error: {error}", file=sys.stderr)
         return 2
 

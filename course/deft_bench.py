@@ -86,9 +86,9 @@ def ok_rows(rows) -> list[dict]:
 
 
 def _deft_module():
-    from .impl import load
+    from .impl import bench_impl, load
 
-    return load("deft", "solutions")
+    return load("deft", bench_impl())
 
 
 def make_method(method: str, q, k, v, workload: Workload, *, block_tokens: int = BLOCK_TOKENS,

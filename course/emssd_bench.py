@@ -75,11 +75,11 @@ def _peak(fn) -> int:
 
 
 def measure(batch: int) -> list[dict]:
-    from solutions import emssd
-
     from .checks.emssd import oracle_unpadded
+    from .impl import bench_impl, load
     from .inputs import random_tensor
 
+    emssd = load("emssd", bench_impl())
     sim = simulate(batch)
     counts, lengths, padded_len = sim["counts"], sim["kv_lengths"], sim["padded_length"]
     starts, row = [], 0

@@ -11,10 +11,12 @@ from .checks import attention as attention_checks
 from .checks import deft as deft_checks
 from .checks import emssd as emssd_checks
 from .checks import sampling as sampling_checks
+from .checks import swiftspec as swiftspec_checks
 from .checks import tree_verification as verification_checks
 from .checks import trees as tree_checks
 from .checks.tree_attention import check_tile_visibility, check_tree_attention
 from .checks.triton_attention import check_triton_tree_attention
+from .grading import speed
 from .ladder import RUNGS
 
 
@@ -26,6 +28,9 @@ class Exercise:
     cases: Callable  # cases(module, seed) -> iterable of (name, run)
     summary: str
     requires: tuple[str, ...] = ()  # exercises whose code this one's launcher also runs
+    # bench(impl) -> a zero-argument call of impl's ("lessons"/"solutions") kernels on fixed inputs:
+    # grading on a GPU times it for the student and the solution (course.grading.speed); None: untimed
+    bench: Callable | None = None
 
     @property
     def module(self) -> str:
@@ -58,19 +63,26 @@ EXERCISES: dict[str, Exercise] = {
     ]
     + [Exercise(f"{rung.module}.tree_attention_kernel", rung.notebook, 4, check_tree_attention,
                 f"rung {rung.name}: {rung.change}",
-                requires=("ladder_k10.tile_visibility_kernel",) if rung.module == "ladder_k10" else ())
+                requires=("ladder_k10.tile_visibility_kernel",) if rung.module == "ladder_k10" else (),
+                bench=speed.rung_bench(rung.name))
        for rung in RUNGS]
-    + [Exercise("triton_attention.tree_attention_kernel", "12_triton_tree_attention", 4,
+    + [Exercise("triton_attention.online_softmax_step", "12_triton_tree_attention", 3,
                 check_triton_tree_attention,
-                "Triton: the interval mask and the online-softmax update of one key block")]
+                "Triton: the masked online-softmax update of one key block (DeFT and EMS-SD reuse it)"),
+       Exercise("triton_attention.tree_attention_kernel", "12_triton_tree_attention", 1,
+                check_triton_tree_attention,
+                "Triton: the interval mask of a pair of blocks, by broadcasting",
+                requires=("triton_attention.online_softmax_step",),
+                bench=speed.triton_bench)]
     + [Exercise("deft.reduce_partials_kernel", "13_deft_node", 3, deft_checks.check_reduce_partials,
                 "DeFT's global reduction: merge each query's partials by LSE, in a fixed order"),
        Exercise("deft.deft_node_kernel", "13_deft_node", 4, deft_checks.check_deft_node,
                 "DeFT-Node: the (query, head) rows of a node group's tile and its partial results",
-                requires=("deft.reduce_partials_kernel",)),
+                requires=("deft.reduce_partials_kernel", "triton_attention.online_softmax_step")),
        Exercise("deft.deft_flatten_kernel", "14_deft_flatten", 4, deft_checks.check_deft_flatten,
                 "DeFT-Flatten: a block's bitmask words as the mask of a score tile",
-                requires=("deft.reduce_partials_kernel", "deft.deft_node_kernel"))]
+                requires=("deft.reduce_partials_kernel", "deft.deft_node_kernel",
+                          "triton_attention.online_softmax_step"))]
     + [Exercise("spec_sampling.tile_pass_kernel", "15_speculative_sampling", 3,
                 sampling_checks.check_tile_pass,
                 "the seed paper's per-tile pass: the test r q(x) <= p(x), max(0, p - q), partial sums b_k"),
@@ -85,7 +97,14 @@ EXERCISES: dict[str, Exercise] = {
                 verification_checks.check_greedy_verification,
                 "greedy verification: follow the child whose token is the target's argmax")]
     + [Exercise("emssd.unpadded_attention_kernel", "17_ems_sd", 4, emssd_checks.check_unpadded_attention,
-                "EMS-SD: restore each flat token's sample by binary search, then its causal KV mask")]
+                "EMS-SD: restore each flat token's sample by binary search, then its causal KV mask",
+                requires=("triton_attention.online_softmax_step",))]
+    + [Exercise("swiftspec.compact_kernel", "18_swiftspec_kv_cache", 3, swiftspec_checks.check_compaction,
+                "SwiftSpec's compaction: move KV rows left in place, overlap-safe (load, barrier, store)"),
+       Exercise("swiftspec.tree_cache_attention_kernel", "18_swiftspec_kv_cache", 4,
+                swiftspec_checks.check_tree_cache_attention,
+                "SwiftSpec's non-square tree mask: w queries against [prefix | tree] by DFS intervals",
+                requires=("swiftspec.compact_kernel", "triton_attention.online_softmax_step"))]
 }
 
 

@@ -4,10 +4,27 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 from types import ModuleType
 
 IMPL_ENV = "COURSE_IMPL"
 IMPLEMENTATIONS = ("lessons", "solutions")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class SolutionsMissing(ImportError):
+    """solutions/ is not here: this is a hand-out (`python -m course release --handout`)."""
+
+
+def has_solutions() -> bool:
+    """True in the course's own repository; False in a hand-out, which has no solutions/."""
+    return (ROOT / "solutions" / "__init__.py").is_file()
+
+
+def bench_impl() -> str:
+    """What benches time: the reference solutions where they are here, else (in a hand-out) the
+    student's lessons/, whose times the notebooks then set beside the committed measurements."""
+    return "solutions" if has_solutions() else "lessons"
 
 
 def impl_name() -> str:
@@ -25,4 +42,8 @@ def load(module: str, impl: str | None = None) -> ModuleType:
         raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
     if not module.isidentifier():
         raise ValueError(f"module must be a module name such as 'trees', got {module!r}")
+    if impl == "solutions" and not has_solutions():
+        raise SolutionsMissing(
+            f"cannot load solutions.{module}: this copy of the course has no solutions/ (a hand-out "
+            f"leaves them out). Use your own copy, course.impl.load({module!r}).")
     return importlib.import_module(f"{impl}.{module}")

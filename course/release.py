@@ -14,11 +14,16 @@ commented out; the lesson gets the defective lines uncommented (or nothing, for 
 missing line) and no todo, so the kernel runs and the checks show the symptoms.
 Everything outside the regions is copied unchanged, so a lesson module has the
 same API as its solution and the checks can call either.
+
+`handout(folder)` writes what an instructor hands out: the repository without
+`solutions/` and `tests/`, with fresh stubs in `lessons/`, and notebooks that need
+no solutions (see `handout_notebook`).
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 from dataclasses import dataclass
@@ -125,6 +130,10 @@ def _check_relative_imports(source: str, where: str) -> None:
 
 def render(solutions: Path) -> dict[Path, bytes]:
     """Every file of the lessons tree, by relative path, as the release would write it."""
+    if not (solutions / "__init__.py").is_file():
+        raise ReleaseError(
+            f"solutions: {solutions} is not here. Releasing and grading need the course's own "
+            "repository; a hand-out (`python -m course release --handout`) has no solutions/.")
     files = {}
     for path in sorted(solutions.rglob("*")):
         relative = path.relative_to(solutions)
@@ -185,3 +194,150 @@ def edited_exercises(solutions: Path = ROOT / "solutions", lessons: Path = ROOT 
             if line.strip().startswith('todo("') and line.strip() not in present:
                 edited.append(line.strip()[len('todo("'):-2])
     return edited
+
+
+# ------------------------------------------------------------------------------------------ hand-out
+
+HANDOUT_TAG = "reference"  # a notebook cell that needs solutions/: the hand-out leaves it out
+# What a hand-out holds besides lessons/ (rendered fresh): never solutions/, never tests/ (the
+# course's own suite tests the solutions, and tests/submissions holds sample student code).
+HANDOUT_PARTS = ("course", "pyspec_ref", "notebooks", "results", "README.md", "LICENSE", "pyproject.toml",
+                 "environment.yml", "Makefile", ".gitignore")
+_SKIPPED = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".ruff_cache", ".hypothesis"}
+# A notebook's top-level `name = course.impl.load("module", "solutions")`: in a hand-out, the student's copy.
+_SOLUTIONS_LOAD = re.compile(r'^(\w+ = course\.impl\.load\("\w+"), "solutions"\)(.*)$')
+_OWN_COPY = "  # your own copy: a hand-out has no solutions/"
+
+
+def _cell_source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def _parse_cell(source: str):
+    """The cell's AST, IPython magics and shell lines blanked; None if it still does not parse."""
+    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    try:
+        return ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+
+
+def _catches_import_error(node: ast.Try) -> bool:
+    names = set()
+    for handler in node.handlers:
+        if handler.type is None:
+            return True
+        types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+        names |= {t.id for t in types if isinstance(t, ast.Name)}
+    return bool(names & {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+
+
+def _needs_solutions(source: str) -> bool:
+    """Whether a code cell still names "solutions" as a string (an impl, a folder) or looks for the
+    `### BEGIN SOLUTION` marker, outside a `try` that catches the ImportError `course.impl.load`
+    raises when solutions/ is missing."""
+    tree = _parse_cell(source)
+    if tree is None:
+        return bool(re.search(r"""["']solutions["']""", source)) or BEGIN in source
+    guarded = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and _catches_import_error(node):
+            guarded |= {id(inner) for statement in node.body for inner in ast.walk(statement)}
+    # A cell that looks for the exercise markers reads a solution: lessons/ has none.
+    return any(isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in guarded
+               and (node.value == "solutions" or BEGIN in node.value) for node in ast.walk(tree))
+
+
+def _names(source: str) -> tuple[set[str], set[str]]:
+    """(names a cell binds, names it reads) at a glance: enough to see a dropped cell's results used."""
+    tree = _parse_cell(source)
+    if tree is None:
+        return set(), set()
+    bound, read = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (bound if isinstance(node.ctx, (ast.Store, ast.Del)) else read).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return bound, read
+
+
+def handout_notebook(text: str, where: str) -> str:
+    """A notebook as handed out: cells tagged HANDOUT_TAG dropped (reference diffs and sources, cells
+    that show or run the solutions), each top-level `x = course.impl.load("m", "solutions")` turned
+    into the student's own copy `course.impl.load("m")`, outputs cleared. Raises ReleaseError
+    naming the cell when a kept cell would still need solutions/ or a dropped cell's variables."""
+    notebook = json.loads(text)
+    kept, dropped_names, defined = [], {}, set()
+    for index, cell in enumerate(notebook["cells"]):
+        source = _cell_source(cell)
+        tags = cell.get("metadata", {}).get("tags", [])
+        if HANDOUT_TAG in tags:
+            if cell.get("cell_type") == "code":
+                for name in _names(source)[0] - defined:
+                    dropped_names.setdefault(name, index)
+            continue
+        if cell.get("cell_type") == "code":
+            lines = []
+            for line in source.splitlines(keepends=True):
+                body, newline = line.rstrip("\n"), line[len(line.rstrip("\n")):]
+                match = _SOLUTIONS_LOAD.match(body)
+                lines.append(f"{match.group(1)}){_OWN_COPY}{newline}" if match else line)
+            source = "".join(lines)
+            if _needs_solutions(source):
+                raise ReleaseError(
+                    f"{where}: cell {index} needs solutions/, which a hand-out leaves out: tag it "
+                    f"{HANDOUT_TAG!r} (cell metadata) so that the hand-out drops it, or load the student's "
+                    "copy instead")
+            bound, read = _names(source)
+            stale = sorted(name for name in read - defined - bound if name in dropped_names)
+            if stale:
+                raise ReleaseError(
+                    f"{where}: cell {index} uses {', '.join(stale)} from cell {dropped_names[stale[0]]}, "
+                    f"which is tagged {HANDOUT_TAG!r} and left out of the hand-out")
+            defined |= bound
+            cell = dict(cell, source=source, outputs=[], execution_count=None)
+        kept.append(cell)
+    notebook["cells"] = kept
+    return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
+
+
+def handout_files(root: Path = ROOT) -> dict[Path, bytes]:
+    """Every file of the hand-out, by relative path."""
+    files = {}
+    for part in HANDOUT_PARTS:
+        path = root / part
+        if path.is_file():
+            files[Path(part)] = path.read_bytes()
+        for found in sorted(path.rglob("*")) if path.is_dir() else []:
+            relative = found.relative_to(root)
+            if found.is_dir() or found.is_symlink() or _SKIPPED & set(relative.parts) \
+                    or found.suffix == ".pyc":
+                continue
+            if found.suffix == ".ipynb":
+                files[relative] = handout_notebook(found.read_text(), relative.as_posix()).encode()
+            else:
+                files[relative] = found.read_bytes()
+    for relative, content in render(root / "solutions").items():
+        files[Path("lessons") / relative] = content
+    return files
+
+
+def handout(folder: Path, root: Path = ROOT) -> list[Path]:
+    """Write the hand-out into `folder` (new or empty); returns the files written."""
+    folder = Path(folder)
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise ReleaseError(f"handout: {folder} exists and is not an empty folder; name a new one")
+    inside = folder.resolve()
+    if any(inside == (root / part).resolve() or (root / part).resolve() in inside.parents
+           for part in (*HANDOUT_PARTS, "solutions", "lessons")):
+        raise ReleaseError(f"handout: {folder} lies inside a folder the hand-out copies; pick another place")
+    files = handout_files(root)
+    for relative, content in files.items():
+        target = folder / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+    return sorted(files)

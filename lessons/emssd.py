@@ -18,8 +18,10 @@ accept different numbers of tokens. The bookkeeping is specified in `pyspec_ref.
 head). A tile may hold tokens of several samples (a sample feeds only a few tokens), so the
 program first restores every row's sample and position (index restoration), then, for each
 sample its tile touches, streams over that sample's KV rows in blocks of BLOCK_N with the online
-softmax (FlashAttention-2), rows of other samples masked out. Every sample's KV is read by the
-one or two programs (per head) whose tiles hold its tokens: nothing is read for padding.
+softmax (FlashAttention-2; notebook 12's `online_softmax_step`), rows of other samples masked
+out. Every sample's KV is read by the one or two programs (per head) whose tiles hold its
+tokens: nothing is read for padding. Both loops are `for` loops over run-time bounds (Triton
+pipelines the inner one on a GPU; `course.interpreter` makes them run in the interpreter).
 
 Index restoration. The paper's kernel (Algorithm 2) finds a token's sample by scanning the
 counts from sample 0: O(B) loads per token. Here every row does a binary search over the
@@ -49,6 +51,8 @@ import triton.language as tl
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.validate import require_dot_block, require_interpretable_dtype, require_tensor
+
+from .triton_attention import online_softmax_step
 
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -118,9 +122,9 @@ def unpadded_attention_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scores (log2 units)
     l = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m)
     acc = tl.zeros([BLOCK_M, D], tl.float32)  # running sum of exp2(score - m) * v
-    b = tl.min(tl.where(valid, sample, BATCH), axis=0)  # the tile's first and last samples
+    b_first = tl.min(tl.where(valid, sample, BATCH), axis=0)  # the tile's first and last samples
     b_last = tl.max(tl.where(valid, sample, -1), axis=0)
-    while b <= b_last:
+    for b in range(b_first, b_last + 1):
         first = tl.load(offsets + b)
         count = tl.load(offsets + b + 1) - first
         kv_start = tl.load(kv_starts + b).to(tl.int64)
@@ -128,8 +132,7 @@ def unpadded_attention_kernel(
         mine = valid & (sample == b)  # this tile's rows that belong to sample b
         width = kv_len + count  # b's cached keys and its new ones, written right after them
         if count > 0:
-            j0 = 0
-            while j0 < width:
+            for j0 in range(0, width, BLOCK_N):
                 cols_kv = j0 + tl.arange(0, BLOCK_N)  # b's key indices in this block
                 inside = cols_kv < width
                 kv_rows = kv_start + cols_kv.to(tl.int64)
@@ -137,24 +140,15 @@ def unpadded_attention_kernel(
                                  + cols[None, :], mask=inside[:, None], other=0.0)
                 v_tile = tl.load(v + kv_rows[:, None] * stride_v_row + kv_head * stride_v_head
                                  + cols[None, :], mask=inside[:, None], other=0.0)
-                s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * qk_scale
                 # visible[r, c]: row r belongs to sample b and key j0 + c is one it sees: b's
                 # cache and b's new tokens up to its own position (causal), i.e.
                 # j <= kv_len + position[r] (which also keeps j inside b's region).
                 # YOUR CODE HERE: exercise emssd.unpadded_attention_kernel (delete the todo line when you start)
                 todo("emssd.unpadded_attention_kernel")
-                s = tl.where(visible, s, float("-inf"))
-                # Rows of other samples see nothing here: their max may still be -inf, and
-                # exp2(-inf - -inf) would be NaN, so such rows subtract 0 instead.
-                m_new = tl.maximum(m, tl.max(s, axis=1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp2(m - m_safe)
-                p = tl.exp2(s - m_safe[:, None])
-                l = l * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
-                m = m_new
-                j0 += BLOCK_N
-        b += 1
+                # The online softmax step of notebook 12. Rows of other samples see nothing here:
+                # their max may still be -inf, and the step keeps them at -inf and 0, without NaN.
+                m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, visible, m, l, acc, qk_scale,
+                                                PRECISION)
     l = tl.where(l > 0, l, 1.0)  # every valid row sees at least its own key; padding rows none
     result = acc / l[:, None]
     out_rows = rows.to(tl.int64)
@@ -317,7 +311,7 @@ def unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, sc
     """
     _check_scale(scale)
     batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
-    require_written(unpadded_attention_kernel)
+    require_written(unpadded_attention_kernel, online_softmax_step)
     launch, out, lse = _launch(q, k_cache, v_cache, batch, scale)
     launch()
     return (out, lse) if return_lse else out
@@ -328,7 +322,7 @@ def make_runner(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *,
     """Check once; return a function that only launches the kernel (for timing). Returns out."""
     _check_scale(scale)
     batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
-    require_written(unpadded_attention_kernel)
+    require_written(unpadded_attention_kernel, online_softmax_step)
     launch, out, _ = _launch(q, k_cache, v_cache, batch, scale)
 
     def run() -> torch.Tensor:

@@ -18,6 +18,11 @@ Two kernels, as in the ladder's rung 10:
 2. `tree_attention_kernel`, grid (cdiv(N, BLOCK_M), B * H): each program walks only its
    query block's list, so an invisible key block costs nothing, not even a branch.
 
+The step of that loop, the masked online-softmax update of one key block, is the @triton.jit
+helper `online_softmax_step` (Triton inlines it): the kernel computes the tree mask of the pair
+of blocks and hands it over. DeFT (notebooks 13-14) and EMS-SD (notebook 17) import the same
+helper with masks of their own.
+
 Inputs: q, k, v of shape (B, H, N, d) in float16, bfloat16 (GPU only: the interpreter's
 bf16 tl.dot is wrong) or float32, d in HEAD_DIMS; start, end int32 (B, N) DFS times. Scores
 and the softmax are float32 (exp2, with log2(e)/sqrt(d) folded into one scale); P is cast to
@@ -112,6 +117,26 @@ def visible_blocks_kernel(start, end, kv_count, kv_list, N, TM, TN,
 
 
 @triton.jit
+def online_softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):
+    """FlashAttention-2's inner step for one key block: fold its scores into the running state.
+
+    q (BLOCK_M, D), k and v (BLOCK_N, D), visible (BLOCK_M, BLOCK_N) bool (or anything that
+    broadcasts to it): which keys each row sees. The running state of every row, float32, in
+    log2 units: m_i (BLOCK_M) the max score so far (-inf before any visible key), l_i (BLOCK_M)
+    the sum of exp2(score - m_i), acc (BLOCK_M, D) the sum of exp2(score - m_i) * v. qk_scale =
+    log2(e) / sqrt(d) (or another scale, times log2(e)). Returns the updated (m_i, l_i, acc);
+    the caller divides acc by l_i once, after its loop. A row that has seen no key yet keeps
+    m_i = -inf and l_i = acc = 0. DeFT (notebooks 13-14) and EMS-SD (notebook 17) call it too,
+    with their own masks.
+    """
+    # The block's scores s (BLOCK_M, BLOCK_N), -inf where not visible; the new row max m_new; the
+    # rescale factor of the old state; the probabilities p; the updated l_i and acc.
+    # YOUR CODE HERE: exercise triton_attention.online_softmax_step (delete the todo line when you start)
+    todo("triton_attention.online_softmax_step")
+    return m_new, l_i, acc
+
+
+@triton.jit
 def tree_attention_kernel(Q, K, V, start, end, kv_count, kv_list, Out, Lse, N, H, TM, TN, qk_scale,
                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           DOT_PRECISION: tl.constexpr, RETURN_LSE: tl.constexpr):
@@ -142,8 +167,11 @@ def tree_attention_kernel(Q, K, V, start, end, kv_count, kv_list, Out, Lse, N, H
         # A key past N gets the empty interval [N, -1], which contains no row.
         key_start = tl.load(start + b * N + keys, mask=key_in, other=N)
         key_end = tl.load(end + b * N + keys, mask=key_in, other=-1)
+        # sees (BLOCK_M, BLOCK_N): the tree mask of this pair of blocks, two vectors of intervals
+        # compared by broadcasting.
         # YOUR CODE HERE: exercise triton_attention.tree_attention_kernel (delete the todo line when you start)
         todo("triton_attention.tree_attention_kernel")
+        m_i, l_i, acc = online_softmax_step(q, k, v, sees, m_i, l_i, acc, qk_scale, DOT_PRECISION)
     # Every real row sees itself, so l > 0; a row past N has l = 0 and must not divide by it.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
@@ -155,7 +183,7 @@ def tree_attention_kernel(Q, K, V, start, end, kv_count, kv_list, Out, Lse, N, H
         tl.store(Lse + bh.to(tl.int64) * N + rows, lse, mask=row_in)
 
 
-interpreter.prepare(visible_blocks_kernel, tree_attention_kernel)
+interpreter.prepare(visible_blocks_kernel, online_softmax_step, tree_attention_kernel)
 
 
 def _check_inputs(q, k, v, start, end, return_lse) -> tuple[int, int, int, int]:
@@ -203,7 +231,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tens
     The returned function has `.attention()`, which launches only the attention kernel on the
     block lists of the last call (for timing it without the once-per-tree kernel). `config`
     replaces `config_for(d, q.dtype)`, to compare configs on a GPU."""
-    require_written(tree_attention_kernel)
+    require_written(online_softmax_step, tree_attention_kernel)
     batch, heads, n, d = _check_inputs(q, k, v, start, end, return_lse)
     if config is None:
         config = config_for(d, q.dtype)

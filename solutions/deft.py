@@ -27,9 +27,11 @@ Paged KV: pass `slots`, (T,) int32, mapping each flattened token to its row of t
 the kernels gather K and V rows through it. Contiguous KV is the case slots = None, k and v
 of shape (T, H_kv, d).
 
-Loops whose trip count is only known at run time are written as `while` loops: Triton's
-interpreter (3.6) turns a run-time `range` bound into an int by a conversion NumPy >= 2.4
-refuses, while a `while` condition works in the interpreter and on a GPU alike.
+The token loops are `for` loops over run-time bounds, which Triton pipelines on a GPU (the
+K/V loads of the next tiles in flight while one computes); `course.interpreter` makes such
+bounds work in Triton 3.6's interpreter too. The step of the token loop is notebook 12's
+`online_softmax_step`, with DeFT's masks; `_load_kv_tile` loads one K/V tile, contiguous or
+paged, for both kernels.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ import triton.language as tl
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.validate import require_dot_block, require_interpretable_dtype, require_tensor
+
+from .triton_attention import online_softmax_step
 
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -354,6 +358,37 @@ def suggest_block_tokens(parents, lengths, query_nodes, heads_q: int, heads_kv: 
 
 
 @triton.jit
+def _load_kv_tile(k, v, slots, tokens, inside, kv_head, cols,
+                  stride_k_row, stride_k_head, stride_v_row, stride_v_head, PAGED: tl.constexpr):
+    """K and V of flattened tokens `tokens` (BLOCK_N) for one KV head: two (BLOCK_N, D) tiles,
+    zeros where not `inside`. Paged: token t's row of the cache is slots[t]; else row t."""
+    if PAGED:
+        kv_rows = tl.load(slots + tokens, mask=inside, other=0).to(tl.int64)
+    else:
+        kv_rows = tokens.to(tl.int64)
+    k_tile = tl.load(k + kv_rows[:, None] * stride_k_row + kv_head * stride_k_head + cols[None, :],
+                     mask=inside[:, None], other=0.0)
+    v_tile = tl.load(v + kv_rows[:, None] * stride_v_row + kv_head * stride_v_head + cols[None, :],
+                     mask=inside[:, None], other=0.0)
+    return k_tile, v_tile
+
+
+@triton.jit
+def _work_item(work_group, work_tile, group_start, group_end, group_ptr):
+    """This program's work item w = program_id(0), tile work_tile[w] of group g = work_group[w]:
+    (tile, the group's tokens [token_start, token_end), its first partial `first` = group_ptr[g],
+    its number of queries `count`)."""
+    work = tl.program_id(0)
+    g = tl.load(work_group + work)
+    tile = tl.load(work_tile + work)
+    token_start = tl.load(group_start + g)
+    token_end = tl.load(group_end + g)
+    first = tl.load(group_ptr + g)
+    count = tl.load(group_ptr + g + 1) - first
+    return tile, token_start, token_end, first, count
+
+
+@triton.jit
 def deft_node_kernel(
     q, k, v, slots, out_part, lse_part,
     group_start, group_end, group_ptr, member_query, work_group, work_tile,
@@ -371,14 +406,9 @@ def deft_node_kernel(
     (all visible to all its queries: no mask) and writes partial out and lse (natural log)
     at position group_ptr[g] + member.
     """
-    work = tl.program_id(0)
     kv_head = tl.program_id(1)
-    g = tl.load(work_group + work)
-    tile = tl.load(work_tile + work)
-    token_start = tl.load(group_start + g)
-    token_end = tl.load(group_end + g)
-    first = tl.load(group_ptr + g)
-    count = tl.load(group_ptr + g + 1) - first
+    tile, token_start, token_end, first, count = _work_item(work_group, work_tile, group_start, group_end,
+                                                            group_ptr)
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, D)
     # The tile's rows: member (the row's query, as a position among the group's queries), head
@@ -395,29 +425,15 @@ def deft_node_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scores (log2 units)
     l = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m)
     acc = tl.zeros([BLOCK_M, D], tl.float32)  # running sum of exp2(score - m) * v
-    start = token_start
-    while start < token_end:
+    for start in range(token_start, token_end, BLOCK_N):
         tokens = start + tl.arange(0, BLOCK_N)
         inside = tokens < token_end
-        if PAGED:
-            kv_rows = tl.load(slots + tokens, mask=inside, other=0).to(tl.int64)
-        else:
-            kv_rows = tokens.to(tl.int64)
-        k_tile = tl.load(k + kv_rows[:, None] * stride_k_row + kv_head * stride_k_head + cols[None, :],
-                         mask=inside[:, None], other=0.0)
-        v_tile = tl.load(v + kv_rows[:, None] * stride_v_row + kv_head * stride_v_head + cols[None, :],
-                         mask=inside[:, None], other=0.0)
-        # The online softmax (notebook 02, FlashAttention-2 Algorithm 1), in base 2 with the
-        # scale folded in: every tile holds a token of the node, so every row's max is finite.
-        s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * qk_scale
-        s = tl.where(inside[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
-        m = m_new
-        start += BLOCK_N
+        k_tile, v_tile = _load_kv_tile(k, v, slots, tokens, inside, kv_head, cols, stride_k_row,
+                                       stride_k_head, stride_v_row, stride_v_head, PAGED)
+        # The online softmax (notebook 12's step, FlashAttention-2 Algorithm 1), in base 2 with
+        # the scale folded in: every token of the node is visible, only the ragged end is masked.
+        m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, inside[None, :], m, l, acc, qk_scale,
+                                        PRECISION)
     l = tl.where(l > 0, l, 1.0)  # rows past the group's queries saw zeros; never stored
     out = acc / l[:, None]
     lse = (m + tl.log2(l)) * 0.6931471805599453  # back to natural log
@@ -447,14 +463,9 @@ def deft_flatten_kernel(
     block sees only some of them: the score tile is masked by the segments' bitmasks. A
     tile's QUERIES_PER_TILE members divide 64, so all its rows read the same bitmask word.
     """
-    work = tl.program_id(0)
     kv_head = tl.program_id(1)
-    g = tl.load(work_group + work)
-    tile = tl.load(work_tile + work)
-    token_start = tl.load(group_start + g)
-    token_end = tl.load(group_end + g)
-    first = tl.load(group_ptr + g)
-    count = tl.load(group_ptr + g + 1) - first
+    tile, token_start, token_end, first, count = _work_item(work_group, work_tile, group_start, group_end,
+                                                            group_ptr)
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, D)
     member = tile * QUERIES_PER_TILE + rows // GROUP
@@ -467,19 +478,11 @@ def deft_flatten_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    start = token_start
-    while start < token_end:
+    for start in range(token_start, token_end, BLOCK_N):
         tokens = start + tl.arange(0, BLOCK_N)
         inside = tokens < token_end
-        if PAGED:
-            kv_rows = tl.load(slots + tokens, mask=inside, other=0).to(tl.int64)
-        else:
-            kv_rows = tokens.to(tl.int64)
-        k_tile = tl.load(k + kv_rows[:, None] * stride_k_row + kv_head * stride_k_head + cols[None, :],
-                         mask=inside[:, None], other=0.0)
-        v_tile = tl.load(v + kv_rows[:, None] * stride_v_row + kv_head * stride_v_head + cols[None, :],
-                         mask=inside[:, None], other=0.0)
-        s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * qk_scale
+        k_tile, v_tile = _load_kv_tile(k, v, slots, tokens, inside, kv_head, cols, stride_k_row,
+                                       stride_k_head, stride_v_row, stride_v_head, PAGED)
         # visible[r, c]: row r's query sees token c of this tile (the bit of its member number
         # in the word of the token's segment), and the token lies inside the block.
         ### BEGIN SOLUTION
@@ -489,17 +492,9 @@ def deft_flatten_kernel(
         visible = ((bits[None, :] >> shift[:, None]) & 1) != 0
         visible = visible & inside[None, :]
         ### END SOLUTION
-        s = tl.where(visible, s, float("-inf"))
-        # A row may see nothing in this tile (or in none so far): its max stays -inf, and
-        # exp2(-inf - -inf) would be NaN, so such rows subtract 0 instead.
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
-        m = m_new
-        start += BLOCK_N
+        # A row may see nothing in this tile (or in none so far): the step keeps its max at -inf
+        # and its sums at 0, without a NaN (it subtracts 0 instead of -inf).
+        m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, visible, m, l, acc, qk_scale, PRECISION)
     l = tl.where(l > 0, l, 1.0)  # every query of a block sees a token of it; padding rows saw none
     out = acc / l[:, None]
     lse = (m + tl.log2(l)) * 0.6931471805599453
@@ -529,8 +524,7 @@ def reduce_partials_kernel(
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of the lse's seen
     l = tl.zeros([BLOCK_H], tl.float32)  # running sum of exp(lse_p - m)
     acc = tl.zeros([BLOCK_H, D], tl.float32)  # running sum of exp(lse_p - m) * out_p
-    i = first
-    while i < last:
+    for i in range(first, last):
         part = tl.load(query_parts + i).to(tl.int64)
         lse_p = tl.load(lse_part + part * HEADS_Q + heads, mask=head_ok, other=0.0)
         out_p = tl.load(out_part + (part * HEADS_Q + heads[:, None]) * D + cols[None, :],
@@ -544,14 +538,13 @@ def reduce_partials_kernel(
         acc = acc * alpha[:, None] + w[:, None] * out_p
         m = m_new
         ### END SOLUTION
-        i += 1
     result = acc / l[:, None]
     tl.store(out + (query * HEADS_Q + heads[:, None]) * D + cols[None, :], result.to(out.dtype.element_ty),
              mask=head_ok[:, None])
     tl.store(lse + query * HEADS_Q + heads, m + tl.log(l), mask=head_ok)
 
 
-interpreter.prepare(deft_node_kernel, deft_flatten_kernel, reduce_partials_kernel)
+interpreter.prepare(_work_item, _load_kv_tile, deft_node_kernel, deft_flatten_kernel, reduce_partials_kernel)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -666,9 +659,12 @@ def _partials_launch(q, k, v, prepared: PreparedGroups, slots):
     out_part = torch.empty((prepared.num_partials, heads_q, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((prepared.num_partials, heads_q), dtype=torch.float32, device=q.device)
     paged = slots is not None
+    # The token loop is pipelined: num_stages K/V tiles in flight. float32 tiles are twice as large
+    # (64 KiB per K + V tile at d = 128), so they get one stage less, as notebook 12's fp32 configs.
     common = dict(HEADS_Q=heads_q, GROUP=group, QUERIES_PER_TILE=shape.queries_per_tile, D=d,
                   BLOCK_M=shape.block_m, BLOCK_N=shape.block_n, PAGED=paged,
-                  PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=shape.num_warps)
+                  PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=shape.num_warps,
+                  num_stages=2 if q.dtype == torch.float32 else 3)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
     qk_scale = LOG2E / math.sqrt(d)
     grid = (int(work_group.shape[0]), heads_kv)
@@ -699,8 +695,11 @@ def _reduce_launch(out_part, lse_part, query_ptr, query_parts, out_dtype):
     return launch, out, lse
 
 
-def _kernel_of(prepared) -> object:
-    return deft_flatten_kernel if isinstance(prepared, PreparedFlatten) else deft_node_kernel
+def _kernels_of(prepared) -> tuple:
+    """Phase 2's first kernel for `prepared` and the exercise helper it calls (notebook 12's step):
+    what `require_written` must see written before a launch."""
+    kernel = deft_flatten_kernel if isinstance(prepared, PreparedFlatten) else deft_node_kernel
+    return kernel, online_softmax_step
 
 
 def group_partials(q, k, v, prepared: PreparedGroups, *, slots=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -713,7 +712,7 @@ def group_partials(q, k, v, prepared: PreparedGroups, *, slots=None) -> tuple[to
     kind = PreparedFlatten if isinstance(prepared, PreparedFlatten) else PreparedNode
     prepare = "prepare_flatten" if kind is PreparedFlatten else "prepare_node"
     _check_inputs(q, k, v, prepared, slots, kind, prepare)
-    require_written(_kernel_of(prepared))
+    require_written(*_kernels_of(prepared))
     launch, out_part, lse_part = _partials_launch(q, k, v, prepared, slots)
     launch()
     return out_part, lse_part
@@ -768,7 +767,7 @@ def make_runner(q, k, v, prepared: PreparedGroups, *, slots=None) -> Callable[[]
     kind = PreparedFlatten if isinstance(prepared, PreparedFlatten) else PreparedNode
     prepare = "prepare_flatten" if kind is PreparedFlatten else "prepare_node"
     _check_inputs(q, k, v, prepared, slots, kind, prepare)
-    require_written(_kernel_of(prepared), reduce_partials_kernel)
+    require_written(*_kernels_of(prepared), reduce_partials_kernel)
     partials, out_part, lse_part = _partials_launch(q, k, v, prepared, slots)
     reduce, out, _ = _reduce_launch(out_part, lse_part, prepared.query_ptr, prepared.query_parts, q.dtype)
 
@@ -781,7 +780,7 @@ def make_runner(q, k, v, prepared: PreparedGroups, *, slots=None) -> Callable[[]
 
 def _attention(q, k, v, prepared, slots, return_lse, kind, prepare):
     _check_inputs(q, k, v, prepared, slots, kind, prepare)
-    require_written(_kernel_of(prepared), reduce_partials_kernel)
+    require_written(*_kernels_of(prepared), reduce_partials_kernel)
     partials, out_part, lse_part = _partials_launch(q, k, v, prepared, slots)
     reduce, out, lse = _reduce_launch(out_part, lse_part, prepared.query_ptr, prepared.query_parts, q.dtype)
     partials()

@@ -7,6 +7,7 @@ run in tests/test_checks.py and in notebooks 13 and 14.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import random
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ import pyspec_ref.deft as spec
 from course import inputs
 from course.checks import deft as deft_checks
 from course.checks.deft import KVTreeCase, case_tensors
+from course.exercise import ExerciseNotImplemented
 from solutions import deft
 
 DEVICE = course.torch_device()
@@ -200,6 +202,19 @@ def test_reduce_partials_refuses_a_query_without_partials():
         deft.reduce_partials(out_part, lse_part, _i32([0, 2, 2]), parts)
     with pytest.raises(ValueError, match="query_parts must be rows of out_part"):
         deft.reduce_partials(out_part, lse_part, _i32([0, 2]), parts + 1)
+
+
+def test_a_stub_in_notebook_12s_softmax_step_stops_both_kernels(monkeypatch):
+    """Both DeFT kernels call triton_attention.online_softmax_step: its lesson stub is named."""
+    lesson = importlib.import_module("lessons.triton_attention")
+    monkeypatch.setattr(deft, "online_softmax_step", lesson.online_softmax_step)
+    q, k, v, prepared = _small()
+    flat = deft.prepare_flatten([-1, 0, 0], [5, 3, 2], [1, 2], 16, DEVICE)
+    for call in (lambda: deft.deft_node_attention(q, k, v, prepared),
+                 lambda: deft.deft_flatten_attention(q, k, v, flat),
+                 lambda: deft.make_runner(q, k, v, prepared), lambda: deft.group_partials(q, k, v, flat)):
+        with pytest.raises(ExerciseNotImplemented, match="exercise triton_attention.online_softmax_step"):
+            call()
 
 
 # --------------------------------------------------------------------------- runner, checks

@@ -1,5 +1,6 @@
 """EMS-SD (notebook 17): the unpadded attention launcher, its padded baseline, its check, its bench."""
 
+import importlib
 import random
 import types
 
@@ -10,6 +11,7 @@ import pyspec_ref.kvcache as spec
 from course import emssd_bench, oracle
 from course.checks import emssd as checks
 from course.checks import run_cases
+from course.exercise import ExerciseNotImplemented
 from solutions import emssd
 
 
@@ -72,6 +74,16 @@ def test_bad_tensors_are_refused_by_name():
                                  [2, 3], starts, [4, 5])
     with pytest.raises(ValueError, match="scale"):
         emssd.unpadded_attention(q, k, v, [2, 3], starts, [4, 5], scale=-1.0)
+
+
+def test_a_stub_in_notebook_12s_softmax_step_stops_the_kernel(monkeypatch):
+    """The kernel calls triton_attention.online_softmax_step: its lesson stub is named."""
+    monkeypatch.setattr(emssd, "online_softmax_step",
+                        importlib.import_module("lessons.triton_attention").online_softmax_step)
+    q, k, v, starts = _batch([2, 3], [4, 5])
+    for call in (emssd.unpadded_attention, emssd.make_runner):
+        with pytest.raises(ExerciseNotImplemented, match="exercise triton_attention.online_softmax_step"):
+            call(q, k, v, [2, 3], starts, [4, 5])
 
 
 def _not_causal(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, return_lse=False):

@@ -8,6 +8,7 @@ samples import are written from solutions/ into a temporary folder, never commit
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 import zipfile
 from pathlib import Path
@@ -142,3 +143,90 @@ def test_find_submissions(tmp_path):
     assert [s.student for s in find_submissions(tmp_path / "a")] == ["a"]
     with pytest.raises(ValueError, match="submissions"):
         find_submissions(tmp_path / "missing")
+
+
+# ------------------------------------------------------------------ speed (course.grading.speed)
+
+def test_simulator_grading_times_nothing_and_says_so(graded):
+    grades, out = graded
+    feedback = (out / "feedback" / "correct.md").read_text()
+    assert "## Speed" in feedback and "Not timed: this grading ran in the simulator" in feedback
+    document = json.loads((out / "grades.json").read_text())
+    assert document["timing"]["timed"] is False
+    assert document["students"][0]["exercises"]["trees.dfs_times_kernel"]["student_ms"] is None
+    header = next(csv.reader((out / "gradebook.csv").open()))
+    assert not any(column.startswith("speed ") for column in header)
+
+
+def test_every_ladder_rung_and_the_triton_kernel_have_a_bench_hook():
+    from course.exercises import EXERCISES
+    from course.ladder import RUNGS
+
+    hooked = {e.id for e in EXERCISES.values() if e.bench is not None}
+    assert {f"{rung.module}.tree_attention_kernel" for rung in RUNGS} <= hooked
+    assert "triton_attention.tree_attention_kernel" in hooked
+
+
+def _fake(exercise_id: str, points: int, hook):
+    from course.exercises import Exercise
+
+    return Exercise(exercise_id, "99_fake", points, lambda module, seed: [], "fake", bench=hook)
+
+
+def test_timed_results_are_reported_with_a_fake_timer(tmp_path):
+    from course.grading import report
+    from course.grading.runner import ExerciseGrade, SubmissionGrade
+    from course.grading.speed import Speed, time_impl
+
+    calls = []
+
+    def hook(impl):
+        calls.append(impl)
+        return lambda: impl
+
+    def broken(impl):
+        raise RuntimeError("out of shared memory")
+
+    fast, slow = _fake("m.fast", 2, hook), _fake("m.slow", 2, hook)
+    untimed, failing = _fake("m.none", 1, None), _fake("m.broken", 1, broken)
+    exercises = [fast, slow, untimed, failing]
+
+    def timer(fn):  # the solution takes 2 ms; lessons' kernels what the test says
+        return {"solutions": 2.0}[fn()]
+
+    speed = Speed.measure(exercises, timer=timer, device="Fake GPU")
+    assert calls == ["solutions", "solutions"] and speed.solution_ms == {"m.fast": 2.0, "m.slow": 2.0}
+    assert speed.solution_notes["m.broken"].startswith("timing failed: RuntimeError: out of shared memory")
+    assert time_impl(untimed, "lessons", timer) == (None, "no timing for this exercise")
+    assert time_impl(fast, "lessons", lambda fn: 3.0) == (3.0, "")
+
+    passed = [("case", True, "")]
+    grade = SubmissionGrade("alice", "alice/", {
+        "m.fast": ExerciseGrade("m.fast", 2, passed, student_ms=1.0),
+        "m.slow": ExerciseGrade("m.slow", 2, [("case", False, "wrong")]),  # failed: never timed
+        "m.none": ExerciseGrade("m.none", 1, passed),
+        "m.broken": ExerciseGrade("m.broken", 1, passed, student_ms=1.0)})
+    report.write_all([grade], exercises, tmp_path, seed=1, speed=speed)
+
+    text = (tmp_path / "feedback" / "alice.md").read_text()
+    assert "Median times on Fake GPU" in text
+    assert "| `m.fast` | 1.000 ms vs the solution's 2.000 ms: 0.50x its time |" in text
+    assert "| `m.slow` | not timed: only a kernel that passes every case is timed |" in text
+    assert "| `m.broken` | not timed: the solution's timing failed: RuntimeError" in text
+    assert "No timing for: `m.none`." in text
+    rows = list(csv.DictReader((tmp_path / "gradebook.csv").open()))
+    speed_columns = [c for c in rows[0] if c.startswith("speed ")]
+    assert speed_columns == ["speed m.fast", "speed m.slow", "speed m.broken"]
+    assert rows[1]["speed m.fast"] == "0.500" and rows[1]["speed m.slow"] == ""
+    document = json.loads((tmp_path / "grades.json").read_text())
+    fast_json = document["students"][0]["exercises"]["m.fast"]
+    assert (fast_json["student_ms"], fast_json["solution_ms"], fast_json["time_ratio"]) == (1.0, 2.0, 0.5)
+    assert document["timing"]["timed"] is True and document["timing"]["device"] == "Fake GPU"
+
+
+def test_worker_result_carries_the_time():
+    from course.grading.runner import _grade_from
+
+    g = _grade_from({"exercise": "m.fast", "results": [["case", True, ""]], "student_ms": 1.5,
+                     "timing_note": ""}, 2.0)
+    assert g.student_ms == 1.5 and g.points == 2.0

@@ -4,6 +4,7 @@ The full check (`course.checks.check("triton_attention.tree_attention_kernel")`)
 tests/test_checks.py and in notebook 12; here only what those do not cover.
 """
 
+import importlib
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +14,7 @@ import course
 from course import inputs, oracle, results, triton_bench
 from course.checks import run_cases
 from course.checks.triton_attention import check_triton_tree_attention
+from course.exercise import ExerciseNotImplemented, kernel_stub_name
 from solutions import triton_attention as ta
 
 DEVICE = course.torch_device()
@@ -150,3 +152,15 @@ def test_runtimes_report_missing_measurements(monkeypatch):
     with pytest.raises(results.NotMeasuredYet, match="no 'flex_fp16' row"):
         triton_bench.runtimes(["flex_fp16"])
     assert triton_bench.main([]) == 2  # the benchmark refuses to run in the simulator
+
+
+def test_a_stub_in_the_softmax_helper_stops_the_launcher_by_name(monkeypatch):
+    """The online-softmax step is a @triton.jit helper the kernel calls: a lesson stub there must
+    be named before any launch (a GPU would refuse to compile the todo() call, the interpreter
+    would bury its message), even when the kernel's own region is written."""
+    lesson = importlib.import_module("lessons.triton_attention")
+    assert kernel_stub_name(lesson.online_softmax_step) == "triton_attention.online_softmax_step"
+    assert kernel_stub_name(ta.online_softmax_step) is None
+    monkeypatch.setattr(ta, "online_softmax_step", lesson.online_softmax_step)
+    with pytest.raises(ExerciseNotImplemented, match="exercise triton_attention.online_softmax_step"):
+        ta.tree_attention(*_inputs())

@@ -1,4 +1,11 @@
-"""What grading writes: the gradebook (CSV), a feedback file per student (markdown), grades.json."""
+"""What grading writes: the gradebook (CSV), a feedback file per student (markdown), grades.json.
+
+Speed (on a GPU, course.grading.speed): the gradebook gets one more column per timed exercise,
+`speed <exercise>`, holding the student's time over the solution's (above 1: slower; empty when
+not timed), after the existing columns; each feedback file ends with a "Speed" section; grades.json
+holds the times, the ratios and why any is missing. In the simulator there are no speed columns,
+and the feedback says that nothing was timed.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +14,32 @@ import json
 from pathlib import Path
 
 from .runner import SubmissionGrade
+from .speed import Speed
 
 FAILURES_SHOWN = 5
 DETAIL_CHARS = 1500
 
 
-def write_gradebook(grades: list[SubmissionGrade], exercises: list, path: Path) -> None:
-    """One row per student, one column per exercise (points earned), the total and flags."""
+def _timed(exercises: list, speed: Speed | None) -> list:
+    return [e for e in exercises if speed is not None and speed.timed and e.bench is not None]
+
+
+def write_gradebook(grades: list[SubmissionGrade], exercises: list, path: Path,
+                    speed: Speed | None = None) -> None:
+    """One row per student, one column per exercise (points earned), the total and flags; on a GPU,
+    then one `speed <exercise>` column per timed exercise (student time / solution time)."""
+    timed = _timed(exercises, speed)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["student", *[e.id for e in exercises], "total", "possible", "flags"])
+        writer.writerow(["student", *[e.id for e in exercises], "total", "possible", "flags",
+                         *[f"speed {e.id}" for e in timed]])
         writer.writerow(["(points)", *[e.points for e in exercises],
-                         sum(e.points for e in exercises), "", ""])
+                         sum(e.points for e in exercises), "", "", *["" for _ in timed]])
         for grade in grades:
+            ratios = [speed.ratio(grade.exercises[e.id]) for e in timed]
             writer.writerow([grade.student, *[f"{grade.exercises[e.id].points:g}" for e in exercises],
-                             f"{grade.total:g}", f"{grade.possible:g}", "; ".join(grade.flags)])
+                             f"{grade.total:g}", f"{grade.possible:g}", "; ".join(grade.flags),
+                             *["" if r is None else f"{r:.3f}" for r in ratios]])
 
 
 def _quote(text: str) -> list[str]:
@@ -29,7 +47,28 @@ def _quote(text: str) -> list[str]:
     return ["```", *text.replace("```", "'''").splitlines(), "```"]
 
 
-def feedback(grade: SubmissionGrade, seed_public: bool = False) -> str:
+def speed_section(grade: SubmissionGrade, speed: Speed, hooked: set[str]) -> list[str]:
+    """The feedback's "Speed" lines: each timed exercise against the solution, or why nothing was."""
+    lines = ["## Speed", ""]
+    if not speed.timed:
+        return lines + [f"Not timed: {speed.reason}. Only grading on a GPU times the kernels.", ""]
+    lines += [f"Median times on {speed.device or 'the GPU'} (warmed up), at the benchmark's shape, on the "
+              "same inputs for your kernel and the solution's; a ratio above 1 is slower than the solution. "
+              "Speed earns no points.", ""]
+    if speed.note:
+        lines += [speed.note, ""]
+    lines += ["| exercise | speed |", "|---|---|"]
+    for g in grade.exercises.values():
+        if g.exercise in hooked:
+            lines.append(f"| `{g.exercise}` | {speed.describe(g, True)} |")
+    others = [g.exercise for g in grade.exercises.values() if g.exercise not in hooked]
+    if others:
+        lines += ["", f"No timing for: {', '.join(f'`{e}`' for e in others)}."]
+    return lines + [""]
+
+
+def feedback(grade: SubmissionGrade, seed_public: bool = False, speed: Speed | None = None,
+             hooked: set[str] = frozenset()) -> str:
     lines = [f"# Feedback for {grade.student}", "",
              f"Total: **{grade.total:g} / {grade.possible:g}** points.", ""]
     if grade.notes:
@@ -59,27 +98,39 @@ def feedback(grade: SubmissionGrade, seed_public: bool = False) -> str:
                 lines += [*_quote(detail), ""]
         if len(g.failures) > FAILURES_SHOWN:
             lines += [f"... and {len(g.failures) - FAILURES_SHOWN} more failing cases.", ""]
+    if speed is not None:
+        lines += speed_section(grade, speed, hooked)
     lines += ["Run the same checks with the public seed: `python -m course check <exercise>` "
               "(or the check cell of the notebook).", ""]
     return "\n".join(lines)
 
 
-def as_json(grade: SubmissionGrade) -> dict:
+def as_json(grade: SubmissionGrade, speed: Speed | None = None) -> dict:
+    def timing(g) -> dict:
+        if speed is None:
+            return {}
+        return {"student_ms": g.student_ms, "solution_ms": speed.solution_ms.get(g.exercise),
+                "time_ratio": speed.ratio(g), "timing_note": g.timing_note}
+
     return {"student": grade.student, "source": grade.source, "total": grade.total,
             "possible": grade.possible, "notes": grade.notes, "flags": grade.flags,
             "exercises": {g.exercise: {"points": g.points, "possible": g.points_possible,
                                        "fraction": g.fraction, "note": g.note, "violation": g.violation,
                                        "not_implemented": g.not_implemented, "seconds": g.seconds,
-                                       "results": [list(r) for r in g.results]}
+                                       **timing(g), "results": [list(r) for r in g.results]}
                           for g in grade.exercises.values()}}
 
 
-def write_all(grades: list[SubmissionGrade], exercises: list, out: Path, seed: int) -> None:
+def write_all(grades: list[SubmissionGrade], exercises: list, out: Path, seed: int,
+              speed: Speed | None = None) -> None:
+    speed = speed or Speed.untimed()
+    hooked = {e.id for e in exercises if e.bench is not None}
     out.mkdir(parents=True, exist_ok=True)
-    write_gradebook(grades, exercises, out / "gradebook.csv")
+    write_gradebook(grades, exercises, out / "gradebook.csv", speed)
     folder = out / "feedback"
     folder.mkdir(exist_ok=True)
     for grade in grades:
-        (folder / f"{grade.student}.md").write_text(feedback(grade))
+        (folder / f"{grade.student}.md").write_text(feedback(grade, speed=speed, hooked=hooked))
     (out / "grades.json").write_text(json.dumps(
-        {"exercises": [e.id for e in exercises], "students": [as_json(g) for g in grades]}, indent=1))
+        {"exercises": [e.id for e in exercises], "timing": speed.as_json(),
+         "students": [as_json(g, speed) for g in grades]}, indent=1))

@@ -41,6 +41,8 @@ class ExerciseGrade:
     note: str = ""
     violation: str = ""  # set when the exercise is zeroed for hostile behaviour
     seconds: float | None = None
+    student_ms: float | None = None  # the kernel's median time on a GPU (course.grading.speed)
+    timing_note: str = ""  # why a passed exercise has no time
 
     @property
     def fraction(self) -> float:
@@ -135,7 +137,8 @@ def _signal_name(code: int) -> str:
 class _Child:
     """One worker process over the exercises still to grade."""
 
-    def __init__(self, sub: Path, harness: Path, exercises: list[str], seed: int, limits: Limits, logs: Path):
+    def __init__(self, sub: Path, harness: Path, exercises: list[str], seed: int, limits: Limits, logs: Path,
+                 time_kernels: bool = False):
         self.out, self.err = logs.with_suffix(".out"), logs.with_suffix(".err")
         read, write = os.pipe()
         self.pipe = read
@@ -146,7 +149,7 @@ class _Child:
                    NUMBA_CACHE_DIR=str(sub / "tmp" / "numba"), MPLCONFIGDIR=str(sub / "tmp" / "mpl"))
         command = [sys.executable, "-m", "course.grading.worker", "--exercises", ",".join(exercises),
                    "--seed", str(seed), "--result-fd", str(write), "--memory-mb", str(limits.memory_mb),
-                   "--output-mb", str(limits.output_mb)]
+                   "--output-mb", str(limits.output_mb)] + (["--time"] if time_kernels else [])
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(command, cwd=sub, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=err, pass_fds=(write,), start_new_session=True)
@@ -187,12 +190,15 @@ def _grade_from(message: dict, possible: float) -> ExerciseGrade:
     return ExerciseGrade(message["exercise"], possible,
                          [(str(c), bool(p), str(d)) for c, p, d in message.get("results", [])],
                          str(message.get("not_implemented", "")), str(message.get("note", "")),
-                         str(message.get("violation", "")), message.get("seconds"))
+                         str(message.get("violation", "")), message.get("seconds"),
+                         message.get("student_ms"), str(message.get("timing_note", "")))
 
 
 def grade_submission(submission: Submission, exercises: list, seed: int, limits: Limits,
-                     workroot: Path, watch: list[Path] = (), keep: bool = False) -> SubmissionGrade:
-    """Grade one submission in child processes; `exercises` are course.exercises.Exercise rows."""
+                     workroot: Path, watch: list[Path] = (), keep: bool = False,
+                     time_kernels: bool = False) -> SubmissionGrade:
+    """Grade one submission in child processes; `exercises` are course.exercises.Exercise rows.
+    time_kernels: on a GPU, also time each passed exercise's kernel (course.grading.speed)."""
     possible = {e.id: float(e.points) for e in exercises}
     grade = SubmissionGrade(submission.student, str(submission.source),
                             {e.id: ExerciseGrade(e.id, possible[e.id]) for e in exercises})
@@ -216,7 +222,7 @@ def grade_submission(submission: Submission, exercises: list, seed: int, limits:
         skip = [sub, harness, logs, workroot]
         watched = [Path(w) for w in watch] + [workdir]
         before = {str(w): listing(w, skip if w != workdir else [sub, harness, logs]) for w in watched}
-        _run_children(grade, sub, harness, [e.id for e in exercises], seed, limits, logs)
+        _run_children(grade, sub, harness, [e.id for e in exercises], seed, limits, logs, time_kernels)
         if digest(harness) != harness_digest:
             grade.notes.append("changed the grader's own files (course/ or pyspec_ref/) while it ran: "
                                "every exercise scores zero")
@@ -238,7 +244,7 @@ def grade_submission(submission: Submission, exercises: list, seed: int, limits:
 
 
 def _run_children(grade: SubmissionGrade, sub: Path, harness: Path, remaining: list[str], seed: int,
-                  limits: Limits, logs: Path) -> None:
+                  limits: Limits, logs: Path, time_kernels: bool = False) -> None:
     total_deadline = time.monotonic() + limits.total_s
     runs = 0
     while remaining:
@@ -249,7 +255,7 @@ def _run_children(grade: SubmissionGrade, sub: Path, harness: Path, remaining: l
             grade.flag("timed out")
             return
         runs += 1
-        child = _Child(sub, harness, remaining, seed, limits, logs / f"run{runs}")
+        child = _Child(sub, harness, remaining, seed, limits, logs / f"run{runs}", time_kernels)
         current, deadline = None, [min(total_deadline, time.monotonic() + STARTUP_S)]
         ended, progressed = "", False
         for kind, message in child.messages(lambda: deadline[0]):  # noqa: B023  (read live)

@@ -142,6 +142,16 @@ def _send(fd: int, message: dict) -> None:
         data = data[os.write(fd, data):]
 
 
+def _time(exercise) -> tuple[float | None, str]:
+    """The student's kernel timed (course.grading.speed); a sys.exit while timing costs the time only."""
+    from course.grading.speed import time_impl
+
+    try:
+        return time_impl(exercise, "lessons")
+    except BaseException as error:  # SystemExit, KeyboardInterrupt: the grade stands, the time does not
+        return None, f"timing stopped with {type(error).__name__}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course.grading.worker")
     parser.add_argument("--exercises", required=True, help="comma-separated exercise ids")
@@ -149,6 +159,7 @@ def main(argv=None) -> int:
     parser.add_argument("--result-fd", type=int, required=True)
     parser.add_argument("--memory-mb", type=int, default=0)
     parser.add_argument("--output-mb", type=int, default=0)
+    parser.add_argument("--time", action="store_true", help="on a GPU, time each passed exercise's kernel")
     args = parser.parse_args(argv)
     fd = args.result_fd
     faulthandler.enable()  # a segfault leaves a traceback on stderr for the feedback
@@ -192,6 +203,8 @@ def main(argv=None) -> int:
                 report = run_cases(exercise.id, exercise.cases(module, args.seed))
                 message["results"] = [[r.case, bool(r.passed), str(r.detail)] for r in report.results]
                 message["not_implemented"] = report.not_implemented
+                if args.time and report.passed and exercise.bench is not None:
+                    message["student_ms"], message["timing_note"] = _time(exercise)
             except SystemExit as error:
                 message["note"] = f"called sys.exit({error.code!r}) while being checked"
                 message["violation"] = "exited"

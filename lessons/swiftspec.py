@@ -1,0 +1,577 @@
+# Student copy, generated from solutions/swiftspec.py by `python -m course release`.
+# Write your code where a todo(...) line stands; everything else matches the solution.
+"""Notebook 18: SwiftSpec's tree-aware KV cache, in Triton: in-place compaction and non-square attention.
+
+SwiftSpec ("SwiftSpec: Ultra-Low Latency LLM Decoding by Scaling Asynchronous Speculative Decoding")
+keeps the draft model's KV cache as [prefix | tree] (§3.2, Figure 5): rows 0..P-1 hold the
+committed prefix, the next T rows the nodes of the current draft tree. The specification of the
+bookkeeping is `pyspec_ref.kvcache` (`reroot`, `compact_plan`, `apply_moves`,
+`nonsquare_tree_attention`); this module runs it on the GPU.
+
+1. `compact_kernel` (launcher `compact`): after verification, the KV rows of the committed path
+   move to the end of the prefix and the surviving subtree is compacted right after it (§3.2).
+   Every move shifts a row LEFT (dst < src), and source and destination ranges overlap (a subtree
+   moving by a few slots overlaps itself). The moves are applied in place, with the meaning of
+   `pyspec_ref.kvcache.apply_moves` (every read sees the old cache). Why the kernel is race-free:
+
+   * one program owns one (sample, stacked row) slice of the cache, cache[b, r, :, :]: every move
+     reads and writes only inside it, so programs never touch each other's bytes;
+   * inside a program the moves are processed in increasing dst order (the launcher sorts them),
+     BLOCK_M at a time: load the chunk's source rows, `tl.debug_barrier()` (a CTA barrier: every
+     thread's loads are done before any thread stores), then store them to their destinations.
+     Within a chunk that makes the moves simultaneous, so chunk-internal overlaps (move (6 -> 5)
+     next to move (5 -> 4)) are safe. Across chunks: a later move i has
+     src_i > dst_i > dst_j for every earlier move j, so no load ever reads a row that an earlier
+     store wrote; and every earlier chunk's loads precede, through its barrier, the later
+     chunk's stores, so no store overwrites a row before the move that reads it. This is
+     memmove's front-to-back copy, tiled.
+
+   `naive_compact` is the baseline: gather every moved row into a temporary (index_select), then
+   copy it back (index_put): correct for any overlap, but it writes and reads a second copy.
+
+2. `tree_cache_attention_kernel` (launcher `tree_cache_attention`): the non-square attention of
+   §3.1 (Figure 4). The draft model runs only the w nodes being expanded (or the target model the
+   nodes being verified) as queries, but their keys are the whole cache: a w x (P + T) mask, not
+   T x T. Query node q sees every prefix row and tree row j iff kv_start[j] <= start[q] and
+   end[q] <= kv_end[j] (FlashSpecInfer §5.1's interval test: j is an ancestor of q, or q itself).
+   Tree rows may be in any order (the DFS times are per row). One program per (block of packed
+   (query head of a GQA group, query) rows, KV head, sample): the group's query heads share the
+   KV head's loads. Full prefix blocks need no mask at all; a tree block that no row of the
+   program sees is skipped before its K and V are loaded. FlashAttention-2's online softmax, fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from course import interpreter, runtime
+from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
+from course.validate import require_dot_block, require_interpretable_dtype
+
+from .triton_attention import online_softmax_step
+
+HEAD_DIMS = (16, 32, 64, 128)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+MAX_GRID_YZ = 65535  # CUDA's limit on the second and third grid dimensions
+INT32_MAX = 2**31 - 1
+
+
+# --------------------------------------------------------------------------- compaction
+
+
+@triton.jit
+def compact_kernel(cache, src, dst, counts, D, stride_b, stride_r, stride_c, stride_d, stride_moves,
+                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (stacked row r, sample b): cache[b, r, dst[m]] = old cache[b, r, src[m]] for
+    the sample's counts[b] moves, which are sorted by dst with dst < src (see the module doc)."""
+    r = tl.program_id(0)
+    b = tl.program_id(1)
+    n = tl.load(counts + b)
+    base = cache + b.to(tl.int64) * stride_b + r.to(tl.int64) * stride_r
+    cols = tl.arange(0, BLOCK_D)
+    col_in = cols < D
+    for m0 in range(0, n, BLOCK_M):
+        moves = m0 + tl.arange(0, BLOCK_M)
+        live = moves < n
+        s = tl.load(src + b * stride_moves + moves, mask=live, other=0).to(tl.int64)
+        t = tl.load(dst + b * stride_moves + moves, mask=live, other=0).to(tl.int64)
+        mask = live[:, None] & col_in[None, :]
+        # Move this chunk's BLOCK_M rows (each of D columns): read every source row of the chunk,
+        # wait until all threads have read (a destination of one move can be the source of
+        # another move of the chunk), then write the destinations.
+        # YOUR CODE HERE: exercise swiftspec.compact_kernel (delete the todo line when you start)
+        todo("swiftspec.compact_kernel")
+
+
+# --------------------------------------------------------------------------- non-square attention
+
+
+@triton.jit
+def tree_cache_attention_kernel(
+    Q, K, V, Out, Lse, q_start, q_end, kv_start, kv_end, prefix_lengths, tree_lengths, query_counts,
+    W, C,
+    stride_qb, stride_qh, stride_qw, stride_qd,
+    stride_kb, stride_kh, stride_kc, stride_kd,
+    stride_vb, stride_vh, stride_vc, stride_vd,
+    qk_scale,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, RETURN_LSE: tl.constexpr,
+):
+    """One program per (block of BLOCK_M packed rows, KV head, sample). Packed row p stands for
+    query head kv_head * GROUP + p // W and query p % W (valid if p < GROUP * W and the query is
+    not padding). Keys: the sample's rows [0, P + T) of the cache, prefix first."""
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    b = tl.program_id(2)
+    packed = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    group = packed // W
+    w = packed % W
+    head = kv_head * GROUP + group
+    count = tl.load(query_counts + b)
+    valid = (packed < GROUP * W) & (w < count)
+    n_valid = tl.sum(valid.to(tl.int32), axis=0)
+    prefix = tl.load(prefix_lengths + b)
+    used = tl.where(n_valid > 0, prefix + tl.load(tree_lengths + b), 0)  # nothing to do: no keys
+    prefix = tl.minimum(prefix, used)
+    dims = tl.arange(0, D)
+    b64 = b.to(tl.int64)
+    q_rows = Q + b64 * stride_qb + head.to(tl.int64) * stride_qh + w.to(tl.int64) * stride_qw
+    q = tl.load(q_rows[:, None] + dims[None, :] * stride_qd, mask=valid[:, None], other=0.0)
+    qs = tl.load(q_start + b64 * W + w, mask=valid, other=-1)  # the query nodes' DFS intervals
+    qe = tl.load(q_end + b64 * W + w, mask=valid, other=-1)
+    k_base = K + b64 * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = V + b64 * stride_vb + kv_head.to(tl.int64) * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scaled scores (log2)
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)  # running sum of exp2(score - m_i) * v
+    # 1. Whole blocks of the prefix: every query sees every row, no mask (padding rows compute
+    #    zeros against them and are dropped at the end).
+    full = (prefix // BLOCK_N) * BLOCK_N
+    for j0 in range(0, full, BLOCK_N):
+        keys = (j0 + tl.arange(0, BLOCK_N)).to(tl.int64)
+        k = tl.load(k_base + keys[:, None] * stride_kc + dims[None, :] * stride_kd)
+        v = tl.load(v_base + keys[:, None] * stride_vc + dims[None, :] * stride_vd)
+        # Notebook 12's step, with every key visible (the prefix).
+        m_i, l_i, acc = online_softmax_step(q, k, v, keys[None, :] >= 0, m_i, l_i, acc, qk_scale, PRECISION)
+    # 2. The rest: the prefix's last partial block, then the tree rows, under the non-square mask.
+    for j0 in range(full, used, BLOCK_N):
+        keys = j0 + tl.arange(0, BLOCK_N)
+        key_in = keys < used
+        in_prefix = keys < prefix
+        tree_row = key_in & (keys >= prefix)
+        # The DFS interval of the node stored in each tree row (prefix and unused rows: none).
+        ks = tl.load(kv_start + b64 * C + keys, mask=tree_row, other=0)
+        ke = tl.load(kv_end + b64 * C + keys, mask=tree_row, other=-1)
+        # visible[r, c]: packed row r is a real query and key c is a prefix row, or a tree row
+        # holding an ancestor of r's node (or the node itself): FlashSpecInfer's interval test.
+        # YOUR CODE HERE: exercise swiftspec.tree_cache_attention_kernel (delete the todo line when you start)
+        todo("swiftspec.tree_cache_attention_kernel")
+        if tl.max(tl.max(visible.to(tl.int32), axis=1), axis=0) > 0:  # else skip the block's K, V
+            rows64 = keys.to(tl.int64)
+            k = tl.load(k_base + rows64[:, None] * stride_kc + dims[None, :] * stride_kd,
+                        mask=key_in[:, None], other=0.0)
+            v = tl.load(v_base + rows64[:, None] * stride_vc + dims[None, :] * stride_vd,
+                        mask=key_in[:, None], other=0.0)
+            m_i, l_i, acc = online_softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, PRECISION)
+    sees = valid & (l_i > 0.0)  # a real query that saw at least one key
+    l_safe = tl.where(sees, l_i, 1.0)
+    out = tl.where(sees[:, None], acc / l_safe[:, None], 0.0)
+    o_rows = ((b64 * (tl.num_programs(1) * GROUP) + head.to(tl.int64)) * W + w.to(tl.int64))
+    in_range = packed < GROUP * W
+    tl.store(Out + o_rows[:, None] * D + dims[None, :], out.to(Out.dtype.element_ty), mask=in_range[:, None])
+    if RETURN_LSE:
+        lse = tl.where(sees, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        tl.store(Lse + o_rows, lse, mask=in_range)
+
+
+interpreter.prepare(compact_kernel, tree_cache_attention_kernel)
+
+
+# --------------------------------------------------------------------------- shared checks
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _kernel_device_tensor(value, name: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    wanted = runtime.torch_device().type
+    if value.device.type != wanted:
+        where = "the simulator runs on CPU tensors" if runtime.SIMULATOR else "kernels run on the GPU"
+        raise ValueError(f"{name} must be on device '{wanted}' ({where}), got '{value.device}'")
+    return value
+
+
+def _index_tensor(value, name: str, shape: tuple[int, ...], device, note: str) -> torch.Tensor:
+    """An int32/int64 tensor (or, for 1-D, a list of ints) of `shape`, as contiguous int32 on device."""
+    if not isinstance(value, torch.Tensor):
+        if len(shape) == 1 and isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+            for i, x in enumerate(value):
+                if isinstance(x, bool) or not isinstance(x, int):
+                    raise TypeError(f"{name}[{i}] must be an int, got {x!r}")
+            value = torch.tensor(list(value), dtype=torch.int64, device=device)
+        else:
+            raise TypeError(f"{name} must be an int32 tensor of shape {shape} ({note}), "
+                            f"got {type(value).__name__}")
+    if value.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} must be an int32 (or int64) tensor, got {_dtype_name(value.dtype)}")
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} ({note}), got {tuple(value.shape)}")
+    if value.device != torch.device(device) and value.device.type != torch.device(device).type:
+        raise ValueError(f"{name} must be on the cache's device {device}, got {value.device}")
+    if value.dtype == torch.int64 and value.numel() and (value.abs().max() > INT32_MAX):
+        raise ValueError(f"{name} has entries beyond the int32 range")
+    return value.to(device=device, dtype=torch.int32).contiguous()
+
+
+def _first(flags: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(i) for i in torch.nonzero(flags)[0])
+
+
+# --------------------------------------------------------------------------- compaction: launchers
+
+
+@dataclass(frozen=True)
+class Moves:
+    """Checked moves of one compaction: per sample, the first counts[b] (src, dst) pairs, sorted by dst."""
+
+    src: torch.Tensor  # (B, M) int32, sorted by dst within each sample's valid entries
+    dst: torch.Tensor  # (B, M) int32
+    counts: torch.Tensor  # (B,) int32
+    total: int  # sum(counts): rows moved per stacked row
+
+
+def check_moves(cache, src, dst, counts) -> Moves:
+    """Check a compaction's arguments (nothing is written); errors name the argument.
+
+    cache: a 4-D (B, R, C, d) float tensor on the kernel device (any strides); src, dst: int32/int64
+    (B, M); counts: (B,) with 0 <= counts[b] <= M. The first counts[b] moves of sample b must have
+    0 <= dst < src < C (every move shifts left) and distinct destinations.
+    """
+    _kernel_device_tensor(cache, "cache")
+    if cache.dim() != 4:
+        raise ValueError(f"cache must have 4 dimensions (B, R, C, d), got shape {tuple(cache.shape)}")
+    if not cache.is_floating_point():
+        raise TypeError(f"cache must be a floating-point tensor, got {_dtype_name(cache.dtype)}")
+    if cache.numel() == 0:
+        raise ValueError(f"cache must not be empty, got shape {tuple(cache.shape)}")
+    batch, rows, slots, d = cache.shape
+    if rows > 2**31 - 1 or batch > MAX_GRID_YZ:
+        raise ValueError(f"cache has B = {batch} samples; the launch grid allows at most {MAX_GRID_YZ}")
+    for name, value in (("src", src), ("dst", dst)):
+        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[0] == batch:
+            continue
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"{name} must be a (B, M) = ({batch}, M) int tensor of slots, got {shape}")
+    width = src.shape[1]
+    device = cache.device
+    s = _index_tensor(src, "src", (batch, width), device, "B samples x M moves")
+    t = _index_tensor(dst, "dst", (batch, width), device, "like src")
+    c = _index_tensor(counts, "counts", (batch,), device, "one count of moves per sample")
+    bad = (c < 0) | (c > width)
+    if bool(bad.any()):
+        b = _first(bad)[0]
+        raise ValueError(f"counts[{b}] = {int(c[b])} must be in [0, M = {width}] (the moves src/dst "
+                         "hold per sample): counts inconsistent with src")
+    live = torch.arange(width, device=device)[None, :] < c[:, None]
+    for name, value in (("src", s), ("dst", t)):
+        bad = live & ((value < 0) | (value >= slots))
+        if bool(bad.any()):
+            b, m = _first(bad)
+            raise ValueError(f"{name}[{b}, {m}] = {int(value[b, m])} is out of range: the cache has "
+                             f"C = {slots} slots (KV position out of range)")
+    bad = live & (t >= s)
+    if bool(bad.any()):
+        b, m = _first(bad)
+        raise ValueError(f"dst[{b}, {m}] = {int(t[b, m])} >= src[{b}, {m}] = {int(s[b, m])}: every move "
+                         "of SwiftSpec's compaction shifts a row left (dst < src)")
+    key = torch.where(live, t, slots)  # padding sorts last
+    key, order = torch.sort(key, dim=1, stable=True)
+    clash = live[:, 1:] & (key[:, 1:] == key[:, :-1])
+    if bool(clash.any()):
+        b, m = _first(clash)
+        first, second = int(order[b, m]), int(order[b, m + 1])
+        raise ValueError(f"dst[{b}, {first}] and dst[{b}, {second}] are both slot {int(key[b, m])}: "
+                         "duplicate destinations (one row would be lost)")
+    s_sorted = torch.gather(s, 1, order).contiguous()
+    t_sorted = torch.where(live, key, 0).to(torch.int32).contiguous()
+    return Moves(s_sorted, t_sorted, c, int(c.sum()))
+
+
+def _compact_config(d: int) -> tuple[int, int]:
+    block_d = triton.next_power_of_2(d)
+    block_m = runtime.pick(sim=16, gpu=max(16, min(128, 8192 // block_d)))
+    return block_m, block_d
+
+
+def _compact_launch(cache: torch.Tensor, moves: Moves) -> Callable[[], torch.Tensor]:
+    batch, rows, _, d = cache.shape
+    block_m, block_d = _compact_config(d)
+    args = (cache, moves.src, moves.dst, moves.counts, d, *cache.stride(), moves.src.stride(0))
+
+    def launch() -> torch.Tensor:
+        if moves.total:
+            compact_kernel[(rows, batch)](*args, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=4)
+        return cache
+    return launch
+
+
+def compact(cache: torch.Tensor, src, dst, counts) -> torch.Tensor:
+    """SwiftSpec §3.2 compaction, in place: cache[b, :, dst[b, m]] = old cache[b, :, src[b, m]] for
+    m < counts[b]. cache: (B, R, C, d) (R stacked rows, e.g. layers x {k, v} x KV heads; C slots),
+    any float dtype and strides; src/dst: (B, M) int32 (padded), counts (B,) int32. Moves must shift
+    left (dst < src) with distinct destinations; they may overlap each other's sources (applied as if
+    simultaneously, `pyspec_ref.kvcache.apply_moves`). Bad input raises ValueError/TypeError before
+    anything is written. Returns cache."""
+    moves = check_moves(cache, src, dst, counts)
+    require_written(compact_kernel)
+    return _compact_launch(cache, moves)()
+
+
+def compact_runner(cache: torch.Tensor, src, dst, counts) -> Callable[[], torch.Tensor]:
+    """Check once; return a function that only launches the compaction (for timing)."""
+    moves = check_moves(cache, src, dst, counts)
+    require_written(compact_kernel)
+    return _compact_launch(cache, moves)
+
+
+def _naive_launch(cache: torch.Tensor, moves: Moves) -> Callable[[], torch.Tensor]:
+    width = moves.src.shape[1]
+    live = torch.arange(width, device=cache.device)[None, :] < moves.counts[:, None]
+    sample = torch.nonzero(live)[:, 0]
+    src = moves.src[live].long()
+    dst = moves.dst[live].long()
+
+    def launch() -> torch.Tensor:
+        if moves.total:
+            moved = cache[sample, :, src]  # (moves, R, d): gathered into a temporary
+            cache[sample, :, dst] = moved  # and copied back
+        return cache
+    return launch
+
+
+def naive_compact(cache: torch.Tensor, src, dst, counts) -> torch.Tensor:
+    """The gather-and-copy baseline of `compact`: gather every moved row into a temporary (one
+    indexed read), then write it to the destinations. Same arguments, checks and result."""
+    return _naive_launch(cache, check_moves(cache, src, dst, counts))()
+
+
+def naive_runner(cache: torch.Tensor, src, dst, counts) -> Callable[[], torch.Tensor]:
+    """Check once; return a function that only runs the gather-and-copy (for timing)."""
+    return _naive_launch(cache, check_moves(cache, src, dst, counts))
+
+
+def plan_tensors(plans, device=None, width: int | None = None):
+    """`pyspec_ref.kvcache.compact_plan` outputs (one list of (src, dst) per sample) as the
+    (src, dst, counts) tensors of `compact`: src/dst int32 (B, M) padded with 0, counts int32 (B,).
+    M = the longest plan (at least 1), or `width`."""
+    if isinstance(plans, (str, bytes)) or not isinstance(plans, Sequence) or not plans:
+        raise ValueError("plans must be a non-empty list with one list of (src, dst) moves per sample")
+    rows = []
+    for b, plan in enumerate(plans):
+        if isinstance(plan, (str, bytes)) or not isinstance(plan, Sequence):
+            raise TypeError(f"plans[{b}] must be a list of (src, dst) pairs, got {type(plan).__name__}")
+        pairs = []
+        for m, pair in enumerate(plan):
+            if not isinstance(pair, Sequence) or len(pair) != 2 or any(
+                    isinstance(x, bool) or not isinstance(x, int) for x in pair):
+                raise TypeError(f"plans[{b}][{m}] must be a (src, dst) pair of ints, got {pair!r}")
+            pairs.append((int(pair[0]), int(pair[1])))
+        rows.append(pairs)
+    longest = max(1, max(len(r) for r in rows))
+    if width is None:
+        width = longest
+    elif isinstance(width, bool) or not isinstance(width, int) or width < longest:
+        raise ValueError(f"width must be an int >= the longest plan ({longest} moves), got {width!r}")
+    src = torch.zeros((len(rows), width), dtype=torch.int32)
+    dst = torch.zeros((len(rows), width), dtype=torch.int32)
+    for b, pairs in enumerate(rows):
+        for m, (s, t) in enumerate(pairs):
+            src[b, m], dst[b, m] = s, t
+    counts = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+    device = device if device is not None else runtime.torch_device()
+    return src.to(device), dst.to(device), counts.to(device)
+
+
+# --------------------------------------------------------------------------- attention: launchers
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    block_m: int  # packed (query head, query) rows per program
+    block_n: int  # cache rows per step of the loop
+    num_warps: int
+    num_stages: int
+
+
+def attention_config(rows: int, d: int, dtype: torch.dtype) -> AttentionConfig:
+    """Tiles for `rows` = GROUP * W packed query rows per (sample, KV head) and head dim d."""
+    if d not in HEAD_DIMS:
+        raise ValueError(f"d must be one of {HEAD_DIMS}, got {d!r}")
+    block_m = runtime.pick(sim=16, gpu=16 if rows <= 16 else 32 if rows <= 32 else 64)
+    block_n = runtime.pick(sim=16, gpu=32 if (dtype == torch.float32 and d >= 64) else 64)
+    require_dot_block(block_m=block_m, block_n=block_n, d=d)
+    return AttentionConfig(block_m, block_n, num_warps=4, num_stages=2)
+
+
+@dataclass(frozen=True)
+class CacheBatch:
+    """A checked call of `tree_cache_attention`: the index tensors as contiguous int32 on q's device."""
+
+    q_start: torch.Tensor
+    q_end: torch.Tensor
+    kv_start: torch.Tensor
+    kv_end: torch.Tensor
+    prefix_lengths: torch.Tensor
+    tree_lengths: torch.Tensor
+    query_counts: torch.Tensor
+
+
+def _check_cache_tensor(value, name: str, q: torch.Tensor) -> None:
+    _kernel_device_tensor(value, name)
+    if value.dim() != 4:
+        raise ValueError(f"{name} must have 4 dimensions (B, H_kv, C, d), got shape {tuple(value.shape)}")
+    if value.dtype != q.dtype:
+        raise TypeError(f"{name} must have q's dtype {_dtype_name(q.dtype)}, got {_dtype_name(value.dtype)}")
+    if value.device != q.device:
+        raise ValueError(f"{name} must be on q's device {q.device}, got {value.device}")
+    if value.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(value.shape)}")
+
+
+def check_attention_inputs(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths,
+                           tree_lengths, query_counts=None) -> CacheBatch:
+    """Check `tree_cache_attention`'s arguments; every error names the argument.
+
+    The caches are not scanned for NaN (unused capacity may hold anything; only rows [0, P + T) of a
+    sample are read). q is checked for NaN on its real (non-padding) queries only.
+    """
+    _kernel_device_tensor(q, "q")
+    if q.dim() != 4:
+        raise ValueError(f"q must have 4 dimensions (B, H, W, d), got shape {tuple(q.shape)}")
+    if q.dtype not in DTYPES:
+        raise TypeError(f"q must have dtype float16, bfloat16 or float32, got {_dtype_name(q.dtype)}")
+    require_interpretable_dtype(q, "q")
+    if q.numel() == 0:
+        raise ValueError(f"q must not be empty, got shape {tuple(q.shape)}")
+    _check_cache_tensor(k_cache, "k_cache", q)
+    _check_cache_tensor(v_cache, "v_cache", q)
+    batch, heads, width, d = q.shape
+    if d not in HEAD_DIMS:
+        raise ValueError(f"q's head dimension (last axis) must be one of {HEAD_DIMS}, got {d}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    kb, heads_kv, slots, kd = k_cache.shape
+    if kb != batch:
+        raise ValueError(f"k_cache holds {kb} samples, but q holds B = {batch}")
+    if kd != d:
+        raise ValueError(f"k_cache's head dimension is {kd}, but q's is {d}")
+    if heads % heads_kv:
+        raise ValueError(f"q's {heads} heads must be a multiple of k_cache's {heads_kv} KV heads "
+                         "(grouped-query attention)")
+    if heads_kv > MAX_GRID_YZ or batch > MAX_GRID_YZ:
+        raise ValueError(f"B = {batch} and H_kv = {heads_kv} must be at most {MAX_GRID_YZ} (launch grid)")
+    if slots * max(k_cache.stride(2), v_cache.stride(2), 1) >= 2**31:
+        raise ValueError(f"the cache's C = {slots} slots are too many for 32-bit row offsets")
+    for name, value in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if value.stride(3) != 1:
+            raise ValueError(f"{name}'s last dimension must be contiguous (stride 1), got stride "
+                             f"{value.stride(3)} (views data[:, a:b] of a (B, R, C, d) cache are fine)")
+    device = q.device
+    qs = _index_tensor(q_start, "q_start", (batch, width), device, "B x W: each query's DFS start")
+    qe = _index_tensor(q_end, "q_end", (batch, width), device, "B x W: each query's DFS end")
+    ks = _index_tensor(kv_start, "kv_start", (batch, slots), device, "B x C: each cache row's DFS start")
+    ke = _index_tensor(kv_end, "kv_end", (batch, slots), device, "B x C: each cache row's DFS end")
+    p = _index_tensor(prefix_lengths, "prefix_lengths", (batch,), device, "one prefix length per sample")
+    t = _index_tensor(tree_lengths, "tree_lengths", (batch,), device, "one tree length per sample")
+    if query_counts is None:
+        c = torch.full((batch,), width, dtype=torch.int32, device=device)
+    else:
+        c = _index_tensor(query_counts, "query_counts", (batch,), device, "real queries per sample")
+    queries = torch.arange(width, device=device)[None, :] < c[:, None]
+    rows = torch.arange(slots, device=device)[None, :]
+    tree = (rows >= p[:, None]) & (rows < (p + t)[:, None])
+    nan_q = (~torch.isfinite(q)).any(dim=3).any(dim=1) & queries
+    checks = [
+        ("prefix_lengths", p < 0, "must be >= 0"),
+        ("tree_lengths", t < 0, "must be >= 0"),
+        ("query_counts", (c < 0) | (c > width), f"must be in [0, W = {width}]"),
+        ("tree_lengths", (p + t) > slots,
+         f"plus prefix_lengths exceeds the cache's C = {slots} slots: cache overflow (KV position out of "
+         "range)"),
+        ("q_start", queries & (qs < 0), "must be >= 0 (a DFS time)"),
+        ("q_end", queries & (qe < qs), "must be >= q_start (a node's interval is [start, end])"),
+        ("kv_start", tree & (ks < 0), "must be >= 0 (a DFS time) on tree rows"),
+        ("kv_end", tree & (ke < ks), "must be >= kv_start on tree rows (a node's interval is [start, end])"),
+    ]
+    values = {"prefix_lengths": p, "tree_lengths": t, "query_counts": c, "q_start": qs, "q_end": qe,
+              "kv_start": ks, "kv_end": ke}
+    flags = torch.stack([bad.any() for _, bad, _ in checks] + [nan_q.any()]).tolist()  # one sync
+    for (name, bad, what), flagged in zip(checks, flags, strict=False):
+        if flagged:
+            where = _first(bad)
+            label = ", ".join(map(str, where))
+            raise ValueError(f"{name}[{label}] = {int(values[name][where])} {what}")
+    if flags[-1]:
+        b, i = _first(nan_q)
+        raise ValueError(f"q contains NaN or infinite values in a real query (sample {b}, query {i})")
+    return CacheBatch(qs, qe, ks, ke, p, t, c)
+
+
+def _check_scale(scale):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale <= 0):
+        raise ValueError(f"scale must be a positive finite number or None (1/sqrt(d)), got {scale!r}")
+
+
+def _attention_launch(q, k_cache, v_cache, checked: CacheBatch, scale, return_lse: bool,
+                      config: AttentionConfig | None = None):
+    batch, heads, width, d = q.shape
+    heads_kv, slots = k_cache.shape[1], k_cache.shape[2]
+    group = heads // heads_kv
+    config = config or attention_config(group * width, d, q.dtype)
+    out = torch.empty((batch, heads, width, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, width), dtype=torch.float32, device=q.device) if return_lse else out
+    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2_E
+    grid = (triton.cdiv(group * width, config.block_m), heads_kv, batch)
+    args = (q, k_cache, v_cache, out, lse, checked.q_start, checked.q_end, checked.kv_start, checked.kv_end,
+            checked.prefix_lengths, checked.tree_lengths, checked.query_counts, width, slots,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(), qk_scale)
+    meta = dict(GROUP=group, D=d, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", RETURN_LSE=return_lse,
+                num_warps=config.num_warps, num_stages=config.num_stages)
+
+    def launch():
+        tree_cache_attention_kernel[grid](*args, **meta)
+        return (out, lse) if return_lse else out
+    return launch
+
+
+def tree_cache_attention(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths,
+                         tree_lengths, *, query_counts=None, scale=None, return_lse: bool = False):
+    """SwiftSpec §3.1 non-square tree attention of W query nodes over a [prefix | tree] KV cache.
+
+    q: (B, Hq, W, d); k_cache, v_cache: (B, Hkv, C, d) with Hq a multiple of Hkv (grouped-query
+    attention), same dtype as q; views with a contiguous last dimension are fine (no copy is made).
+    Sample b's rows [0, P_b) are its prefix (prefix_lengths, visible to every query) and rows
+    [P_b, P_b + T_b) its tree (tree_lengths); kv_start/kv_end (B, C) int32 are the DFS times of the
+    node in each tree row (rows in any order; prefix and unused entries ignored); q_start/q_end (B, W)
+    the query nodes' DFS times. Query i sees tree row j iff kv_start[j] <= q_start[i] and
+    q_end[i] <= kv_end[j]. query_counts (B,) optional: queries >= count are padding (output 0, LSE
+    -inf). A query that sees no row at all also gets 0 (LSE -inf). float16, bfloat16 (GPU only) or
+    float32, fp32 accumulation; d in HEAD_DIMS. Returns out (B, Hq, W, d) in q's dtype, and with
+    return_lse=True also the natural-log LSE (B, Hq, W) float32. Equals
+    `pyspec_ref.kvcache.nonsquare_tree_attention` per (sample, head).
+    """
+    _check_scale(scale)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    checked = check_attention_inputs(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths,
+                                     tree_lengths, query_counts)
+    require_written(online_softmax_step, tree_cache_attention_kernel)
+    return _attention_launch(q, k_cache, v_cache, checked, scale, return_lse)()
+
+
+def attention_runner(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths, tree_lengths,
+                     *, query_counts=None, scale=None, return_lse: bool = False,
+                     config: AttentionConfig | None = None) -> Callable:
+    """Check once; return a function that only launches `tree_cache_attention`'s kernel (for timing
+    and for callers that reuse one checked layout). `config` overrides `attention_config`."""
+    _check_scale(scale)
+    checked = check_attention_inputs(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths,
+                                     tree_lengths, query_counts)
+    require_written(online_softmax_step, tree_cache_attention_kernel)
+    if config is not None:
+        require_dot_block(block_m=config.block_m, block_n=config.block_n, d=q.shape[-1])
+    return _attention_launch(q, k_cache, v_cache, checked, scale, return_lse, config)
