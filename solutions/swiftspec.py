@@ -102,14 +102,17 @@ def tree_cache_attention_kernel(
     stride_qb, stride_qh, stride_qw, stride_qd,
     stride_kb, stride_kh, stride_kc, stride_kd,
     stride_vb, stride_vh, stride_vc, stride_vd,
-    qk_scale,
+    qk_scale, SPLITS, Part_out, Part_lse, ROWS,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, RETURN_LSE: tl.constexpr,
+    PRECISION: tl.constexpr, RETURN_LSE: tl.constexpr, SPLIT_KV: tl.constexpr,
 ):
-    """One program per (block of BLOCK_M packed rows, KV head, sample). Packed row p stands for
-    query head kv_head * GROUP + p // W and query p % W (valid if p < GROUP * W and the query is
-    not padding). Keys: the sample's rows [0, P + T) of the cache, prefix first."""
-    tile = tl.program_id(0)
+    """One program per (block of BLOCK_M packed rows and one of SPLITS key ranges, KV head,
+    sample). Packed row p stands for query head kv_head * GROUP + p // W and query p % W (valid if
+    p < GROUP * W and the query is not padding). Keys: the sample's rows [0, P + T) of the cache,
+    prefix first, cut into SPLITS ranges of whole blocks; with SPLIT_KV each program writes its
+    range's partial result and LSE (ROWS = B * Hq * W rows per split) for `merge_splits_kernel`."""
+    tile = tl.program_id(0) // SPLITS
+    split = tl.program_id(0) % SPLITS
     kv_head = tl.program_id(1)
     b = tl.program_id(2)
     packed = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -122,6 +125,11 @@ def tree_cache_attention_kernel(
     prefix = tl.load(prefix_lengths + b)
     used = tl.where(n_valid > 0, prefix + tl.load(tree_lengths + b), 0)  # nothing to do: no keys
     prefix = tl.minimum(prefix, used)
+    # This program's key range [lo, hi): whole blocks, so the prefix/tree boundary `full` below
+    # falls between ranges or inside one, never inside a block of the unmasked loop.
+    chunk = tl.cdiv(tl.cdiv(used, SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(used, lo + chunk)
     dims = tl.arange(0, D)
     b64 = b.to(tl.int64)
     q_rows = Q + b64 * stride_qb + head.to(tl.int64) * stride_qh + w.to(tl.int64) * stride_qw
@@ -136,14 +144,14 @@ def tree_cache_attention_kernel(
     # 1. Whole blocks of the prefix: every query sees every row, no mask (padding rows compute
     #    zeros against them and are dropped at the end).
     full = (prefix // BLOCK_N) * BLOCK_N
-    for j0 in range(0, full, BLOCK_N):
+    for j0 in range(lo, tl.minimum(full, hi), BLOCK_N):
         keys = (j0 + tl.arange(0, BLOCK_N)).to(tl.int64)
         k = tl.load(k_base + keys[:, None] * stride_kc + dims[None, :] * stride_kd)
         v = tl.load(v_base + keys[:, None] * stride_vc + dims[None, :] * stride_vd)
         # Notebook 12's step, with every key visible (the prefix).
         m_i, l_i, acc = online_softmax_step(q, k, v, keys[None, :] >= 0, m_i, l_i, acc, qk_scale, PRECISION)
     # 2. The rest: the prefix's last partial block, then the tree rows, under the non-square mask.
-    for j0 in range(full, used, BLOCK_N):
+    for j0 in range(tl.maximum(full, lo), hi, BLOCK_N):
         keys = j0 + tl.arange(0, BLOCK_N)
         key_in = keys < used
         in_prefix = keys < prefix
@@ -169,13 +177,49 @@ def tree_cache_attention_kernel(
     out = tl.where(sees[:, None], acc / l_safe[:, None], 0.0)
     o_rows = ((b64 * (tl.num_programs(1) * GROUP) + head.to(tl.int64)) * W + w.to(tl.int64))
     in_range = packed < GROUP * W
-    tl.store(Out + o_rows[:, None] * D + dims[None, :], out.to(Out.dtype.element_ty), mask=in_range[:, None])
+    lse = tl.where(sees, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    if SPLIT_KV:  # a partial result: fp32, merged by LSE afterwards (Flash-Decoding)
+        part = split * ROWS + o_rows
+        tl.store(Part_out + part[:, None] * D + dims[None, :], out, mask=in_range[:, None])
+        tl.store(Part_lse + part, lse, mask=in_range)
+    else:
+        tl.store(Out + o_rows[:, None] * D + dims[None, :], out.to(Out.dtype.element_ty),
+                 mask=in_range[:, None])
+        if RETURN_LSE:
+            tl.store(Lse + o_rows, lse, mask=in_range)
+
+
+@triton.jit
+def merge_splits_kernel(Part_out, Part_lse, Out, Lse, ROWS, SPLITS, D: tl.constexpr, BLOCK_R: tl.constexpr,
+                        RETURN_LSE: tl.constexpr):
+    """BLOCK_R output rows per program: merge the SPLITS partial results of each row by their LSE
+    (notebook 02's merge_attention, over S parts: weights exp(lse_s - max), a part that saw no key
+    has lse = -inf and weight 0), in a fixed order (deterministic)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    inside = rows < ROWS
+    dims = tl.arange(0, D)
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for s in range(SPLITS):
+        m = tl.maximum(m, tl.load(Part_lse + s * ROWS + rows, mask=inside, other=float("-inf")))
+    safe = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, D], tl.float32)
+    for s in range(SPLITS):
+        weight = tl.exp(tl.load(Part_lse + s * ROWS + rows, mask=inside, other=float("-inf")) - safe)
+        part = tl.load(Part_out + (s * ROWS + rows.to(tl.int64))[:, None] * D + dims[None, :],
+                       mask=inside[:, None], other=0.0)
+        total += weight
+        acc += weight[:, None] * part
+    seen = total > 0.0
+    out = tl.where(seen[:, None], acc / tl.where(seen, total, 1.0)[:, None], 0.0)
+    tl.store(Out + rows.to(tl.int64)[:, None] * D + dims[None, :], out.to(Out.dtype.element_ty),
+             mask=inside[:, None])
     if RETURN_LSE:
-        lse = tl.where(sees, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-        tl.store(Lse + o_rows, lse, mask=in_range)
+        tl.store(Lse + rows, tl.where(seen, safe + tl.log(tl.where(seen, total, 1.0)), float("-inf")),
+                 mask=inside)
 
 
-interpreter.prepare(compact_kernel, tree_cache_attention_kernel)
+interpreter.prepare(compact_kernel, tree_cache_attention_kernel, merge_splits_kernel)
 
 
 # --------------------------------------------------------------------------- shared checks
@@ -395,6 +439,24 @@ class AttentionConfig:
     block_n: int  # cache rows per step of the loop
     num_warps: int
     num_stages: int
+    splits: int | None = None  # key ranges per (row block, KV head, sample); None: `kv_splits`
+
+
+# Flash-Decoding (Dao et al., 2023): when W is small, (row blocks x KV heads x samples) programs
+# are too few to fill the GPU (4 samples x 8 KV heads = 32 programs on 132 SMs), and each streams
+# the whole prefix alone. Cutting the keys into ranges multiplies the programs; the partial results
+# are merged by their LSE. Ranges of at least MIN_SPLIT_BLOCKS blocks keep the merge's extra bytes
+# (one fp32 row of d per range) small next to the K and V each range reads.
+MIN_SPLIT_BLOCKS = 4
+MAX_SPLITS = 64
+
+
+def kv_splits(programs: int, slots: int, block_n: int, device) -> int:
+    """Key ranges per program so that about two programs run per SM (1: no split)."""
+    # The interpreter runs programs one after another: count it as 2 SMs, so only tiny grids split.
+    sms = 2 if runtime.SIMULATOR else torch.cuda.get_device_properties(device).multi_processor_count
+    wanted = -(-2 * sms // max(programs, 1))
+    return max(1, min(wanted, slots // (MIN_SPLIT_BLOCKS * block_n), MAX_SPLITS))
 
 
 def attention_config(rows: int, d: int, dtype: torch.dtype) -> AttentionConfig:
@@ -524,19 +586,29 @@ def _attention_launch(q, k_cache, v_cache, checked: CacheBatch, scale, return_ls
     heads_kv, slots = k_cache.shape[1], k_cache.shape[2]
     group = heads // heads_kv
     config = config or attention_config(group * width, d, q.dtype)
+    tiles = triton.cdiv(group * width, config.block_m)
+    splits = config.splits or kv_splits(tiles * heads_kv * batch, slots, config.block_n, q.device)
     out = torch.empty((batch, heads, width, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, width), dtype=torch.float32, device=q.device) if return_lse else out
+    rows = batch * heads * width
+    # The partial results of the key ranges (unused without a split: one element stands in).
+    part_out = torch.empty((splits, rows, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((splits, rows) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
     qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2_E
-    grid = (triton.cdiv(group * width, config.block_m), heads_kv, batch)
+    grid = (tiles * splits, heads_kv, batch)
     args = (q, k_cache, v_cache, out, lse, checked.q_start, checked.q_end, checked.kv_start, checked.kv_end,
             checked.prefix_lengths, checked.tree_lengths, checked.query_counts, width, slots,
-            *q.stride(), *k_cache.stride(), *v_cache.stride(), qk_scale)
+            *q.stride(), *k_cache.stride(), *v_cache.stride(), qk_scale, splits, part_out, part_lse, rows)
     meta = dict(GROUP=group, D=d, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32", RETURN_LSE=return_lse,
-                num_warps=config.num_warps, num_stages=config.num_stages)
+                SPLIT_KV=splits > 1, num_warps=config.num_warps, num_stages=config.num_stages)
+    merge_rows = 16
 
     def launch():
         tree_cache_attention_kernel[grid](*args, **meta)
+        if splits > 1:
+            merge_splits_kernel[(triton.cdiv(rows, merge_rows),)](
+                part_out, part_lse, out, lse, rows, splits, D=d, BLOCK_R=merge_rows, RETURN_LSE=return_lse)
         return (out, lse) if return_lse else out
     return launch
 

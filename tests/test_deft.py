@@ -257,7 +257,7 @@ def test_a_reduction_whose_running_max_starts_at_0_is_caught():
         outs, lses = [], []
         for i in range(query_ptr.shape[0] - 1):
             parts = query_parts[int(query_ptr[i]) : int(query_ptr[i + 1])].long()
-            m = torch.zeros(lse_part.shape[1])
+            m = torch.zeros(lse_part.shape[1], device=lse_part.device)
             m = torch.maximum(m, lse_part[parts].max(dim=0).values)
             weights = torch.exp(lse_part[parts] - m)
             total = weights.sum(dim=0)

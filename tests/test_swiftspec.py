@@ -140,20 +140,42 @@ def test_attention_equals_the_oracle_and_the_specification():
     kwargs, nodes = _attention(samples, counts=[4, 2], view=True)
     out, lse = swiftspec.tree_cache_attention(**kwargs, return_lse=True)
     want, want_lse = checks.oracle_tree_cache(**kwargs)
-    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out.double().cpu(), want.cpu(), atol=2e-5, rtol=1e-4)
     assert torch.equal(out[1, :, 2:], torch.zeros_like(out[1, :, 2:]))  # padding queries
     assert torch.isinf(lse[1, :, 2:]).all()
+    want_lse = want_lse.cpu()
     seen = torch.isfinite(want_lse)
-    torch.testing.assert_close(lse.double()[seen], want_lse[seen], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(lse.double().cpu()[seen], want_lse[seen], atol=1e-4, rtol=1e-5)
     # The specification itself, on sample 1 (rows in DFS order), head 3 (KV head 1).
     p, parents, query, _ = samples[1]
     start, end = pyspec_ref.dfs_times(list(parents))
     spec_out, _ = spec.nonsquare_tree_attention(
         kwargs["q"][1, 3, :2].double().tolist(), kwargs["k_cache"][1, 1].double().tolist(),
         kwargs["v_cache"][1, 1].double().tolist(), start, end, list(query[:2]), p)
-    torch.testing.assert_close(out[1, 3, :2].double(), torch.tensor(spec_out, dtype=torch.float64),
+    torch.testing.assert_close(out[1, 3, :2].double().cpu(), torch.tensor(spec_out, dtype=torch.float64),
                                atol=2e-5, rtol=1e-4)
     assert torch.equal(swiftspec.tree_cache_attention(**kwargs), out)  # twice: the same bits
+
+
+@pytest.mark.parametrize("splits", [2, 3, 7])
+def test_key_ranges_merged_by_lse_equal_one_pass(splits):
+    """Flash-Decoding's split: ranges that hold only prefix, only tree rows, both, or nothing at
+    all (7 ranges of whole blocks over fewer blocks) give the same result as one pass."""
+    t1, t2 = _tree(20, 1), _tree(9, 2)
+    samples = [(37, t1, (19, 3, 0, 12), None), (0, t2, (8, 5, 1, 2), None)]
+    kwargs, _ = _attention(samples, counts=[4, 2], capacity=80)
+    one = swiftspec.attention_runner(**kwargs, return_lse=True)()
+    config = swiftspec.attention_config(2 * 4, 16, torch.float32)
+    split = swiftspec.attention_runner(**kwargs, return_lse=True,
+                                       config=swiftspec.AttentionConfig(config.block_m, config.block_n,
+                                                                        config.num_warps, config.num_stages,
+                                                                        splits=splits))()
+    want, want_lse = checks.oracle_tree_cache(**kwargs)
+    torch.testing.assert_close(split[0].double().cpu(), want.cpu(), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(split[0], one[0], atol=1e-5, rtol=1e-5)
+    seen = torch.isfinite(want_lse.cpu())
+    assert torch.equal(torch.isfinite(split[1].cpu()), seen)
+    torch.testing.assert_close(split[1].cpu()[seen].double(), want_lse.cpu()[seen], atol=1e-4, rtol=1e-5)
 
 
 def test_prefix_only_one_node_and_int64_lists():
@@ -163,7 +185,7 @@ def test_prefix_only_one_node_and_int64_lists():
     kwargs["kv_start"] = kwargs["kv_start"].long()
     out = swiftspec.tree_cache_attention(**kwargs)
     want, _ = checks.oracle_tree_cache(**kwargs)
-    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out.double().cpu(), want.cpu(), atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("change, error, message", [
@@ -189,7 +211,7 @@ def test_bad_attention_input_is_refused_by_name(change, error, message):
     elif change == "kv_end":
         kwargs["kv_end"][0, 5] = -3
     elif change == "counts":
-        extra["query_counts"] = torch.tensor([5], dtype=torch.int32)
+        extra["query_counts"] = torch.tensor([5], dtype=torch.int32, device=DEVICE)
     elif change == "kv shape":
         kwargs["kv_start"] = kwargs["kv_start"][:, :16]
     elif change == "dtype":
@@ -242,13 +264,14 @@ def _square_only(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_l
     """A wrong attention: forgets the prefix (as if the mask were the tree's square one)."""
     zero = torch.zeros_like(torch.as_tensor(prefix_lengths))
     shift = torch.as_tensor(prefix_lengths).long()
-    rows = (torch.arange(k_cache.shape[2])[None, :] + shift[:, None]).clamp(max=k_cache.shape[2] - 1)
+    rows = (torch.arange(k_cache.shape[2], device=shift.device)[None, :] + shift[:, None]).clamp(
+        max=k_cache.shape[2] - 1)
     k = torch.stack([k_cache[b][:, rows[b]] for b in range(k_cache.shape[0])])
     v = torch.stack([v_cache[b][:, rows[b]] for b in range(v_cache.shape[0])])
     ks = torch.stack([kv_start[b][rows[b]] for b in range(k_cache.shape[0])])
     ke = torch.stack([kv_end[b][rows[b]] for b in range(k_cache.shape[0])])
     out, lse = checks.oracle_tree_cache(q, k, v, q_start, q_end, ks, ke, zero, tree_lengths, query_counts)
-    out, lse = out.to(q.dtype), lse.float()
+    out, lse = out.to(q.device, q.dtype), lse.to(q.device, torch.float32)
     return (out, lse) if return_lse else out
 
 
