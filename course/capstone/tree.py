@@ -1,0 +1,198 @@
+"""Host-side bookkeeping of one sample's draft token tree (SwiftSpec §3.1-3.2), for the decoder.
+
+Plain Python lists: a tree has tens of nodes, and the GPU work (the draft and target passes, the
+verification, the compaction) is launched by `course.capstone.decoder` from what this class says.
+
+Node ids are creation order: node 0 is the root (the last committed token), and a node is created
+after its parent, so ids are a topological numbering and the draft cache holds node i at row
+P + i of the [prefix | tree] layout (P = the committed prefix). The tree rows are therefore NOT in
+DFS order; `swiftspec.tree_cache_attention` takes each row's DFS times, so any row order works, and
+keeping creation order makes re-rooting a left shift: the committed path and the surviving subtree
+keep their relative order (every move has dst <= src, which `swiftspec.compact` requires).
+
+Expansion (SwiftSpec §3.1, `pyspec_ref.kvcache.expand_tree`): a node that the draft model has run
+pushes candidate children into a priority queue; each draft step pops the w best candidates, which
+become nodes and are run together (the non-square attention of w queries against the whole tree).
+Two modes:
+
+* greedy: a run node's candidates are its draft's top-`branch` tokens, keyed by their own
+  cumulative log-probability (maximum-likelihood expansion); the verified subtree is
+  `pyspec_ref.kvcache.best_subtree` of that key.
+* sample: a run node's candidates are `branch` tokens drawn independently from the draft's
+  distribution q at that node, keyed by the PARENT's cumulative log-probability (ties in draw
+  order), and the verified subtree is chosen by the same key. SpecInfer's multi-step speculative
+  sampling (§4.3, `tree_verification.tree_speculative_sampling`) is exact only if the children of a
+  node are independent draws from that node's q, in an order and a number that do not depend on
+  their values. Top-k children, or children kept because their own probability is high, are not
+  such draws (the output would lean towards the draft's favourite tokens). With the parent's key,
+  whether and how many of a node's drawn children enter the tree is decided by things ranked above
+  them, never by the children themselves, so the walk stays exact; the queue still grows the most
+  probable parts of the tree first. For the same reason a sample-mode round starts from the
+  re-rooted node alone (its KV reused, its children drawn afresh) and always takes the same number
+  of draft steps: the budget of a round never depends on values drawn in an earlier one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+
+MODES = ("greedy", "sample")
+
+
+@dataclass
+class DraftTree:
+    """One sample's draft tree: parents, tokens, cumulative draft log-probabilities, which nodes the
+    draft has run (their KV is in the cache and their candidates are queued), the candidate queue,
+    and each run node's draft distribution q (sample mode; for the verification)."""
+
+    mode: str
+    parents: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    cum: list[float] = field(default_factory=list)  # own cumulative log-prob, relative to the root
+    key: list[float] = field(default_factory=list)  # the ranking key (see the module docstring)
+    depth: list[int] = field(default_factory=list)
+    run: list[bool] = field(default_factory=list)
+    q: list = field(default_factory=list)  # the draft's distribution at the node (None until run)
+    heap: list = field(default_factory=list)  # (-key, order, parent, token, cum)
+    order: itertools.count = field(default_factory=itertools.count)
+
+    @classmethod
+    def fresh(cls, root_token: int, mode: str) -> DraftTree:
+        """A tree holding only its root (not yet run by the draft model)."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        tree = cls(mode)
+        tree._add(-1, int(root_token), 0.0, 0.0)
+        return tree
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    def _add(self, parent: int, token: int, cum: float, key: float) -> int:
+        self.parents.append(parent)
+        self.tokens.append(token)
+        self.cum.append(cum)
+        self.key.append(key)
+        self.depth.append(0 if parent < 0 else self.depth[parent] + 1)
+        self.run.append(False)
+        self.q.append(None)
+        return len(self.parents) - 1
+
+    # ------------------------------------------------------------------ growth
+
+    def pop(self, width: int) -> list[int]:
+        """Turn the `width` best candidates into nodes (fewer if the queue runs dry); their ids."""
+        added = []
+        while self.heap and len(added) < width:
+            neg_key, _, parent, token, cum = heapq.heappop(self.heap)
+            added.append(self._add(parent, token, cum, -neg_key))
+        return added
+
+    def push(self, node: int, tokens: list[int], logprobs: list[float], q=None) -> None:
+        """Record that the draft has run `node`: its candidate children (tokens with the draft's
+        log-probabilities at `node`, in the order they are to be tried) join the queue."""
+        self.run[node] = True
+        self.q[node] = q
+        base = self.cum[node]
+        for token, lp in zip(tokens, logprobs, strict=True):
+            cum = base + lp
+            key = cum if self.mode == "greedy" else base
+            heapq.heappush(self.heap, (-key, next(self.order), node, int(token), cum))
+
+    def needs_children(self) -> bool:
+        """A root the draft has run but whose children are not drawn (a sample-mode re-root)."""
+        return len(self) == 1 and self.run[0] and not self.heap
+
+    # ------------------------------------------------------------------ views
+
+    def children(self) -> list[list[int]]:
+        kids: list[list[int]] = [[] for _ in self.parents]
+        for v, p in enumerate(self.parents):
+            if p >= 0:
+                kids[p].append(v)
+        return kids
+
+    def dfs_times(self, nodes: list[int] | None = None) -> tuple[list[int], list[int]]:
+        """FlashSpecInfer §5.1 DFS times (children by increasing id) of the tree, or of the subtree
+        made of `nodes` (a connected set containing the root), indexed like `nodes`."""
+        nodes = list(range(len(self))) if nodes is None else nodes
+        local = {v: i for i, v in enumerate(nodes)}
+        kids: list[list[int]] = [[] for _ in nodes]
+        for i, v in enumerate(nodes):
+            p = self.parents[v]
+            if p >= 0:
+                kids[local[p]].append(i)
+        start, end = [0] * len(nodes), [0] * len(nodes)
+        clock, stack = 0, [(local[0], False)]
+        while stack:
+            i, done = stack.pop()
+            if done:
+                end[i] = clock - 1
+                continue
+            start[i] = clock
+            clock += 1
+            stack.append((i, True))
+            stack.extend((c, False) for c in reversed(sorted(kids[i])))
+        return start, end
+
+    def select(self, size: int) -> list[int]:
+        """The `size` nodes sent for verification, sorted ids (a subtree containing the root):
+        `pyspec_ref.kvcache.best_subtree`'s rule (largest key, then shallower, then smaller id) on
+        this tree's key, written out here to skip the reference's validation on every step."""
+        if size >= len(self):
+            return list(range(len(self)))
+        ranked = sorted(range(len(self)), key=lambda v: (-self.key[v] if v else -math.inf, self.depth[v], v))
+        return sorted(ranked[:size])
+
+    # ------------------------------------------------------------------ after verification
+
+    def reroot(self, committed: list[int], new_root: int | None, next_token: int
+               ) -> tuple[DraftTree, list[tuple[int, int]]]:
+        """The tree after verification (SwiftSpec §3.2) and its cache moves.
+
+        committed: the accepted root path [0, v1, ..., vk] (their KV joins the prefix, in order);
+        new_root: the child of vk whose token is the emitted next token, if the tree has one (its
+        subtree survives, its KV is reused), else None (the next round starts from a fresh root
+        `next_token` that the draft has not run yet). Moves are (src, dst) tree-row offsets from the
+        old prefix end: committed[i] -> i, then the survivors in id order -> k + 1 + j. Every move
+        has dst <= src; moves with src == dst are left out.
+
+        In sample mode only new_root itself survives (its KV and its q), not its subtree: how much of
+        a reused subtree enters the next verification would depend, through the tree-size budget,
+        on the values of the children drawn in it, which the walk's exactness forbids (see the
+        module docstring). The decoder draws new_root's children afresh from its q (`redraw`).
+        """
+        k1 = len(committed)
+        moves = [(v, i) for i, v in enumerate(committed) if v != i]
+        if new_root is None:
+            return DraftTree.fresh(next_token, self.mode), moves
+        if self.mode == "sample":
+            keep = [new_root]
+        else:
+            kids = self.children()
+            keep, stack = [], [new_root]
+            while stack:
+                v = stack.pop()
+                keep.append(v)
+                stack.extend(kids[v])
+            keep.sort()
+        new_of_old = {v: j for j, v in enumerate(keep)}
+        moves += [(v, k1 + j) for j, v in enumerate(keep) if v != k1 + j]
+        tree = DraftTree(self.mode)
+        base = self.cum[new_root]
+        for v in keep:
+            parent = -1 if v == new_root else new_of_old[self.parents[v]]
+            # keys and cumulative log-probs relative to the new root: in both modes a key is a
+            # cumulative log-prob (the node's own, or its parent's), so the ranking is unchanged
+            key = 0.0 if v == new_root else self.key[v] - base
+            tree._add(parent, self.tokens[v], self.cum[v] - base, key)
+            tree.run[-1], tree.q[-1] = self.run[v], self.q[v]
+        tree.heap = [] if self.mode == "sample" else [
+            (-(-neg - base), order, new_of_old[p], t, c - base) for neg, order, p, t, c in self.heap
+            if p in new_of_old]
+        heapq.heapify(tree.heap)
+        tree.order = self.order
+        return tree, moves
