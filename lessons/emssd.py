@@ -267,6 +267,16 @@ def check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths) -> Batch:
                  lengths.to(device=device, dtype=torch.int32))
 
 
+def _same_layout(checked, q, k_cache, v_cache) -> Batch:
+    """`checked` if it is a Batch whose layout these tensors can have (a cheap check, no sync)."""
+    if not isinstance(checked, Batch):
+        raise TypeError(f"checked must be a Batch from check_batch, got {type(checked).__name__}")
+    if q.shape[0] != sum(checked.counts) or k_cache.shape != v_cache.shape or q.dtype != k_cache.dtype:
+        raise ValueError(f"checked was made for a batch of {sum(checked.counts)} tokens; q has "
+                         f"{tuple(q.shape)}, k_cache {tuple(k_cache.shape)}: call without checked=")
+    return checked
+
+
 # --------------------------------------------------------------------------- launchers
 
 
@@ -298,7 +308,7 @@ def _check_scale(scale):
 
 
 def unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, scale=None,
-                       return_lse: bool = False):
+                       return_lse: bool = False, checked: Batch | None = None):
     """EMS-SD attention of a concatenated batch over per-sample KV regions (§3), in Triton.
 
     q: (T, H, d), the new tokens of all samples concatenated (T = sum(counts)); k_cache, v_cache:
@@ -308,9 +318,16 @@ def unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, sc
     kv_starts[b] + kv_lengths[b] + i]. float16, bfloat16 (GPU only) or float32, accumulated in
     float32; d in HEAD_DIMS. Returns out (T, H, d) in q's dtype, and with return_lse=True also
     lse (T, H) float32 (natural log). Equals `pyspec_ref.kvcache.unpadded_attention` per head.
+
+    checked: `check_batch`'s result for this very layout, from an earlier call (a model runs every
+    layer over the same batch: checked once per step, not once per layer); counts, kv_starts and
+    kv_lengths are then not read, and only the shapes of q and the caches are compared with it.
     """
     _check_scale(scale)
-    batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
+    if checked is None:
+        batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
+    else:
+        batch = _same_layout(checked, q, k_cache, v_cache)
     require_written(unpadded_attention_kernel, online_softmax_step)
     launch, out, lse = _launch(q, k_cache, v_cache, batch, scale)
     launch()

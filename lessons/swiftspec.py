@@ -611,7 +611,8 @@ def _attention_launch(q, k_cache, v_cache, checked: CacheBatch, scale, return_ls
 
 
 def tree_cache_attention(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths,
-                         tree_lengths, *, query_counts=None, scale=None, return_lse: bool = False):
+                         tree_lengths, *, query_counts=None, scale=None, return_lse: bool = False,
+                         checked: CacheBatch | None = None):
     """SwiftSpec §3.1 non-square tree attention of W query nodes over a [prefix | tree] KV cache.
 
     q: (B, Hq, W, d); k_cache, v_cache: (B, Hkv, C, d) with Hq a multiple of Hkv (grouped-query
@@ -625,12 +626,25 @@ def tree_cache_attention(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, 
     float32, fp32 accumulation; d in HEAD_DIMS. Returns out (B, Hq, W, d) in q's dtype, and with
     return_lse=True also the natural-log LSE (B, Hq, W) float32. Equals
     `pyspec_ref.kvcache.nonsquare_tree_attention` per (sample, head).
+
+    checked: `check_attention_inputs`' result for this very layout, from an earlier call (a model
+    runs every layer over the same tree: checked once per step, not once per layer); the index
+    arguments are then not read, and only the shapes of q and the caches are compared with it.
     """
     _check_scale(scale)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    checked = check_attention_inputs(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths,
-                                     tree_lengths, query_counts)
+    if checked is None:
+        checked = check_attention_inputs(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end,
+                                         prefix_lengths, tree_lengths, query_counts)
+    elif not isinstance(checked, CacheBatch):
+        raise TypeError(f"checked must be a CacheBatch from check_attention_inputs, got "
+                        f"{type(checked).__name__}")
+    elif (tuple(checked.q_start.shape) != (q.shape[0], q.shape[2]) or k_cache.shape != v_cache.shape
+          or tuple(checked.kv_start.shape) != (k_cache.shape[0], k_cache.shape[2])):
+        raise ValueError(f"checked was made for queries {tuple(checked.q_start.shape)} and cache rows "
+                         f"{tuple(checked.kv_start.shape)}; q has {tuple(q.shape)}, k_cache "
+                         f"{tuple(k_cache.shape)}: call without checked=")
     require_written(online_softmax_step, tree_cache_attention_kernel)
     return _attention_launch(q, k_cache, v_cache, checked, scale, return_lse)()
 

@@ -39,7 +39,8 @@ def test_greedy_kernels_equal_target_greedy(pair):
     assert got.target_calls <= 5
 
 
-@pytest.mark.parametrize("tree_size, width, branch", [(6, 2, 4), (3, 1, 2), (8, 4, 3)])
+# (8, 8, 4): a step offers fewer candidates than w (a fresh root has 4), so more steps are needed.
+@pytest.mark.parametrize("tree_size, width, branch", [(6, 2, 4), (3, 1, 2), (8, 4, 3), (8, 8, 4)])
 def test_greedy_reference_equals_target_greedy(pair, tree_size, width, branch):
     prompts = [encode(p) for p in PROMPTS]
     n = 24

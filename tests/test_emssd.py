@@ -34,8 +34,8 @@ def test_kernel_and_padded_baseline_match_the_oracle():
     torch.testing.assert_close(lse.double().cpu(), want_lse, atol=1e-4, rtol=1e-5)
     padded = emssd.padded_attention(q, k, v, counts, starts, lengths)
     torch.testing.assert_close(padded.double().cpu(), want, atol=2e-5, rtol=1e-4)
-    again = emssd.unpadded_attention(q, k, v, torch.tensor(counts),
-                                     torch.tensor(starts, dtype=torch.int32), lengths)
+    again = emssd.unpadded_attention(q, k, v, torch.tensor(counts, device=q.device),
+                                     torch.tensor(starts, dtype=torch.int32, device=q.device), lengths)
     assert torch.equal(again, out)  # tensors or lists, twice: the same bits
 
 
@@ -114,3 +114,16 @@ def test_bench_simulation_is_realistic():
     sim = emssd_bench.simulate(16)
     assert sim["padded_length"] >= max(sim["kv_lengths"])
     assert all(2 <= c <= emssd_bench.MAX_DRAFT + 1 for c in sim["counts"])
+
+
+def test_a_checked_layout_is_reused_and_a_mismatch_refused():
+    """A model's layers share one layout: check it once, pass it to every layer's call."""
+    counts, lengths = [2, 3], [4, 5]
+    q, k, v, starts = _batch(counts, lengths)
+    checked = emssd.check_batch(q, k, v, counts, starts, lengths)
+    again = emssd.unpadded_attention(q, k, v, counts, starts, lengths, checked=checked)
+    assert torch.equal(again, emssd.unpadded_attention(q, k, v, counts, starts, lengths))
+    with pytest.raises(ValueError, match="checked was made for a batch of 5 tokens"):
+        emssd.unpadded_attention(q[:4], k, v, counts, starts, lengths, checked=checked)
+    with pytest.raises(TypeError, match="checked must be a Batch"):
+        emssd.unpadded_attention(q, k, v, counts, starts, lengths, checked="yes")

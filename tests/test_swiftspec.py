@@ -370,3 +370,15 @@ def test_gpu_attention_sizes(dtype, width, d):
     want, _ = checks.oracle_tree_cache(**kwargs)
     atol, rtol = checks.TOLERANCES[dtype]
     torch.testing.assert_close(out.cpu().double(), want, atol=atol, rtol=rtol)
+
+
+def test_a_checked_layout_is_reused_and_a_mismatch_refused():
+    kwargs, _ = _attention([(4, _tree(8, 4), (7, 6, 5, 1), None)], capacity=17)
+    checked = swiftspec.check_attention_inputs(*(kwargs[k] for k in (
+        "q", "k_cache", "v_cache", "q_start", "q_end", "kv_start", "kv_end", "prefix_lengths",
+        "tree_lengths")))
+    assert torch.equal(swiftspec.tree_cache_attention(**kwargs, checked=checked),
+                       swiftspec.tree_cache_attention(**kwargs))
+    short = dict(kwargs, q=kwargs["q"][:, :, :3].contiguous())
+    with pytest.raises(ValueError, match="checked was made for queries"):
+        swiftspec.tree_cache_attention(**short, checked=checked)

@@ -152,7 +152,10 @@ class KernelBackend:
         self.verification = course_impl.load("tree_verification", impl)
 
     def causal(self, counts: list[int], kv_lengths: list[int]) -> Callable:
+        checked = None  # the kernel's input checks, done by the first layer, reused by the others
+
         def attend(q, k, v):
+            nonlocal checked
             batch, heads, width, d = q.shape
             heads_kv, slots = k.shape[1], k.shape[2]
             group = heads // heads_kv
@@ -172,8 +175,11 @@ class KernelBackend:
             counts_t = torch.tensor(counts, device=q.device)
             real = torch.arange(width, device=q.device)[None, :] < counts_t[:, None]
             real = real[:, None, :].expand(batch, heads_kv, width)
-            flat = self.emssd.unpadded_attention(grouped[real].contiguous(), k_flat, v_flat, pair_counts,
-                                                 starts, lengths)
+            queries = grouped[real].contiguous()
+            if checked is None:
+                checked = self.emssd.check_batch(queries, k_flat, v_flat, pair_counts, starts, lengths)
+            flat = self.emssd.unpadded_attention(queries, k_flat, v_flat, pair_counts, starts, lengths,
+                                                 checked=checked)
             out = torch.zeros_like(grouped)
             out[real] = flat
             return out.permute(0, 1, 3, 2, 4).reshape(batch, heads, width, d)
@@ -193,9 +199,13 @@ class KernelBackend:
                               tree_len=torch.as_tensor(tree_len, dtype=torch.int32).to(device),
                               counts=torch.as_tensor(counts, dtype=torch.int32).to(device))
             c = cached
+            if "checked" not in c:  # the kernel's input checks: once per step, not once per layer
+                c["checked"] = self.swiftspec.check_attention_inputs(
+                    q, k, v, c["q_start"], c["q_end"], c["kv_start"], c["kv_end"], c["prefix"],
+                    c["tree_len"], c["counts"])
             return self.swiftspec.tree_cache_attention(q, k, v, c["q_start"], c["q_end"], c["kv_start"],
                                                        c["kv_end"], c["prefix"], c["tree_len"],
-                                                       query_counts=c["counts"])
+                                                       query_counts=c["counts"], checked=c["checked"])
         return attend
 
     @staticmethod

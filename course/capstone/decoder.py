@@ -386,9 +386,11 @@ def _draft(ops, draft, cache, state: _Batch, cfg: Settings, gen) -> int:
                 continue
             if not tree.run[0]:
                 run[b] = [0]  # a fresh root: the draft has not seen it yet
-            elif steps[b] > 0:
+            elif steps[b] > 0 or len(tree) < cfg.tree_size:
+                # Also past the planned steps while the tree is short: a step adds fewer than w
+                # nodes when the queue holds fewer candidates (w > branch after a fresh root).
                 run[b] = tree.pop(cfg.width)
-                steps[b] -= 1
+                steps[b] = max(steps[b] - 1, 0)
         if not any(run):
             return calls
         width = max(len(r) for r in run)
