@@ -143,7 +143,11 @@ class _Child:
         read, write = os.pipe()
         self.pipe = read
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSTARTUP", "PYTHONHOME", "COURSE_IMPL")}
-        env.update(PYTHONPATH=str(harness), COURSE_SIM="1" if runtime.SIMULATOR else "0",
+        # The harness first (it shadows any course/, pyspec_ref/ a submission carries), then the
+        # grader's own PYTHONPATH (where its packages may live: a GPU machine's carried numpy).
+        own = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+        env.update(PYTHONPATH=os.pathsep.join([str(harness), *own]),
+                   COURSE_SIM="1" if runtime.SIMULATOR else "0",
                    PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1", HOME=str(sub / "home"),
                    TMPDIR=str(sub / "tmp"), TRITON_CACHE_DIR=str(sub / "tmp" / "triton"),
                    NUMBA_CACHE_DIR=str(sub / "tmp" / "numba"), MPLCONFIGDIR=str(sub / "tmp" / "mpl"))
