@@ -65,15 +65,19 @@ def compare(target, draft, texts: list[str], max_new_tokens: int, *, tree_size: 
     """Speculative and plain decoding of the same prompts with the same target. Returns
     {"speculative": Generation, "autoregressive": Generation, "texts": the speculative continuations,
     "same": whether the two outputs agree token for token (expected in greedy mode)}. On a GPU a
-    short warm-up of both runs first (Triton compiles the kernels on first use)."""
+    warm-up of both, as long as the timed runs, runs first (Triton compiles on first use)."""
     from . import decoder
     from .text import decode, encode
 
     encoded = [encode(t) for t in texts]
     options = dict(mode=mode, seed=seed, backend=backend, impl=impl)
     if warmup if warmup is not None else runtime.on_gpu():
-        decoder.speculative(target, draft, encoded, 4, tree_size=tree_size, width=width, **options)
-        decoder.autoregressive(target, encoded, 4, **options)
+        # As long as the timed run: Triton compiles a kernel again for each new block shape, and
+        # the tree's and the prefix's sizes reach new ones along the way (a 4-token warm-up left a
+        # second of compiling in the timed run).
+        decoder.speculative(target, draft, encoded, max_new_tokens, tree_size=tree_size, width=width,
+                            **options)
+        decoder.autoregressive(target, encoded, max_new_tokens, **options)
     spec = decoder.speculative(target, draft, encoded, max_new_tokens, tree_size=tree_size, width=width,
                                progress=progress, **options)
     plain = decoder.autoregressive(target, encoded, max_new_tokens, progress=progress, **options)
