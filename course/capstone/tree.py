@@ -39,6 +39,8 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from pyspec_ref import trees
+
 MODES = ("greedy", "sample")
 
 
@@ -109,34 +111,15 @@ class DraftTree:
     # ------------------------------------------------------------------ views
 
     def children(self) -> list[list[int]]:
-        kids: list[list[int]] = [[] for _ in self.parents]
-        for v, p in enumerate(self.parents):
-            if p >= 0:
-                kids[p].append(v)
-        return kids
+        return trees.children(self.parents)
 
     def dfs_times(self, nodes: list[int] | None = None) -> tuple[list[int], list[int]]:
         """FlashSpecInfer §5.1 DFS times (children by increasing id) of the tree, or of the subtree
         made of `nodes` (a connected set containing the root), indexed like `nodes`."""
         nodes = list(range(len(self))) if nodes is None else nodes
         local = {v: i for i, v in enumerate(nodes)}
-        kids: list[list[int]] = [[] for _ in nodes]
-        for i, v in enumerate(nodes):
-            p = self.parents[v]
-            if p >= 0:
-                kids[local[p]].append(i)
-        start, end = [0] * len(nodes), [0] * len(nodes)
-        clock, stack = 0, [(local[0], False)]
-        while stack:
-            i, done = stack.pop()
-            if done:
-                end[i] = clock - 1
-                continue
-            start[i] = clock
-            clock += 1
-            stack.append((i, True))
-            stack.extend((c, False) for c in reversed(sorted(kids[i])))
-        return start, end
+        parents = [local[self.parents[v]] if self.parents[v] in local else -1 for v in nodes]
+        return trees.dfs_times(parents)  # the specification's own: small trees, no need for another
 
     def select(self, size: int) -> list[int]:
         """The `size` nodes sent for verification, sorted ids (a subtree containing the root):
