@@ -460,12 +460,10 @@ def deft_flatten_kernel(
                                                             group_ptr)
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, D)
-    member = tile * QUERIES_PER_TILE + rows // GROUP
-    head = kv_head * GROUP + rows % GROUP
-    valid = (rows < QUERIES_PER_TILE * GROUP) & (member < count)
-    query = tl.load(member_query + first + member, mask=valid, other=0).to(tl.int64)
-    q_tile = tl.load(q + query[:, None] * stride_q_row + head[:, None] * stride_q_head + cols[None, :],
-                     mask=valid[:, None], other=0.0)
+    # The tile's rows exactly as in deft_node_kernel (notebook 13's first region: yours will do).
+    # They are a region here too, so that this file does not give that exercise away.
+    # YOUR CODE HERE: exercise deft.deft_flatten_kernel (delete the todo line when you start)
+    todo("deft.deft_flatten_kernel")
     word = (tile * QUERIES_PER_TILE) // 64  # the bitmask word of this tile's members
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
@@ -485,10 +483,9 @@ def deft_flatten_kernel(
     l = tl.where(l > 0, l, 1.0)  # every query of a block sees a token of it; padding rows saw none
     out = acc / l[:, None]
     lse = (m + tl.log2(l)) * 0.6931471805599453
-    position = (first + member).to(tl.int64)
-    tl.store(out_part + (position[:, None] * HEADS_Q + head[:, None]) * D + cols[None, :], out,
-             mask=valid[:, None])
-    tl.store(lse_part + position * HEADS_Q + head, lse, mask=valid)
+    # The partials' stores, as in deft_node_kernel (notebook 13's second region).
+    # YOUR CODE HERE: exercise deft.deft_flatten_kernel (delete the todo line when you start)
+    todo("deft.deft_flatten_kernel")
 
 
 @triton.jit
