@@ -78,6 +78,16 @@ def require_times(start: torch.Tensor, end: torch.Tensor, names=("start", "end")
         raise ValueError(f"{names[0]} must not exceed {names[1]} (a node's interval is [start, end])")
 
 
+def require_like_q(value: torch.Tensor, name: str, q: torch.Tensor) -> None:
+    """`name` (a key or value tensor) has q's dtype and sits on q's device: the kernels read both
+    with one element type and cannot reach another device's memory."""
+    if value.dtype != q.dtype:
+        raise TypeError(f"{name} must have q's dtype {str(q.dtype).replace('torch.', '')}, "
+                        f"got {str(value.dtype).replace('torch.', '')}")
+    if value.device != q.device:
+        raise ValueError(f"{name} must be on q's device {q.device}, got {value.device}")
+
+
 def require_interpretable_dtype(value: torch.Tensor, name: str) -> None:
     """Refuse bf16 in Triton's interpreter, whose bf16 tl.dot computes wrong results.
 

@@ -48,7 +48,7 @@ import triton.language as tl
 
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import require_dot_block, require_interpretable_dtype, require_tensor
+from course.validate import require_dot_block, require_interpretable_dtype, require_like_q, require_tensor
 
 from .triton_attention import online_softmax_step
 
@@ -586,11 +586,7 @@ def _check_inputs(q, k, v, prepared, slots, kind: type, prepare: str) -> tuple[i
         require_tensor(tensor, name, ndim=3, dtypes=DTYPES)
         require_interpretable_dtype(tensor, name)
     for name, tensor in (("k", k), ("v", v)):
-        if tensor.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {str(q.dtype).replace('torch.', '')}, "
-                            f"got {str(tensor.dtype).replace('torch.', '')}")
-        if tensor.device != q.device:
-            raise ValueError(f"{name} must be on q's device {q.device}, got {tensor.device}")
+        require_like_q(tensor, name, q)
     n_queries, heads_q, d = q.shape
     if n_queries != prepared.num_queries:
         raise ValueError(f"q has {n_queries} queries (rows), but prepared was built for "

@@ -52,7 +52,7 @@ import triton.language as tl
 
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import require_dot_block, require_interpretable_dtype
+from course.validate import require_dot_block, require_interpretable_dtype, require_like_q
 
 from .triton_attention import online_softmax_step
 
@@ -483,10 +483,7 @@ def _check_cache_tensor(value, name: str, q: torch.Tensor) -> None:
     _kernel_device_tensor(value, name)
     if value.dim() != 4:
         raise ValueError(f"{name} must have 4 dimensions (B, H_kv, C, d), got shape {tuple(value.shape)}")
-    if value.dtype != q.dtype:
-        raise TypeError(f"{name} must have q's dtype {_dtype_name(q.dtype)}, got {_dtype_name(value.dtype)}")
-    if value.device != q.device:
-        raise ValueError(f"{name} must be on q's device {q.device}, got {value.device}")
+    require_like_q(value, name, q)
     if value.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {tuple(value.shape)}")
 

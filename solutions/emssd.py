@@ -48,7 +48,7 @@ import triton.language as tl
 
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import require_dot_block, require_interpretable_dtype, require_tensor
+from course.validate import require_dot_block, require_interpretable_dtype, require_like_q, require_tensor
 
 from .triton_attention import online_softmax_step
 
@@ -223,11 +223,7 @@ def check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths) -> Batch:
     require_interpretable_dtype(q, "q")
     for name, tensor in (("k_cache", k_cache), ("v_cache", v_cache)):
         require_tensor(tensor, name, ndim=3, dtypes=DTYPES)
-        if tensor.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {str(q.dtype).replace('torch.', '')}, "
-                            f"got {str(tensor.dtype).replace('torch.', '')}")
-        if tensor.device != q.device:
-            raise ValueError(f"{name} must be on q's device {q.device}, got {tensor.device}")
+        require_like_q(tensor, name, q)
     total, heads, d = q.shape
     if d not in HEAD_DIMS:
         raise ValueError(f"q's head dimension (last axis) must be one of {HEAD_DIMS}, got {d}")
