@@ -389,15 +389,9 @@ def main(argv: list[str] | None = None) -> int:
                          "for the committed results)")
     torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape
     chosen = _select(args.workloads)
-    kept = []
-    if args.keep:
-        try:
-            committed = results.load(SUITE, results.device_folder(runtime.device_name()))
-            now = {(w.name, m) for w in chosen for m in (*args.methods, "read_once")}
-            kept = [dict(row, run=row.get("run", committed["date"])) for row in committed["rows"]
-                    if row["name"] != "copy" and (row["workload"], row["name"]) not in now]
-        except FileNotFoundError:
-            pass
+    now = {(w.name, m) for w in chosen for m in (*args.methods, "read_once")}
+    kept = results.kept_rows(SUITE, lambda row: row["name"] != "copy" and (row["workload"], row["name"])
+                             not in now) if args.keep else []
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     started = time.perf_counter()
 

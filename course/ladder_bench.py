@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sections = benchcli.chosen_sections(parser, args, SECTIONS)
     torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape
-    kept = kept_rows(sections) if args.keep else []
+    measured_now = {figure for section in sections for figure in FIGURES_OF[section]}
+    kept = results.kept_rows("ladder", lambda row: row["figure"] not in measured_now) if args.keep else []
     rows = []
     run = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     for section in sections:
@@ -256,14 +257,6 @@ def main(argv: list[str] | None = None) -> int:
         # Saved after every section, so that partial results survive a timeout.
         print("saved", results.save("ladder", kept + rows), flush=True)
     return 0
-
-
-def kept_rows(sections) -> list[dict]:
-    """This device's committed rows of the sections other than `sections`, with their run's date."""
-    measured_now = {figure for section in sections for figure in FIGURES_OF[section]}
-    committed = results.load("ladder", results.device_folder(runtime.device_name()))
-    return [dict(row, run=row.get("run", committed["date"])) for row in committed["rows"]
-            if row["figure"] not in measured_now]
 
 
 if __name__ == "__main__":

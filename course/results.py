@@ -87,6 +87,17 @@ def load(suite: str, device: str | None = None, directory: Path = RESULTS) -> di
     return validate(json.loads(candidates[0].read_text()), str(candidates[0]))
 
 
+def kept_rows(suite: str, keep) -> list[dict]:
+    """This device's committed rows of `suite` for which keep(row) is true, each with the date of
+    the run that measured it (`run`), for a bench that re-measures only part of a suite; [] when
+    this device has no committed results yet."""
+    try:
+        committed = load(suite, device_folder(runtime.device_name()))
+    except FileNotFoundError:
+        return []
+    return [dict(row, run=row.get("run", committed["date"])) for row in committed["rows"] if keep(row)]
+
+
 class NotMeasuredYet(LookupError):
     """A suite's committed results do not exist yet, or lack the rows asked for."""
 

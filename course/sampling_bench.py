@@ -390,19 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     if runtime.SIMULATOR:
         print("python -m course.sampling_bench measures a GPU; this machine runs the simulator")
         return 1
-    rows = kept_rows(sections) if args.keep else []
+    rows = (results.kept_rows(SUITE, lambda row: row.get("section", "timing") not in sections)
+            if args.keep else [])
     for section in sections:
         rows += SECTIONS[section]()
         print("saved", results.save(SUITE, rows), flush=True)  # after every section: partial results survive
     return 0
-
-
-def kept_rows(sections) -> list[dict]:
-    """This device's committed rows of the sections other than `sections`, each with the date of
-    the run that measured it."""
-    committed = results.load(SUITE, results.device_folder(runtime.device_name()))
-    return [dict(row, run=row.get("run", committed["date"])) for row in committed["rows"]
-            if row.get("section", "timing") not in sections]
 
 
 # --------------------------------------------------------------------------- for notebook 15

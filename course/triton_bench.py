@@ -154,14 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         print("course.triton_bench measures a GPU; this machine runs the simulator", file=sys.stderr)
         return 2
     torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape and dtype
-    kept = []
-    if args.keep:
-        try:
-            committed = results.load(SUITE, results.device_folder(runtime.device_name()))
-            kept = [dict(row, run=row.get("run", committed["date"])) for row in committed["rows"]
-                    if row.get("figure") not in sections]
-        except FileNotFoundError:
-            kept = []
+    kept = results.kept_rows(SUITE, lambda row: row.get("figure") not in sections) if args.keep else []
     run = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     rows = []
     for section in sections:

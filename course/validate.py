@@ -88,6 +88,16 @@ def require_like_q(value: torch.Tensor, name: str, q: torch.Tensor) -> None:
         raise ValueError(f"{name} must be on q's device {q.device}, got {value.device}")
 
 
+def require_kv_heads(heads: int, d: int, name: str, heads_kv: int, d_kv: int) -> None:
+    """The keys `name` have q's head dimension, and q's heads are a whole number of query heads per
+    KV head (grouped-query attention: query head h reads KV head h // (heads // heads_kv))."""
+    if d_kv != d:
+        raise ValueError(f"{name}'s head dimension is {d_kv}, but q's is {d}")
+    if heads % heads_kv:
+        raise ValueError(f"q's {heads} heads must be a multiple of {name}'s {heads_kv} KV heads "
+                         "(grouped-query attention)")
+
+
 def require_interpretable_dtype(value: torch.Tensor, name: str) -> None:
     """Refuse bf16 in Triton's interpreter, whose bf16 tl.dot computes wrong results.
 

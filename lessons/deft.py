@@ -48,7 +48,13 @@ import triton.language as tl
 
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import require_dot_block, require_interpretable_dtype, require_like_q, require_tensor
+from course.validate import (
+    require_dot_block,
+    require_interpretable_dtype,
+    require_kv_heads,
+    require_like_q,
+    require_tensor,
+)
 
 from .triton_attention import online_softmax_step
 
@@ -596,11 +602,7 @@ def _check_inputs(q, k, v, prepared, slots, kind: type, prepare: str) -> tuple[i
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     rows, heads_kv, d_kv = k.shape
-    if d_kv != d:
-        raise ValueError(f"k's head dimension is {d_kv}, but q's is {d}")
-    if heads_q % heads_kv:
-        raise ValueError(f"q's {heads_q} heads must be a multiple of k's {heads_kv} KV heads "
-                         "(grouped-query attention)")
+    require_kv_heads(heads_q, d, "k", heads_kv, d_kv)
     if prepared.device != q.device:
         raise ValueError(f"prepared lives on {prepared.device}, but q on {q.device}: "
                          f"build it with {prepare}(..., device=q.device)")

@@ -50,7 +50,13 @@ import triton.language as tl
 
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import require_dot_block, require_interpretable_dtype, require_like_q, require_tensor
+from course.validate import (
+    require_dot_block,
+    require_interpretable_dtype,
+    require_kv_heads,
+    require_like_q,
+    require_tensor,
+)
 
 from .triton_attention import online_softmax_step
 
@@ -223,11 +229,7 @@ def check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths) -> Batch:
         raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} "
                          f"and {tuple(v_cache.shape)}")
     slots, heads_kv, d_kv = k_cache.shape
-    if d_kv != d:
-        raise ValueError(f"k_cache's head dimension is {d_kv}, but q's is {d}")
-    if heads % heads_kv:
-        raise ValueError(f"q's {heads} heads must be a multiple of k_cache's {heads_kv} KV heads "
-                         "(grouped-query attention)")
+    require_kv_heads(heads, d, "k_cache", heads_kv, d_kv)
     c = _index_tensor(counts, "counts", q.device)
     starts = _index_tensor(kv_starts, "kv_starts", q.device)
     lengths = _index_tensor(kv_lengths, "kv_lengths", q.device)

@@ -50,7 +50,7 @@ import triton.language as tl
 
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import require_dot_block, require_interpretable_dtype, require_like_q
+from course.validate import require_dot_block, require_interpretable_dtype, require_kv_heads, require_like_q
 
 from .triton_attention import online_softmax_step
 
@@ -517,11 +517,7 @@ def check_attention_inputs(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end
     kb, heads_kv, slots, kd = k_cache.shape
     if kb != batch:
         raise ValueError(f"k_cache holds {kb} samples, but q holds B = {batch}")
-    if kd != d:
-        raise ValueError(f"k_cache's head dimension is {kd}, but q's is {d}")
-    if heads % heads_kv:
-        raise ValueError(f"q's {heads} heads must be a multiple of k_cache's {heads_kv} KV heads "
-                         "(grouped-query attention)")
+    require_kv_heads(heads, d, "k_cache", heads_kv, kd)
     if heads_kv > MAX_GRID_YZ or batch > MAX_GRID_YZ:
         raise ValueError(f"B = {batch} and H_kv = {heads_kv} must be at most {MAX_GRID_YZ} (launch grid)")
     if slots * max(k_cache.stride(2), v_cache.stride(2), 1) >= 2**31:

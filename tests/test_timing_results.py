@@ -51,3 +51,17 @@ def test_load_reads_committed_files_and_names_what_is_missing(tmp_path):
 def test_device_folder_names():
     assert results.device_folder("NVIDIA H100 80GB HBM3") == "h100"
     assert results.device_folder("NVIDIA H200") == "h200"
+
+
+def test_kept_rows_are_this_devices_chosen_rows_with_their_run(monkeypatch):
+    from course import runtime
+
+    committed = results.load("sampling", "h100")
+    monkeypatch.setattr(runtime, "device_name", lambda: committed["device"])
+    kept = results.kept_rows("sampling", lambda row: row.get("section") == "quality")
+    wanted = [row for row in committed["rows"] if row.get("section") == "quality"]
+    assert kept and len(kept) == len(wanted)
+    for row, want in zip(kept, wanted, strict=True):
+        assert row == dict(want, run=want.get("run", committed["date"]))
+    monkeypatch.setattr(runtime, "device_name", lambda: "a device with nothing committed")
+    assert results.kept_rows("sampling", lambda row: True) == []

@@ -238,14 +238,7 @@ class KernelBackend:
     def compact(self, data, moves: list[list[tuple[int, int]]]) -> None:
         if not any(moves):
             return
-        width = max(len(m) for m in moves)
-        src = torch.zeros((len(moves), width), dtype=torch.int32)
-        dst = torch.zeros((len(moves), width), dtype=torch.int32)
-        for b, pairs in enumerate(moves):
-            for m, (s, d) in enumerate(pairs):
-                src[b, m], dst[b, m] = s, d
-        counts = torch.tensor([len(m) for m in moves], dtype=torch.int32)
-        self.swiftspec.compact(data, src.to(data.device), dst.to(data.device), counts.to(data.device))
+        self.swiftspec.compact(data, *self.swiftspec.plan_tensors(moves, data.device))
 
 
 def make_backend(name: str, impl: str | None = None):

@@ -362,6 +362,14 @@ def _kv_times(batch: int, capacity: int, prefix: list[int], times: list[tuple[li
     return ks, ke
 
 
+def _query_tensors(batch: int, width: int) -> tuple[torch.Tensor, ...]:
+    """A step's (batch, width) queries, filled per sample by the caller: tokens, positions, cache
+    rows (-1: a padding query, whose KV is not written), and the DFS times q_start, q_end."""
+    return (torch.zeros((batch, width), dtype=torch.long), torch.zeros((batch, width), dtype=torch.long),
+            torch.full((batch, width), -1, dtype=torch.long), torch.zeros((batch, width), dtype=torch.int32),
+            torch.zeros((batch, width), dtype=torch.int32))
+
+
 def _draft(ops, draft, cache, state: _Batch, cfg: Settings, gen) -> int:
     """Grow every active sample's tree (SwiftSpec §3.1); returns the number of draft passes."""
     batch = len(state.trees)
@@ -394,11 +402,7 @@ def _draft(ops, draft, cache, state: _Batch, cfg: Settings, gen) -> int:
         if not any(run):
             return calls
         width = max(len(r) for r in run)
-        tokens = torch.zeros((batch, width), dtype=torch.long)
-        positions = torch.zeros((batch, width), dtype=torch.long)
-        rows = torch.full((batch, width), -1, dtype=torch.long)
-        q_start = torch.zeros((batch, width), dtype=torch.int32)
-        q_end = torch.zeros((batch, width), dtype=torch.int32)
+        tokens, positions, rows, q_start, q_end = _query_tensors(batch, width)
         times: list = [None] * batch
         for b, nodes in enumerate(run):
             if not nodes:
@@ -441,11 +445,7 @@ def _verify(ops, target, t_cache, draft, d_cache, state: _Batch, cfg: Settings, 
     bs = cfg.tree_size
     live = [b for b in range(batch) if state.active[b]]
     chosen = {b: state.trees[b].select(bs) for b in live}
-    tokens = torch.zeros((batch, bs), dtype=torch.long)
-    positions = torch.zeros((batch, bs), dtype=torch.long)
-    rows = torch.full((batch, bs), -1, dtype=torch.long)
-    q_start = torch.zeros((batch, bs), dtype=torch.int32)
-    q_end = torch.zeros((batch, bs), dtype=torch.int32)
+    tokens, positions, rows, q_start, q_end = _query_tensors(batch, bs)
     times: list = [None] * batch
     parents, node_tokens = {}, {}
     for b in live:

@@ -132,7 +132,7 @@ def evaluate(model: TinyLM, windows: torch.Tensor, device: torch.device) -> tupl
 
 def train_one(role: str, config: ModelConfig, data: torch.Tensor, windows: torch.Tensor, steps: int,
               lr: float, recipe: Recipe, device: torch.device, log: Logger, seed: int,
-              snapshots: dict[int, str] | None = None, on_snapshot=None) -> TinyLM:
+              snapshots: frozenset[int] = frozenset(), on_snapshot=None) -> TinyLM:
     torch.manual_seed(seed)
     model = TinyLM(config)
     model.reset_parameters(seed)
@@ -172,7 +172,7 @@ def train_one(role: str, config: ModelConfig, data: torch.Tensor, windows: torch
             heldout, _ = evaluate(model, windows, device)
             log(f"{role} step {done:5d}  held-out loss {heldout:.4f}")
             t_last = time.perf_counter()
-        if snapshots and done in snapshots and on_snapshot is not None:
+        if done in snapshots and on_snapshot is not None:
             on_snapshot(done, model)
             t_last = time.perf_counter()
     log(f"{role}: {steps} steps in {time.perf_counter() - t_start:.1f} s")
@@ -230,24 +230,23 @@ def main(argv=None):
         old.unlink()
     summary = []
 
-    def snapshot(done: int, model: TinyLM):
+    def save_draft(done: int, model: TinyLM, final: bool = False) -> None:
+        """Evaluate and store the draft after `done` steps: a snapshot (a worse draft, for the plot of
+        acceptance against draft quality) or, final, the pair's draft."""
         loss, greedy = evaluate(model, windows, device)
         agree = (greedy == target_greedy).float().mean().item()
-        summary.append((f"draft @ {done} steps", loss, agree))
-        save_model(model, out / f"{args.pair}_draft_{done}.safetensors", recipe.store_dtype, pair=args.pair,
-                   role="draft snapshot", steps=done, heldout_loss=f"{loss:.4f}", agreement=f"{agree:.4f}",
-                   command=cmd)
-        log(f"draft snapshot at step {done}: held-out loss {loss:.4f}, greedy agreement with target "
-            f"{agree:.3f}")
+        summary.append((f"draft @ {done} steps" + (" (final)" if final else ""), loss, agree))
+        name = f"{args.pair}_draft.safetensors" if final else f"{args.pair}_draft_{done}.safetensors"
+        save_model(model, out / name, recipe.store_dtype, pair=args.pair,
+                   role="draft" if final else "draft snapshot", steps=done, heldout_loss=f"{loss:.4f}",
+                   agreement=f"{agree:.4f}", command=cmd)
+        if not final:
+            log(f"draft snapshot at step {done}: held-out loss {loss:.4f}, greedy agreement with target "
+                f"{agree:.3f}")
 
     draft = train_one("draft", configs["draft"], data, windows, draft_steps, recipe.draft_lr, recipe, device,
-                      log, seed=20, snapshots=dict.fromkeys(snapshot_steps, ""), on_snapshot=snapshot)
-    draft_loss, draft_greedy = evaluate(draft, windows, device)
-    agree = (draft_greedy == target_greedy).float().mean().item()
-    summary.append((f"draft @ {draft_steps} steps (final)", draft_loss, agree))
-    save_model(draft, out / f"{args.pair}_draft.safetensors", recipe.store_dtype, pair=args.pair,
-               role="draft", steps=draft_steps, heldout_loss=f"{draft_loss:.4f}", agreement=f"{agree:.4f}",
-               command=cmd)
+                      log, seed=20, snapshots=frozenset(snapshot_steps), on_snapshot=save_draft)
+    save_draft(draft_steps, draft, final=True)
 
     log("")
     log(f"summary ({args.pair} pair; held-out loss in nats per character; agreement = fraction of held-out "
