@@ -14,6 +14,7 @@ from course.capstone import decoder
 from course.capstone.text import encode
 from course.capstone.tree import DraftTree
 from course.capstone.weights import load_pair
+from course.stats import chi_square_p_value
 
 PROMPTS = ["The old fox ", "12 + 7 = ", "On 3 May 1950, the"]
 
@@ -64,21 +65,6 @@ def test_eos_and_lengths(pair):
         assert cut == full[:end]
 
 
-def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's chi-square test of observed counts against probabilities; cells whose expected count
-    is below 5 are pooled. Returns the p-value (upper tail of chi-square with cells - 1 dof)."""
-    n = counts.sum()
-    expected = probs.double() * n
-    big = expected >= 5
-    obs = torch.cat([counts[big].double(), counts[~big].double().sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    obs, exp = obs[keep], exp[keep]
-    stat = ((obs - exp) ** 2 / exp).sum()
-    dof = len(obs) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
-
-
 def test_sampling_matches_target_distribution(pair):
     """Many runs of sampling mode on one prompt (a batch of copies, each with its own uniforms): the
     first and second emitted tokens follow the target's distributions (SpecInfer §4.3)."""
@@ -96,10 +82,10 @@ def test_sampling_matches_target_distribution(pair):
         seqs = torch.tensor([prompt + [x] for x in range(vocab)], device=device)
         p2_given = torch.softmax(pair.target(seqs)[:, -1].double(), -1).cpu()
     p2 = p1 @ p2_given
-    assert _chi_square_p(torch.bincount(first, minlength=vocab), p1) > 1e-3
-    assert _chi_square_p(torch.bincount(second, minlength=vocab), p2) > 1e-3
+    assert chi_square_p_value(torch.bincount(first, minlength=vocab), p1, pool_below=5) > 1e-3
+    assert chi_square_p_value(torch.bincount(second, minlength=vocab), p2, pool_below=5) > 1e-3
     # and a wrong distribution is rejected: the test has power
-    assert _chi_square_p(torch.bincount(second, minlength=vocab), p1) < 1e-3
+    assert chi_square_p_value(torch.bincount(second, minlength=vocab), p1, pool_below=5) < 1e-3
 
 
 def test_sampling_kernels_agree_with_reference(pair):

@@ -3,11 +3,11 @@ sampling -- the emitted token follows the target distribution, whatever the draf
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
 
+from course.stats import chi_square_p_value
 from pyspec_ref import sampling as S
 
 P1 = [0.5, 0.25, 0.125, 0.125]
@@ -72,16 +72,6 @@ def _draw(rng, distribution):
     return S.inverse_cdf(distribution, rng.random())
 
 
-def _chi_square_p_value(counts, probabilities):
-    """Upper-tail p-value of Pearson's statistic (Wilson-Hilferty normal approximation)."""
-    total = sum(counts)
-    pairs = zip(counts, probabilities, strict=True)
-    statistic = sum((c - total * p) ** 2 / (total * p) for c, p in pairs if p > 0)
-    k = sum(1 for p in probabilities if p > 0) - 1
-    z = ((statistic / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
 SAMPLES = 20000  # at V = 5 this detects a shift of 0.01 in one probability with high power
 
 
@@ -96,7 +86,7 @@ def test_each_emitted_position_follows_the_target_distribution():
         _, emitted = S.speculative_sampling(draft, q, p, [rng.random() for _ in range(gamma)],
                                             [rng.random() for _ in range(gamma + 1)])
         first[emitted[0]] += 1
-    assert _chi_square_p_value(first, p[0]) > 1e-4  # fixed significance: fails 1 in 10^4 by chance
+    assert chi_square_p_value(first, p[0]) > 1e-4  # fixed significance: fails 1 in 10^4 by chance
 
 
 def test_a_chain_tree_equals_chain_speculative_sampling():
@@ -128,7 +118,7 @@ def test_tree_sampling_follows_the_target_distribution():
                                                   [0.0] + [rng.random() for _ in range(3)],
                                                   [rng.random() for _ in range(4)])
         counts[tokens[path[1]] if len(path) > 1 else token] += 1
-    assert _chi_square_p_value(counts, p_root) > 1e-4
+    assert chi_square_p_value(counts, p_root) > 1e-4
 
 
 def test_greedy_verification_takes_the_longest_matching_path():

@@ -16,6 +16,7 @@ import torch
 from course import runtime
 from course import sampling_bench as bench
 from course.checks import sampling as cs
+from course.stats import chi_square_p_value
 from pyspec_ref import sampling as spec
 from solutions import spec_sampling as kernels
 
@@ -111,7 +112,7 @@ def test_first_token_distribution_is_p_when_exact_and_matches_sampling_when_not(
     acceptance = float(accepted.double().mean())
     assert abs(acceptance - float(rate[0])) < 4 * math.sqrt(rate[0] * (1 - rate[0]) / samples)
     counts = torch.bincount(tokens[:, 0], minlength=40).double()
-    assert _chi_square_p_value(counts.tolist(), emitted[0].tolist()) > 1e-4
+    assert chi_square_p_value(counts.tolist(), emitted[0].tolist(), pool_below=5) > 1e-4
 
 
 def test_sigmoid_quality_grows_with_the_mismatch():
@@ -199,22 +200,6 @@ def test_logits_passed_as_probabilities_are_refused():
 # --------------------------------------------------------------------------- distributions
 
 
-def _chi_square_p_value(counts, probabilities):
-    """Upper-tail p-value of Pearson's statistic (Wilson-Hilferty normal approximation); tokens
-    expected fewer than 5 times are pooled into one cell, where the approximation holds."""
-    total = sum(counts)
-    pairs = [(c, p) for c, p in zip(counts, probabilities, strict=True) if p > 0]
-    assert sum(c for c, _ in pairs) == total, "a token of probability 0 was emitted"
-    rare = [(c, p) for c, p in pairs if total * p < 5]
-    pairs = [(c, p) for c, p in pairs if total * p >= 5]
-    if rare:
-        pairs.append((sum(c for c, _ in rare), sum(p for _, p in rare)))
-    statistic = sum((c - total * p) ** 2 / (total * p) for c, p in pairs)
-    k = len(pairs) - 1
-    z = ((statistic / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
 SIGNIFICANCE = 1e-4  # a correct sampler fails one position in 10^4 runs by chance
 V_DIST, GAMMA_DIST = 5, 2
 
@@ -241,12 +226,12 @@ def _distribution_problem(sampler, samples: int, seed: int):
         reached = emitted[:, c][emitted[:, c] >= 0]
         counts = torch.bincount(reached.long(), minlength=V_DIST).tolist()
         target = p[0, c].double()
-        values.append(_chi_square_p_value(counts, target.tolist()))
+        values.append(chi_square_p_value(counts, target.tolist(), pool_below=5))
         top, second = torch.topk(target, 2).indices.tolist()
         wrong = target.clone()
         wrong[top] -= 0.01
         wrong[second] += 0.01
-        shifted.append(_chi_square_p_value(counts, wrong.tolist()))
+        shifted.append(chi_square_p_value(counts, wrong.tolist(), pool_below=5))
     return values, shifted
 
 

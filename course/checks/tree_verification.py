@@ -27,6 +27,7 @@ import torch
 from pyspec_ref import sampling as spec
 
 from .. import inputs, runtime
+from ..stats import chi_square_p_value  # also read by notebook 16 as tv_checks.chi_square_p_value
 from . import CaseResult, rerun_problem
 
 ROUNDING_SHARE = 0.05  # at most this share of trees (or one) may differ within rounding
@@ -663,19 +664,6 @@ def check_greedy_verification(module, seed: int):
 
 
 # --------------------------------------------------------------------------- distribution test
-
-
-def chi_square_p_value(counts: list[int], probabilities: list[float]) -> float:
-    """Upper-tail p-value of Pearson's statistic against `probabilities` (Wilson-Hilferty's
-    normal approximation of the chi-square distribution)."""
-    total = sum(counts)
-    statistic = sum((c - total * p) ** 2 / (total * p) for c, p in zip(counts, probabilities, strict=True)
-                    if p > 0)
-    k = sum(1 for p in probabilities if p > 0) - 1
-    if k < 1:
-        return 1.0
-    z = ((statistic / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
-    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def shifted(probabilities: list[float], shift: float) -> list[float]:
