@@ -246,3 +246,29 @@ def blocks_per_sm(threads: int, shared_bytes: int, registers_per_thread: int | N
             "limited_by": " and ".join(name for name, allowed in by.items() if allowed == blocks),
             "by_shared": by["shared memory"], "by_registers": by_registers, "by_warps": by["warps"],
             "by_blocks": by["blocks"], "warps": blocks * warps}
+
+
+# --------------------------------------------------------------------------- PyTorch operations
+
+# Views, attribute reads and dtype conversions (no-ops in float32) launch nothing and move no
+# bytes: left out of the count.
+QUIET_OPERATIONS = frozenset({"__get__", "unsqueeze", "squeeze", "to"})
+
+
+def torch_operations(fn) -> list[str]:
+    """The PyTorch functions and methods fn() calls, in order, without QUIET_OPERATIONS: roughly
+    the kernels an eager PyTorch implementation launches (notebook 15 counts its baseline's)."""
+    import torch
+
+    class Recorder(torch.overrides.TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    with Recorder() as recorder:
+        fn()
+    return [name for name in recorder.names if name not in QUIET_OPERATIONS]

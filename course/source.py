@@ -24,6 +24,29 @@ def source_of(function) -> str:
     return textwrap.dedent(inspect.getsource(plain))
 
 
+def region(function) -> str:
+    """The lines of a function's first exercise region (between `### BEGIN SOLUTION` and
+    `### END SOLUTION`), dedented, without `### LESSON` lines: the reference answer, which
+    notebooks print after their check."""
+    lines = source_of(function).splitlines()
+    begins = [n for n, line in enumerate(lines) if line.strip() == "### BEGIN SOLUTION"]
+    if not begins:
+        raise ValueError(f"{getattr(function, '__name__', function)!r} has no exercise region")
+    first = begins[0]
+    last = next(n for n in range(first, len(lines)) if lines[n].strip() == "### END SOLUTION")
+    body = [line for line in lines[first + 1:last] if not line.strip().startswith("### LESSON")]
+    return textwrap.dedent("\n".join(body)).strip("\n")
+
+
+def without_docstring(function) -> str:
+    """A function's source with its docstring left out (the code alone, to read next to the text)."""
+    source = source_of(function)
+    quotes = '"' * 3
+    start = source.index(quotes)
+    end = source.index(quotes, start + 3) + 3
+    return source[:start].rstrip() + "\n" + source[end:].lstrip("\n")
+
+
 def diff(before, after, context: int = 3) -> str:
     """A unified diff from one function's source to another's, e.g. rung 3's kernel to rung 4's."""
     if isinstance(context, bool) or not isinstance(context, int) or context < 0:

@@ -153,3 +153,11 @@ def test_limits_agree_with_what_the_driver_reports():
     assert properties.regs_per_multiprocessor == limits.registers_per_sm
     assert properties.max_threads_per_multi_processor == limits.max_threads_per_sm
     assert properties.warp_size == limits.warp_size
+
+
+def test_torch_operations_lists_the_calls_but_not_the_views():
+    import torch
+
+    x = torch.arange(6.0)
+    names = analysis.torch_operations(lambda: torch.softmax(x.unsqueeze(0), dim=-1).sum())
+    assert names == ["softmax", "sum"]  # unsqueeze is a view: left out
