@@ -8,8 +8,10 @@ fp16) on random inputs, through every method, in one process:
   deft_flatten, deft_node   DeFT's kernels (`solutions.deft`, Yao et al. §3.3 / §3.2); Flatten's block
                             size is chosen from the tree (`flatten_block_tokens`), and recorded
   deft_flatten_paged        DeFT-Flatten reading K/V through a page table (random slots)
-  deft_flatten_sweep        DeFT-Flatten at every block size of SWEEP_BLOCKS (one row each, with
-                            block_tokens): the trade-off between partials and parallelism
+  deft_flatten_sweep        DeFT-Flatten at every block length the block-size model weighs (one row
+                            each, with block_tokens and the model's time, modelled_time): the
+                            trade-off between partials, parallelism and the longest program
+  deft_flatten_tiles        DeFT-Flatten at the chosen block with each launch setting of TILE_SWEEP
   sequence, medusa_dense,   the baselines of `course.deft_baselines`
   flex, triton_tree
   read_once                 not a kernel: the floor, the tree's KV read once at the measured
@@ -57,14 +59,18 @@ from .workloads import LLAMA3_8B, Workload
 
 SUITE = "deft"
 METHODS = ("deft_flatten", "deft_node", "deft_flatten_paged", "sequence", "medusa_dense", "flex",
-           "triton_tree", "deft_flatten_sweep")
+           "triton_tree", "deft_flatten_sweep", "deft_flatten_tiles")
 BASELINE_METHODS = ("sequence", "medusa_dense", "flex", "triton_tree")
 DEFT_METHODS = ("deft_flatten", "deft_node", "deft_flatten_paged")
 MODELLED = {"deft_flatten": "deft_flatten", "deft_flatten_paged": "deft_flatten", "deft_node": "deft_node",
             "sequence": "sequence", "medusa_dense": "dense_mask", "flex": "dense_mask",
             "read_once": "read_once"}
 BLOCK_TOKENS = 256  # make_method's default DeFT-Flatten block; the bench picks one per tree
-SWEEP_BLOCKS = (64, 128, 256, 512, 1024, 2048, 4096)  # deft_flatten_sweep's block sizes
+H100_SMS = 132  # the SMs the block-size model assumes without a GPU
+# deft_flatten_tiles's launch settings (rows, keys per tile, warps, stages), the default first.
+TILE_SWEEP = ((64, 64, 4, 3), (64, 64, 8, 3), (128, 64, 8, 3), (128, 32, 8, 4), (128, 128, 8, 2),
+              (64, 32, 4, 4))
+MATMUL_SIZE = 8192  # the compute row's fp16 matmul: (n x n) @ (n x n)
 ERROR_QUERIES = 8
 COPY_BYTES = 1 << 30
 SEED = 2024
@@ -92,11 +98,12 @@ def _deft_module():
 
 
 def make_method(method: str, q, k, v, workload: Workload, *, block_tokens: int = BLOCK_TOKENS,
-                seed: int = SEED):
+                seed: int = SEED, tiles: tuple[int, int, int, int] | None = None):
     """A function of no arguments running `method` on these inputs (preparation done already).
 
     DeFT's methods run `solutions.deft.make_runner`: the two kernels alone, the inputs checked
     once when the runner is made (the launchers check them on every call: a pass over K and V).
+    tiles: DeFT-Flatten's (rows, keys per tile, warps, stages), default `solutions.deft.tile_shape`.
     """
     if method in deft_baselines.BASELINES:
         return deft_baselines.BASELINES[method](q, k, v, workload)
@@ -108,7 +115,13 @@ def make_method(method: str, q, k, v, workload: Workload, *, block_tokens: int =
         return module.make_runner(q, k, v, module.prepare_node(*tree, q.device))
     prepared = module.prepare_flatten(*tree, block_tokens, q.device)
     if method == "deft_flatten":
-        return module.make_runner(q, k, v, prepared)
+        shape = None
+        if tiles is not None:
+            block_m, block_n, num_warps, num_stages = tiles
+            shape = module.tile_shape(q.shape[2], q.shape[1] // k.shape[1], block_tokens, dtype=q.dtype,
+                                      block_m=block_m, block_n=block_n, num_warps=num_warps,
+                                      num_stages=num_stages)
+        return module.make_runner(q, k, v, prepared, tiles=shape)
     cache_k, cache_v, slots = workloads.paged(k, v, seed)
     return module.make_runner(q, cache_k, cache_v, prepared, slots=slots)
 
@@ -172,6 +185,38 @@ def floor_row(workload: Workload, copy_gbps: float, shape: dict = LLAMA3_8B) -> 
                 modelled_kv_bytes=int(found["kv"]))
 
 
+def visible_pairs(workload: Workload) -> int:
+    """(query, token) pairs the tree's attention computes: each query's root-path tokens."""
+    path_tokens = []  # parents come before their children
+    for parent, length in zip(workload.parents, workload.lengths, strict=True):
+        path_tokens.append(length + (path_tokens[parent] if parent >= 0 else 0))
+    return sum(path_tokens[node] for node in workload.query_nodes)
+
+
+def compute_floor_row(workload: Workload, tflops: float, shape: dict = LLAMA3_8B) -> dict:
+    """The compute floor: the attention's matrix FLOPs at the measured matmul rate.
+
+    4 d FLOPs per (query head, visible token) pair: 2 d for q.k, 2 d for p.v. With many
+    queries sharing a long prefix (t >= 128 on an H100) this floor is above the read-once
+    floor: the work, not the KV's bytes, bounds the time.
+    """
+    flops = 4 * shape["d"] * shape["heads_q"] * visible_pairs(workload)
+    return dict(_base_row("compute_floor", workload, shape), median_ms=flops / (tflops * 1e12) * 1e3,
+                max_abs_err=None, modelled=True, flops=flops)
+
+
+def matmul_row(timer=timing.bench, n: int = MATMUL_SIZE, device=None) -> dict:
+    """The tensor cores' rate: FLOP/s of an (n x n) @ (n x n) float16 matmul, float32 accumulation."""
+    device = device or runtime.torch_device()
+    a = torch.randn((n, n), dtype=torch.float16, device=device)
+    b = torch.randn((n, n), dtype=torch.float16, device=device)
+    median_ms = timer(lambda: a @ b)
+    error = float(((a[:64] @ b).float() - a[:64].float() @ b.float()).abs().max())
+    tflops = 2 * n ** 3 / (median_ms * 1e-3) / 1e12
+    return {"name": "matmul", "workload": f"matmul {n}", "family": "matmul", "B": 1, "H": 1, "N": n, "d": n,
+            "median_ms": median_ms, "max_abs_err": error, "tflops": tflops}
+
+
 def copy_row(timer=timing.bench, nbytes: int = COPY_BYTES, device=None) -> dict:
     """Device-to-device copy bandwidth: (read + write bytes) / median time of copying nbytes."""
     device = device or runtime.torch_device()
@@ -192,39 +237,44 @@ def sampled_queries(workload: Workload, count: int = ERROR_QUERIES, seed: int = 
     return sorted(chosen)
 
 
-def flatten_block_tokens(workload: Workload, shape: dict = LLAMA3_8B, programs: int | None = None) -> int:
-    """DeFT-Flatten's block size for a workload: the largest that still keeps the GPU busy.
+def _sms(sms: int | None) -> int:
+    if sms is not None:
+        return sms
+    return torch.cuda.get_device_properties(0).multi_processor_count if runtime.on_gpu() else H100_SMS
+
+
+def flatten_block_tokens(workload: Workload, shape: dict = LLAMA3_8B, sms: int | None = None) -> int:
+    """DeFT-Flatten's block size for a workload: `solutions.deft.suggest_block_tokens`.
 
     Bigger blocks mean fewer partial results to write and merge (DeFT §3.4: one per (block,
-    query)); smaller blocks mean more programs (one per (block, tile of its queries, KV head),
-    `solutions.deft`'s work list). The rule: the largest block in SWEEP_BLOCKS that gives at
-    least `programs` programs (default: two per SM of this GPU, 264 on an H100), else the
-    smallest. Decided from the tree alone, never from timings; the deft_flatten_sweep rows
-    show how good the choice was.
+    query)) and fewer programs' fixed costs; but the longest program bounds the time, and a
+    block holding the tree's tips tests bits. Decided from the tree alone (with this GPU's SMs,
+    an H100's 132 without one), never from timings; the deft_flatten_sweep rows show how good
+    the choice was.
     """
-    if programs is None:
-        sms = torch.cuda.get_device_properties(0).multi_processor_count if runtime.on_gpu() else 132
-        programs = 2 * sms
-    group = shape["heads_q"] // shape["heads_kv"]
-    per_tile = max(1, min(64, 1 << ((64 // group).bit_length() - 1)))  # solutions.deft.tile_shape on a GPU
-    mask = deft_baselines.visibility_mask(workload)
-    for block in sorted(SWEEP_BLOCKS, reverse=True):
-        blocks = -(-workload.tokens // block)
-        padded = torch.zeros((workload.queries, blocks * block), dtype=torch.bool)
-        padded[:, :workload.tokens] = mask
-        queries = padded.view(workload.queries, blocks, block).any(dim=2).sum(dim=0)  # per block
-        if int(((queries + per_tile - 1) // per_tile).sum()) * shape["heads_kv"] >= programs:
-            return block
-    return min(SWEEP_BLOCKS)
+    tree = (list(workload.parents), list(workload.lengths), list(workload.query_nodes))
+    return _deft_module().suggest_block_tokens(*tree, shape["heads_q"], shape["heads_kv"], shape["d"],
+                                               sms=_sms(sms))
+
+
+def sweep_blocks(workload: Workload, shape: dict = LLAMA3_8B, sms: int | None = None) -> dict[int, float]:
+    """deft_flatten_sweep's block lengths, each with the model's time (`modelled_launch_time`)."""
+    module = _deft_module()
+    tree = (list(workload.parents), list(workload.lengths), list(workload.query_nodes))
+    dims = (shape["heads_q"], shape["heads_kv"], shape["d"])
+    return {block: module.modelled_launch_time(*tree, *dims, block, _sms(sms))
+            for block in module.block_candidates(workload.tokens)}
 
 
 def measure_workload(workload: Workload, methods=METHODS, *, timer=timing.bench, device=None,
-                     shape: dict = LLAMA3_8B, copy_gbps: float | None = None,
+                     shape: dict = LLAMA3_8B, copy_gbps: float | None = None, tflops: float | None = None,
                      block_tokens: int | None = None, seed: int = SEED, log=print) -> list[dict]:
-    """One row per method (and the read-once floor when copy_gbps is known) for one workload.
+    """One row per method, the read-once floor when copy_gbps is known and the compute floor
+    when tflops is, for one workload.
 
     block_tokens: DeFT-Flatten's block (None: `flatten_block_tokens`); the method
-    "deft_flatten_sweep" gives one row per block size in SWEEP_BLOCKS instead.
+    "deft_flatten_sweep" gives one row per block length of `sweep_blocks` instead, and
+    "deft_flatten_tiles" one per launch setting of TILE_SWEEP.
     """
     device = device or runtime.torch_device()
     dtype = _dtype(shape)
@@ -233,18 +283,24 @@ def measure_workload(workload: Workload, methods=METHODS, *, timer=timing.bench,
     chosen = sampled_queries(workload, seed=seed)
     expected, _ = deft_baselines.reference(q, k, v, workload, chosen)
     block_tokens = block_tokens or flatten_block_tokens(workload, shape)
-    plan = []
+    plan, model = [], sweep_blocks(workload, shape) if "deft_flatten_sweep" in methods else {}
     for method in methods:
         if method == "deft_flatten_sweep":
-            plan += [("deft_flatten_sweep", "deft_flatten", block) for block in SWEEP_BLOCKS]
+            plan += [("deft_flatten_sweep", "deft_flatten", block, None) for block in model]
+        elif method == "deft_flatten_tiles":
+            plan += [("deft_flatten_tiles", "deft_flatten", block_tokens, tiles) for tiles in TILE_SWEEP]
         else:
-            plan.append((method, method, block_tokens))
+            plan.append((method, method, block_tokens, None))
     rows = []
-    for name, method, block in plan:
+    for name, method, block, tiles in plan:
         started = time.perf_counter()
         extra = {"block_tokens": block} if method in ("deft_flatten", "deft_flatten_paged") else {}
+        if name == "deft_flatten_sweep":
+            extra["modelled_time"] = model[block]
+        if tiles is not None:
+            extra["tiles"] = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), tiles, strict=True))
         try:
-            fn = make_method(method, q, k, v, workload, block_tokens=block, seed=seed)
+            fn = make_method(method, q, k, v, workload, block_tokens=block, seed=seed, tiles=tiles)
             out = fn()
             error = float((out[chosen].double() - expected).abs().max())
             median_ms = timer(fn)
@@ -262,10 +318,13 @@ def measure_workload(workload: Workload, methods=METHODS, *, timer=timing.bench,
         rows.append(row)
         took = time.perf_counter() - started
         shown = row.get("error") or f"{row['median_ms'] * 1e3:9.1f} us, err {row['max_abs_err']:.1e}"
-        label = f"{name} {block}" if name == "deft_flatten_sweep" else name
+        label = {"deft_flatten_sweep": f"{name} {block}",
+                 "deft_flatten_tiles": f"{name} {tiles}"}.get(name, name)
         log(f"{workload.name:34} {label:23} {shown}  ({took:.0f} s)")
     if copy_gbps:
         rows.append(floor_row(workload, copy_gbps, shape))
+    if tflops:
+        rows.append(compute_floor_row(workload, tflops, shape))
     return rows
 
 
@@ -285,7 +344,8 @@ def targets(rows) -> list[dict]:
     met when Flatten is not slower). Every method's max_abs_err below ERROR_LIMIT.
     """
     found = []
-    names = list(dict.fromkeys(row["workload"] for row in rows if row.get("family") not in (None, "copy")))
+    names = list(dict.fromkeys(row["workload"] for row in rows
+                               if row.get("family") not in (None, "copy", "matmul")))
     for workload in names:
         by = _by(rows, workload)
         first = next(row for row in rows if row.get("workload") == workload)
@@ -321,7 +381,8 @@ def targets(rows) -> list[dict]:
             value = by["deft_node"]["median_ms"] / flatten["median_ms"]
             found.append({"target": f"DeFT-Flatten speedup over DeFT-Node (paper ~{PAPER_FLATTEN_VS_NODE}x)",
                           "workload": workload, "value": value, "limit": ">= 1", "met": value >= 1.0})
-    measured = [row for row in ok_rows(rows) if not row.get("modelled") and row.get("family") != "copy"]
+    measured = [row for row in ok_rows(rows) if not row.get("modelled")
+                and row.get("family") not in ("copy", "matmul")]
     if measured:
         worst = max(measured, key=lambda row: row["max_abs_err"])
         found.append({"target": f"largest error vs float64 ({worst['name']})", "workload": worst["workload"],
@@ -340,18 +401,19 @@ def format_targets(found) -> str:
 
 
 def run(workload_list=None, methods=METHODS, *, timer=timing.bench, device=None, shape: dict = LLAMA3_8B,
-        copy_bytes: int = COPY_BYTES, block_tokens: int | None = None, on_workload=None,
-        log=print) -> list[dict]:
-    """The copy row, then every workload's rows; `on_workload(rows so far)` after each workload."""
+        copy_bytes: int = COPY_BYTES, matmul_size: int = MATMUL_SIZE, block_tokens: int | None = None,
+        on_workload=None, log=print) -> list[dict]:
+    """The copy and matmul rows, then every workload's rows; `on_workload(rows so far)` after each."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"methods must be some of {METHODS}; got {unknown}")
     workload_list = workloads.benchmark() if workload_list is None else list(workload_list)
-    rows = [copy_row(timer, copy_bytes, device)]
-    log(f"copy: {rows[0]['gbps']:.0f} GB/s (read + write)")
+    rows = [copy_row(timer, copy_bytes, device), matmul_row(timer, matmul_size, device)]
+    log(f"copy: {rows[0]['gbps']:.0f} GB/s (read + write); matmul: {rows[1]['tflops']:.0f} TFLOP/s")
     for workload in workload_list:
         rows += measure_workload(workload, methods, timer=timer, device=device, shape=shape,
-                                 copy_gbps=rows[0]["gbps"], block_tokens=block_tokens, log=log)
+                                 copy_gbps=rows[0]["gbps"], tflops=rows[1]["tflops"],
+                                 block_tokens=block_tokens, log=log)
         if on_workload is not None:
             on_workload(rows)
     return rows
@@ -380,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure only workloads whose name contains one of these strings")
     parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--rep-ms", type=float, default=200, help="timing budget per measurement")
+    # While Triton and FlexAttention compile, the GPU idles and drops its clock (345 MHz seen on the
+    # H100); with a 25 ms warm-up the first measurement after a compile came out up to 2.7x slow.
+    parser.add_argument("--warmup-ms", type=float, default=100, help="warm-up before each measurement")
     parser.add_argument("--keep", action="store_true",
                         help="keep this device's committed rows of the (workload, method) pairs not "
                              "measured now")
@@ -389,8 +454,9 @@ def main(argv: list[str] | None = None) -> int:
                          "for the committed results)")
     torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape
     chosen = _select(args.workloads)
-    now = {(w.name, m) for w in chosen for m in (*args.methods, "read_once")}
-    kept = results.kept_rows(SUITE, lambda row: row["name"] != "copy" and (row["workload"], row["name"])
+    now = {(w.name, m) for w in chosen for m in (*args.methods, "read_once", "compute_floor")}
+    kept = results.kept_rows(SUITE, lambda row: row["name"] not in ("copy", "matmul")
+                             and (row["workload"], row["name"])
                              not in now) if args.keep else []
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     started = time.perf_counter()
@@ -399,8 +465,10 @@ def main(argv: list[str] | None = None) -> int:
         path = results.save(SUITE, kept + [dict(row, run=stamp) for row in rows])
         print(f"saved {path} ({time.perf_counter() - started:.0f} s so far)", flush=True)
 
-    rows = run(chosen, args.methods, timer=lambda fn: timing.bench(fn, rep_ms=args.rep_ms), on_workload=save,
-               log=lambda line: print(line, flush=True))
+    def timer(fn):
+        return timing.bench(fn, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+
+    rows = run(chosen, args.methods, timer=timer, on_workload=save, log=lambda line: print(line, flush=True))
     print(format_targets(targets(kept + rows)))
     return 0
 

@@ -1,5 +1,7 @@
-"""Figures of notebook 18 (SwiftSpec's tree-aware KV cache): the [prefix | tree] cache before and
-after re-rooting, the non-square w x (P + N) mask, and the measured times of `course.swiftspec_bench`.
+"""Figures of notebooks 17 and 18 (KV-cache management): EMS-SD's padded vs unpadded batch as
+measured by `course.emssd_bench` (notebook 17); SwiftSpec's [prefix | tree] cache before and after
+re-rooting, the non-square w x (P + N) mask, and the measured times of `course.swiftspec_bench`
+(notebook 18).
 
 Plotting only: the moves and masks are computed by `pyspec_ref.kvcache` and passed in. Colours
 are course.plots' Okabe-Ito palette. Every function takes an optional ``ax`` and returns it
@@ -14,14 +16,20 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
 
 import pyspec_ref
 import pyspec_ref.kvcache as spec
 
 from .plots import BLUE, GREEN, GREY, HIDDEN, INK, ORANGE, SKY, VERMILLION, VISIBLE
 
-__all__ = ["attention_figure", "compaction_figure", "draw_cache_reroot", "draw_nonsquare_mask"]
+__all__ = [
+    "attention_figure",
+    "compaction_figure",
+    "draw_cache_reroot",
+    "draw_nonsquare_mask",
+    "emssd_figure",
+]
 
 PREFIX, COMMITTED, KEPT, DISCARDED, FREE = SKY, ORANGE, GREEN, "#E4E7EB", "white"
 
@@ -179,5 +187,64 @@ def attention_figure(rows, title: str | None = None, note: str | None = None):
     ax.legend(fontsize=8)
     title = title or "w queries against [prefix | tree]: non-square kernel vs alternatives"
     ax.set_title(f"{title} ({note})" if note else title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+EMSSD_KEYS = ("name", "B", "median_ms", "kv_bytes")
+
+
+def _emssd_rows(rows) -> dict[tuple[str, int], dict]:
+    """{(name, B): row} of the measured EMS-SD rows ("padded" / "unpadded"), checked."""
+    if isinstance(rows, dict) or not isinstance(rows, Sequence):
+        raise ValueError("rows must be a list of dicts (a results JSON's rows)")
+    by: dict[tuple[str, int], dict] = {}
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise ValueError(f"rows[{i}] must be a dict, got {type(r).__name__}")
+        if r.get("study") != "emssd" or r.get("error") or r.get("median_ms") is None:
+            continue  # another study's row, or a failed measurement
+        missing = [k for k in EMSSD_KEYS if k not in r]
+        if missing:
+            raise ValueError(f"rows[{i}] (an EMS-SD row) lacks {missing}: each needs {list(EMSSD_KEYS)}")
+        if r["name"] in ("padded", "unpadded"):
+            by[r["name"], int(r["B"])] = r
+    return by
+
+
+def emssd_figure(rows, title: str | None = None, note: str | None = None):
+    """EMS-SD's padded vs unpadded batch from `course.emssd_bench` rows (study "emssd"), in the
+    manner of the paper's Figure 1: against the batch size B, the attention step's median time
+    both ways (left), the speed-up padded / unpadded (middle) and the KV cache held (right).
+
+    Rows of other studies and rows with an "error" are skipped; only batch sizes measured both
+    ways are drawn. Refused (ValueError): rows that are not a list of dicts, an EMS-SD row without
+    name / B / median_ms / kv_bytes, and rows with no B measured both ways.
+    """
+    by = _emssd_rows(rows)
+    batches = sorted({b for _, b in by if ("padded", b) in by and ("unpadded", b) in by})
+    if not batches:
+        raise ValueError("rows hold no batch size measured both padded and unpadded (study 'emssd')")
+    fig, (times, speedup, memory) = plt.subplots(1, 3, figsize=(14, 3.6))
+    for name, colour in (("padded", VERMILLION), ("unpadded", BLUE)):
+        times.plot(batches, [by[name, b]["median_ms"] * 1e3 for b in batches], "o-", color=colour, label=name)
+        memory.plot(batches, [by[name, b]["kv_bytes"] / 2**20 for b in batches], "o-", color=colour,
+                    label=name)
+    speedup.plot(batches, [by["padded", b]["median_ms"] / by["unpadded", b]["median_ms"] for b in batches],
+                 "o-", color=INK)
+    speedup.axhline(1.0, color=GREY, lw=0.8, ls="--")
+    times.set(ylabel="median time (µs)", title="attention step")
+    speedup.set(ylabel="padded time / unpadded time", title="speed-up of unpadding")
+    memory.set(ylabel="KV cache (MiB)", title="KV cache held")
+    for ax in (times, speedup, memory):
+        ax.set(xscale="log", xlabel="batch size B")
+        ax.xaxis.set_major_locator(FixedLocator(batches))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.grid(alpha=0.3)
+    times.legend(fontsize=8)
+    memory.legend(fontsize=8)
+    title = title or "EMS-SD: padded vs unpadded multi-sample batches"
+    fig.suptitle(f"{title} ({note})" if note else title, fontsize=11)
     fig.tight_layout()
     return fig

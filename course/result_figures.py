@@ -24,7 +24,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from . import benchcli, plots, results  # noqa: E402
+from . import benchcli, kv_plots, plots, results  # noqa: E402
 from .sampling_bench import HEADLINE  # noqa: E402
 
 COLOURS = [plots.BLUE, plots.ORANGE, plots.GREEN, plots.VERMILLION, plots.SKY, plots.GREY, plots.INK]
@@ -66,10 +66,12 @@ def sampling_figure(rows: list[dict], device: str):
 
 
 def deft_figure(rows: list[dict], device: str):
-    """Per workload, each method's time relative to the read-once floor (log scale)."""
-    timed = [r for r in rows if r["name"] not in ("copy", "deft_flatten_sweep") and r.get("median_ms")]
+    """Per workload, each method's time relative to the read-once floor (log scale), and the
+    compute floor (the attention's FLOPs at the measured matmul rate) as a black tick."""
+    left_out = ("copy", "matmul", "deft_flatten_sweep", "deft_flatten_tiles")  # not methods of a workload
+    timed = [r for r in rows if r["name"] not in left_out and r.get("median_ms")]
     workloads = list(dict.fromkeys(r["workload"] for r in timed))
-    methods = [m for m in dict.fromkeys(r["name"] for r in timed) if m != "read_once"]
+    methods = [m for m in dict.fromkeys(r["name"] for r in timed) if m not in ("read_once", "compute_floor")]
     fig, ax = plt.subplots(figsize=(max(10, 1.1 * len(workloads)), 4.5))
     width = 0.8 / len(methods)
     for i, (colour, method) in enumerate(zip(COLOURS * 2, methods, strict=False)):
@@ -79,12 +81,17 @@ def deft_figure(rows: list[dict], device: str):
             floor, mine = at.get("read_once"), at.get(method)
             values.append(mine / floor if mine and floor else 0.0)
         ax.bar([j + i * width for j in range(len(workloads))], values, width, color=colour, label=method)
+    for j, w in enumerate(workloads):
+        at = {r["name"]: r["median_ms"] for r in timed if r["workload"] == w}
+        if at.get("compute_floor") and at.get("read_once"):
+            ax.hlines(at["compute_floor"] / at["read_once"], j - width / 2, j + 0.8 - width / 2,
+                      color=plots.INK, linewidth=2, label="compute floor" if j == 0 else None)
     ax.axhline(1.0, color=plots.INK, linewidth=0.8)
     ax.set(xticks=[j + 0.4 - width / 2 for j in range(len(workloads))], yscale="log",
            ylabel="time / KV read-once floor",
            title=f"DeFT workloads (fp16, 32/8 heads, d = 128) on {device}")
     ax.set_xticklabels(workloads, rotation=30, ha="right", fontsize=7)
-    ax.legend(fontsize=7, ncol=3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, not over them
     fig.tight_layout()
     return fig
 
@@ -99,21 +106,8 @@ def triton_figure(rows: list[dict], device: str):
 
 
 def emssd_figure(rows: list[dict], device: str):
-    """EMS-SD's Figure 1, our way: padded vs unpadded attention time and KV bytes against B."""
-    mine = [r for r in rows if r.get("study") == "emssd"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for colour, name in zip((plots.VERMILLION, plots.BLUE), ("padded", "unpadded"), strict=True):
-        points = sorted((r["B"], _us(r), r["kv_bytes"] / 1e6) for r in mine if r["name"] == name)
-        batches = [p[0] for p in points]
-        axes[0].plot(batches, [p[1] for p in points], "o-", color=colour, label=name)
-        axes[1].plot(batches, [p[2] for p in points], "o-", color=colour, label=name)
-    axes[0].set(xscale="log", xlabel="batch B", ylabel="median time (µs)", title="attention time")
-    axes[1].set(xscale="log", xlabel="batch B", ylabel="KV cache (MB)", title="KV cache held")
-    for ax in axes:
-        ax.legend()
-    fig.suptitle(f"EMS-SD: padded vs unpadded multi-sample batches on {device}", fontsize=9)
-    fig.tight_layout()
-    return fig
+    """EMS-SD's Figure 1, our way: `course.kv_plots.emssd_figure` (notebook 17 draws the same)."""
+    return kv_plots.emssd_figure(rows, note=f"measured on {device}")
 
 
 FIGURES = {

@@ -62,7 +62,14 @@ HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 WORD_BITS = 64  # queries per bitmask word (int64)
 MAX_GROUP = 64  # query heads per KV head that one tile can hold
-BLOCK_TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+BLOCK_MULTIPLE = 16  # a Flatten block's length is a multiple of this (the smallest tl.dot tile)
+SUGGESTED_MULTIPLE = 64  # suggest_block_tokens's blocks are whole K/V tiles of a GPU
+# modelled_launch_time's constants, fitted to a sweep of block lengths on the H100: over the 12
+# benchmark trees, the blocks they choose ran at 1.02x the best measured block on average, 1.04x at
+# worst. `python -m course.deft_bench`'s deft_flatten_sweep rows record the model beside the clock.
+PROGRAM_OVERHEAD_TOKENS = 256  # a program's fixed work, in streamed tokens
+MASKED_COST = 2.0  # a token of a masked program (loads its word, tests bits) against one of a dense one
+LONE_PROGRAM_RATE = 0.8  # the share of an SM's speed that one program alone on it gets
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453
 
@@ -210,7 +217,9 @@ class PreparedFlatten(PreparedGroups):
     token_segment[t] is the segment of token t. Bit j of segment_words[s, w] is set iff
     the block's query number 64 w + j (its position in the block's member list) sees
     segment s; num_words = segment_words.shape[1] is the largest number of words a block
-    needs (the rest are 0).
+    needs (the rest are 0). token_words[t] = segment_words[token_segment[t]], each token's
+    words: the kernel reads them with one load whose address it knows ahead, where
+    segment_words[token_segment[t]] would be a load waiting on a load.
     """
 
     block_tokens: int
@@ -220,6 +229,7 @@ class PreparedFlatten(PreparedGroups):
     segment_start: torch.Tensor  # (S,) int32
     segment_end: torch.Tensor  # (S,) int32
     segment_words: torch.Tensor  # (S, num_words) int64
+    token_words: torch.Tensor  # (T, num_words) int64
 
     @property
     def num_words(self) -> int:
@@ -290,14 +300,15 @@ def _blocks(p: list[int], sizes: list[int], seen_by: list[list[int]], block_toke
 def prepare_flatten(parents, lengths, query_nodes, block_tokens, device) -> PreparedFlatten:
     """Phase 1 of DeFT-Flatten (§3.3): equal blocks of the DFS-flattened tokens, with bitmasks.
 
-    block_tokens: a power of two in 16..4096. Blocks no query sees are left out; the others
-    equal `pyspec_ref.deft.flatten_blocks(..., word_bits=64)`. A block with more than 64
+    block_tokens: a multiple of 16 (`suggest_block_tokens` picks one). Blocks no query sees are
+    left out; the others equal `pyspec_ref.deft.flatten_blocks(..., word_bits=64)`. A block with more than 64
     queries gets more bitmask words. Host work O(M + blocks + sum over blocks of the queries
     of each of its segments).
     """
     p, sizes, nodes = kv_tree(parents, lengths, query_nodes)
-    if isinstance(block_tokens, bool) or block_tokens not in BLOCK_TOKENS:
-        raise ValueError(f"block_tokens must be a power of two in {BLOCK_TOKENS[0]}..{BLOCK_TOKENS[-1]}, "
+    if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < BLOCK_MULTIPLE \
+            or block_tokens % BLOCK_MULTIPLE:
+        raise ValueError(f"block_tokens must be a positive multiple of {BLOCK_MULTIPLE} tokens, "
                          f"got {block_tokens!r}")
     device = _device(device)
     seen_by = _queries_by_node(p, nodes)
@@ -317,49 +328,95 @@ def prepare_flatten(parents, lengths, query_nodes, block_tokens, device) -> Prep
     token_segment = [0] * total
     for s, (_, start, stop, _) in enumerate(segments):
         token_segment[start:stop] = [s] * (stop - start)
+    token_segment = _ints(token_segment, device)
+    segment_words = _ints([[_signed64(w) for w in s[3]] + [0] * (n_words - len(s[3])) for s in segments],
+                          device, torch.int64)
     return PreparedFlatten(
         num_queries=len(nodes), num_tokens=total, block_tokens=block_tokens,
         group_block=_ints(kept, device),
         group_start=_ints([b * block_tokens for b in kept], device),
         group_end=_ints([min(total, (b + 1) * block_tokens) for b in kept], device),
         max_group_tokens=block_tokens,
-        token_segment=_ints(token_segment, device),
+        token_segment=token_segment,
         segment_node=_ints([s[0] for s in segments], device),
         segment_start=_ints([s[1] for s in segments], device),
         segment_end=_ints([s[2] for s in segments], device),
-        segment_words=_ints([[_signed64(w) for w in s[3]] + [0] * (n_words - len(s[3])) for s in segments],
-                            device, torch.int64),
+        segment_words=segment_words,
+        token_words=segment_words[token_segment.long()].contiguous(),
         **_query_lists(members, len(nodes), device),
     )
 
 
-def suggest_block_tokens(parents, lengths, query_nodes, heads_q: int, heads_kv: int, d: int, *,
-                         programs: int | None = None) -> int:
-    """The longest DeFT-Flatten block (64..4096 tokens) whose launch still has `programs` programs.
+def _block_loads(order: list[int], offsets: list[int], sizes: list[int], seen_masks: list[int],
+                 block_tokens: int) -> list[tuple[int, int, bool]]:
+    """(tokens, queries, masked) of each block some query sees. A block is masked when some of
+    its queries miss some of its nodes: its programs then test bits, the others do not."""
+    blocks = -(-sum(sizes) // block_tokens)
+    union, common = [0] * blocks, [-1] * blocks  # per block: queries seeing any / every node of it
+    for v in order:
+        for block in range(offsets[v] // block_tokens, (offsets[v] + sizes[v] - 1) // block_tokens + 1):
+            union[block] |= seen_masks[v]
+            common[block] &= seen_masks[v]
+    total = sum(sizes)
+    return [(min(block_tokens, total - b * block_tokens), union[b].bit_count(), union[b] != common[b])
+            for b in range(blocks) if union[b]]
 
-    The trade-off of §3.3's block length: every (block, query) pair writes and reads back a
-    float32 partial per query head (`pyspec_ref.deft.io_bytes`, "partials"), so longer blocks
-    move fewer bytes; but phase 2 runs one program per (tile of a block's queries, KV head), so
-    too few blocks leave the GPU's SMs idle. `programs` defaults to 2 per SM of the current GPU
-    (8 in the interpreter). A heuristic to start from: measure around it.
+
+def block_candidates(total_tokens: int) -> list[int]:
+    """The block lengths `suggest_block_tokens` weighs: whole 64-token K/V tiles, the tree cut into
+    n equal blocks (n = 1..64) and the powers of two."""
+    def whole_tiles(tokens: int) -> int:
+        return -(-tokens // SUGGESTED_MULTIPLE) * SUGGESTED_MULTIPLE
+
+    cuts = {whole_tiles(-(-total_tokens // n)) for n in range(1, 65)}
+    longest = whole_tiles(total_tokens)
+    powers = {SUGGESTED_MULTIPLE << k for k in range(32) if SUGGESTED_MULTIPLE << k <= longest}
+    return sorted(cuts | powers)
+
+
+def modelled_launch_time(parents, lengths, query_nodes, heads_q: int, heads_kv: int, d: int,
+                         block_tokens: int, sms: int) -> float:
+    """Phase 2's time for DeFT-Flatten blocks of `block_tokens`, in a model, in units of streamed tokens.
+
+    A program streams its block's tokens (x MASKED_COST if it tests bits) after a fixed
+    PROGRAM_OVERHEAD_TOKENS (its queries, its partials' stores). An SM runs two programs at
+    once at full speed; a program alone on an SM gets LONE_PROGRAM_RATE of it. The time is
+    the larger of the total work spread over the SMs and the longest program alone.
+    """
+    p, sizes, nodes = kv_tree(parents, lengths, query_nodes)
+    per_tile = tile_shape(d, heads_q // heads_kv).queries_per_tile  # the same for every dtype
+    order, offsets = _layout(p, sizes)
+    seen_masks = [sum(1 << i for i in queries) for queries in _queries_by_node(p, nodes)]
+    costs = [(tokens * (MASKED_COST if masked else 1.0) + PROGRAM_OVERHEAD_TOKENS, -(-queries // per_tile))
+             for tokens, queries, masked in _block_loads(order, offsets, sizes, seen_masks, block_tokens)]
+    total = heads_kv * sum(cost * tiles for cost, tiles in costs)
+    return max(total / sms, max(cost for cost, _ in costs) / LONE_PROGRAM_RATE)
+
+
+def suggest_block_tokens(parents, lengths, query_nodes, heads_q: int, heads_kv: int, d: int, *,
+                         sms: int | None = None) -> int:
+    """DeFT-Flatten's block length for a tree: the one `modelled_launch_time` finishes soonest.
+
+    §3.3 leaves the block length open, and it trades costs. Every (block, query) pair writes
+    and reads back a float32 partial per query head (`pyspec_ref.deft.io_bytes`, "partials"),
+    and every program pays a fixed overhead: longer blocks, fewer of both. But the longest
+    program sets a floor under the time, and a block that holds the tree's tips tests bits
+    (masked), so a long block there is slower still. Candidates: `block_candidates`; ties go to
+    the longer block. sms: the GPU's SMs (default: this GPU's; 4 in the interpreter).
     """
     p, sizes, nodes = kv_tree(parents, lengths, query_nodes)
     if isinstance(heads_kv, bool) or not isinstance(heads_kv, int) or heads_kv < 1:
         raise ValueError(f"heads_kv must be a positive int, got {heads_kv!r}")
     if isinstance(heads_q, bool) or not isinstance(heads_q, int) or heads_q < 1 or heads_q % heads_kv:
         raise ValueError(f"heads_q must be a positive multiple of heads_kv = {heads_kv}, got {heads_q!r}")
-    if programs is None:
-        programs = 8 if runtime.SIMULATOR else 2 * torch.cuda.get_device_properties(
+    if sms is None:
+        sms = 4 if runtime.SIMULATOR else torch.cuda.get_device_properties(
             torch.cuda.current_device()).multi_processor_count
-    per_tile = tile_shape(d, heads_q // heads_kv).queries_per_tile
-    seen_by = _queries_by_node(p, nodes)
-    choice = 64
-    for block_tokens in (b for b in BLOCK_TOKENS if b >= 64):
-        launched = heads_kv * sum(-(-len(queries) // per_tile)
-                                  for _, _, queries in _blocks(p, sizes, seen_by, block_tokens))
-        if launched >= programs:
-            choice = block_tokens
-    return choice
+    if isinstance(sms, bool) or not isinstance(sms, int) or sms < 1:
+        raise ValueError(f"sms must be a positive int, got {sms!r}")
+    timed = [(modelled_launch_time(p, sizes, nodes, heads_q, heads_kv, d, block, sms), -block)
+             for block in block_candidates(sum(sizes))]
+    return -min(timed)[1]
 
 
 # --------------------------------------------------------------------------- phase 2 (Triton)
@@ -448,8 +505,8 @@ def deft_node_kernel(
 @triton.jit
 def deft_flatten_kernel(
     q, k, v, slots, out_part, lse_part,
-    group_start, group_end, group_ptr, member_query, work_group, work_tile,
-    token_segment, segment_words, num_words,
+    group_start, group_end, group_ptr, member_query, work_group, work_tile, work_dense,
+    token_words, num_words,
     stride_q_row, stride_q_head, stride_k_row, stride_k_head, stride_v_row, stride_v_head,
     qk_scale,
     HEADS_Q: tl.constexpr, GROUP: tl.constexpr, QUERIES_PER_TILE: tl.constexpr, D: tl.constexpr,
@@ -458,8 +515,9 @@ def deft_flatten_kernel(
     """One program per (tile of one block's queries, KV head): the block's partials.
 
     As `deft_node_kernel`, but a block holds pieces of several nodes, and a query of the
-    block sees only some of them: the score tile is masked by the segments' bitmasks. A
-    tile's QUERIES_PER_TILE members divide 64, so all its rows read the same bitmask word.
+    block sees only some of them: the score tile is masked by the segments' bitmasks, read
+    per token (token_words). A tile's QUERIES_PER_TILE members divide 64, so all its rows read
+    the same bitmask word.
     """
     kv_head = tl.program_id(1)
     tile, token_start, token_end, first, count = _work_item(work_group, work_tile, group_start, group_end,
@@ -471,21 +529,36 @@ def deft_flatten_kernel(
     # YOUR CODE HERE: exercise deft.deft_flatten_kernel (delete the todo line when you start)
     todo("deft.deft_flatten_kernel")
     word = (tile * QUERIES_PER_TILE) // 64  # the bitmask word of this tile's members
+    row_bit = tl.full([BLOCK_M], 1, tl.int64) << (member % 64).to(tl.int64)  # each row's bit in it
+    # Most blocks of a speculative tree are prefix: every member sees every token, and the host
+    # said so (work_dense, `_work_list`). Those take a loop without the words' loads and the bit
+    # tests; the other loop loads each token's word with the K/V tiles, its address known ahead.
+    dense = tl.load(work_dense + tl.program_id(0)) != 0
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for start in range(token_start, token_end, BLOCK_N):
-        tokens = start + tl.arange(0, BLOCK_N)
-        inside = tokens < token_end
-        k_tile, v_tile = _load_kv_tile(k, v, slots, tokens, inside, kv_head, cols, stride_k_row,
-                                       stride_k_head, stride_v_row, stride_v_head, PAGED)
-        # visible[r, c]: row r's query sees token c of this tile (the bit of its member number
-        # in the word of the token's segment), and the token lies inside the block.
-        # YOUR CODE HERE: exercise deft.deft_flatten_kernel (delete the todo line when you start)
-        todo("deft.deft_flatten_kernel")
-        # A row may see nothing in this tile (or in none so far): the step keeps its max at -inf
-        # and its sums at 0, without a NaN (it subtracts 0 instead of -inf).
-        m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, visible, m, l, acc, qk_scale, PRECISION)
+    if dense:  # DeFT-Node's loop: only the block's end is masked
+        for start in range(token_start, token_end, BLOCK_N):
+            tokens = start + tl.arange(0, BLOCK_N)
+            inside = tokens < token_end
+            k_tile, v_tile = _load_kv_tile(k, v, slots, tokens, inside, kv_head, cols, stride_k_row,
+                                           stride_k_head, stride_v_row, stride_v_head, PAGED)
+            m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, inside[None, :], m, l, acc, qk_scale,
+                                            PRECISION)
+    else:
+        for start in range(token_start, token_end, BLOCK_N):
+            tokens = start + tl.arange(0, BLOCK_N)
+            inside = tokens < token_end
+            k_tile, v_tile = _load_kv_tile(k, v, slots, tokens, inside, kv_head, cols, stride_k_row,
+                                           stride_k_head, stride_v_row, stride_v_head, PAGED)
+            # visible[r, c]: row r's query sees token c of this tile (the bit of its member number
+            # in word `word` of token c's bitmask, token_words), and the token lies inside the block.
+            # The row's bit is fixed (row_bit, above the loop): one AND per entry, no 64-bit shift.
+            # YOUR CODE HERE: exercise deft.deft_flatten_kernel (delete the todo line when you start)
+            todo("deft.deft_flatten_kernel")
+            # A row may see nothing in this tile (or in none so far): the step keeps its max at -inf
+            # and its sums at 0, without a NaN (it subtracts 0 instead of -inf).
+            m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, visible, m, l, acc, qk_scale, PRECISION)
     l = tl.where(l > 0, l, 1.0)  # every query of a block sees a token of it; padding rows saw none
     out = acc / l[:, None]
     lse = (m + tl.log2(l)) * 0.6931471805599453
@@ -497,35 +570,38 @@ def deft_flatten_kernel(
 @triton.jit
 def reduce_partials_kernel(
     out_part, lse_part, query_ptr, query_parts, out, lse,
-    HEADS_Q: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
+    HEADS_Q: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    """One program per (query, block of BLOCK_H query heads): merge the query's partials.
+    """One program per (query, query head): merge the query's partials.
 
     §3.4's global reduction, the Flash-Decoding merge, in a fixed order (increasing group):
     out = sum_p exp(lse_p - lse) out_p with lse = log sum_p exp(lse_p), computed around a
-    running maximum that starts at -inf. No atomics, so the result is the same bits every run.
+    running maximum that starts at -inf. The partials come BLOCK_P at a time, in one load of
+    a (BLOCK_P, D) tile: their reads are all in flight together, where one partial per step
+    would wait a memory round trip for each. No atomics, so the result is the same bits every run.
     """
     query = tl.program_id(0)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    head_ok = heads < HEADS_Q
+    head = tl.program_id(1)
     cols = tl.arange(0, D)
     first = tl.load(query_ptr + query)
     last = tl.load(query_ptr + query + 1)
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of the lse's seen
-    l = tl.zeros([BLOCK_H], tl.float32)  # running sum of exp(lse_p - m)
-    acc = tl.zeros([BLOCK_H, D], tl.float32)  # running sum of exp(lse_p - m) * out_p
-    for i in range(first, last):
-        part = tl.load(query_parts + i).to(tl.int64)
-        lse_p = tl.load(lse_part + part * HEADS_Q + heads, mask=head_ok, other=0.0)
-        out_p = tl.load(out_part + (part * HEADS_Q + heads[:, None]) * D + cols[None, :],
-                        mask=head_ok[:, None], other=0.0)
-        # Fold this partial into (m, l, acc): the Flash-Decoding merge as a running recurrence.
+    m = tl.full([], float("-inf"), tl.float32)  # running max of the lse's seen
+    l = tl.zeros([], tl.float32)  # running sum of exp(lse_p - m)
+    acc = tl.zeros([D], tl.float32)  # running sum of exp(lse_p - m) * out_p
+    for i in range(first, last, BLOCK_P):
+        slots = i + tl.arange(0, BLOCK_P)
+        here = slots < last
+        part = tl.load(query_parts + slots, mask=here, other=0).to(tl.int64)
+        # A slot past the query's partials reads lse = -inf and out = 0: it weighs exp(-inf) = 0.
+        lse_p = tl.load(lse_part + part * HEADS_Q + head, mask=here, other=float("-inf"))
+        out_p = tl.load(out_part + (part[:, None] * HEADS_Q + head) * D + cols[None, :], mask=here[:, None],
+                        other=0.0)
+        # Fold these partials into (m, l, acc): the Flash-Decoding merge as a running recurrence.
         # YOUR CODE HERE: exercise deft.reduce_partials_kernel (delete the todo line when you start)
         todo("deft.reduce_partials_kernel")
-    result = acc / l[:, None]
-    tl.store(out + (query * HEADS_Q + heads[:, None]) * D + cols[None, :], result.to(out.dtype.element_ty),
-             mask=head_ok[:, None])
-    tl.store(lse + query * HEADS_Q + heads, m + tl.log(l), mask=head_ok)
+    result = acc / l
+    tl.store(out + (query * HEADS_Q + head) * D + cols, result.to(out.dtype.element_ty))
+    tl.store(lse + query * HEADS_Q + head, m + tl.log(l))
 
 
 interpreter.prepare(_work_item, _load_kv_tile, deft_node_kernel, deft_flatten_kernel, reduce_partials_kernel)
@@ -546,30 +622,44 @@ class TileShape:
     block_n: int  # tokens per K/V tile
     queries_per_tile: int  # block_m // group rounded down to a power of two <= 64
     num_warps: int
+    num_stages: int  # K/V tiles in flight for 16-bit inputs (float32: at most 2)
 
 
-def tile_shape(d: int, group: int, block_tokens: int | None = None) -> TileShape:
-    """The tile sizes for head dim d and `group` query heads per KV head.
+def tile_shape(d: int, group: int, block_tokens: int | None = None, *, dtype: torch.dtype = torch.float16,
+               block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+               num_stages: int | None = None) -> TileShape:
+    """The tile sizes for head dim d, `group` query heads per KV head and inputs of `dtype`.
 
     Rows: 64 on a GPU (32 in the interpreter, where every op costs a NumPy call), at least
     the GQA group. A tile's members never straddle a 64-query bitmask word. K/V tiles of
-    64 tokens (32 in the interpreter), at most a Flatten block.
+    64 tokens (32 in the interpreter), at most a Flatten block. 16-bit inputs: 4 warps (one
+    warpgroup: wgmma's 64 rows) and 3 stages, so that two programs fit on an SM (registers and
+    shared memory, read with Nsight Compute on an H100); with 8 warps only one fits
+    (`python -m course.deft_bench --tiles` times the alternatives).
+    float32 (FMAs, no tensor cores): 8 warps at d = 128, and at most 2 stages. The keyword
+    arguments override the defaults, for benchmarks that time alternatives.
     """
     if group > MAX_GROUP:
         raise ValueError(f"H_q / H_kv = {group} query heads per KV head is more than a tile holds "
                          f"(at most {MAX_GROUP})")
-    block_m = max(runtime.pick(sim=32, gpu=64), triton.next_power_of_2(group))
-    block_n = runtime.pick(sim=32, gpu=64)
+    block_m = block_m or max(runtime.pick(sim=32, gpu=64), triton.next_power_of_2(group))
+    block_n = block_n or runtime.pick(sim=32, gpu=64)
     if block_tokens is not None:
         block_n = min(block_n, block_tokens)
     require_dot_block(block_m=block_m, block_n=block_n, d=d)
+    if block_m < group:
+        raise ValueError(f"block_m = {block_m} rows cannot hold the {group} query heads of one KV head")
+    wide = dtype == torch.float32
     return TileShape(block_m, block_n, min(WORD_BITS, _pow2_floor(block_m // group)),
-                     num_warps=4 if d <= 64 else 8)
+                     num_warps=num_warps or (8 if wide and d > 64 else 4),
+                     num_stages=min(2, num_stages or 2) if wide else num_stages or 3)
 
 
-def _work_list(prepared: PreparedGroups, queries_per_tile: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(group, tile) of every work item: group g has ceil(its queries / queries_per_tile) tiles.
+def _work_list(prepared: PreparedGroups, queries_per_tile: int) -> tuple[torch.Tensor, ...]:
+    """(group, tile, dense) of every work item: group g has ceil(its queries / queries_per_tile) tiles.
 
+    dense[w] is 1 when every member of item w sees every token of its group (always, for
+    DeFT-Node; for DeFT-Flatten, when all of the block's segments have the members' bits set).
     Built once per tile shape and kept on `prepared`, so a repeated call launches at once.
     """
     cached = prepared.work_lists.get(queries_per_tile)
@@ -579,9 +669,28 @@ def _work_list(prepared: PreparedGroups, queries_per_tile: int) -> tuple[torch.T
         groups = torch.repeat_interleave(torch.arange(len(tiles), device=prepared.device), tiles)
         first_item = torch.cumsum(tiles, 0) - tiles
         tile = torch.arange(len(groups), device=prepared.device) - torch.repeat_interleave(first_item, tiles)
-        cached = (groups.to(torch.int32), tile.to(torch.int32))
+        dense = _dense_items(prepared, groups.tolist(), tile.tolist(), counts.tolist(), queries_per_tile)
+        cached = (groups.to(torch.int32), tile.to(torch.int32), _ints(dense, prepared.device))
         prepared.work_lists[queries_per_tile] = cached
     return cached
+
+
+def _dense_items(prepared: PreparedGroups, groups: list[int], tiles: list[int], counts: list[int],
+                 queries_per_tile: int) -> list[int]:
+    """1 for each work item (group, tile) whose members see every token of the group, else 0."""
+    if not isinstance(prepared, PreparedFlatten):
+        return [1] * len(groups)
+    block_segments: dict[int, list[list[int]]] = {}
+    for start, words in zip(prepared.segment_start.tolist(), prepared.segment_words.tolist(), strict=True):
+        block_segments.setdefault(start // prepared.block_tokens, []).append(words)
+    blocks = prepared.group_block.tolist()
+    dense = []
+    for g, tile in zip(groups, tiles, strict=True):
+        first = tile * queries_per_tile
+        word, shift = divmod(first, WORD_BITS)  # a tile's members share one word (tile_shape)
+        members = ((1 << min(queries_per_tile, counts[g] - first)) - 1) << shift
+        dense.append(int(all(words[word] & members == members for words in block_segments[blocks[g]])))
+    return dense
 
 
 def _check_inputs(q, k, v, prepared, slots, kind: type, prepare: str) -> tuple[int, int, int, int]:
@@ -624,23 +733,26 @@ def _check_inputs(q, k, v, prepared, slots, kind: type, prepare: str) -> tuple[i
     return n_queries, heads_q, heads_kv, d
 
 
-def _partials_launch(q, k, v, prepared: PreparedGroups, slots):
-    """Allocate the partial buffers and return (a function launching phase 2's first kernel, buffers)."""
+def _partials_launch(q, k, v, prepared: PreparedGroups, slots, tiles: TileShape | None = None):
+    """Allocate the partial buffers and return (a function launching phase 2's first kernel, buffers).
+
+    The function returns the launched kernel's handle (its registers, spills, shared memory).
+    """
     n_queries, heads_q, d = q.shape
     heads_kv = k.shape[1]
     group = heads_q // heads_kv
     flatten = isinstance(prepared, PreparedFlatten)
-    shape = tile_shape(d, group, prepared.block_tokens if flatten else None)
-    work_group, work_tile = _work_list(prepared, shape.queries_per_tile)
+    shape = tiles or tile_shape(d, group, prepared.block_tokens if flatten else None, dtype=q.dtype)
+    work_group, work_tile, work_dense = _work_list(prepared, shape.queries_per_tile)
     out_part = torch.empty((prepared.num_partials, heads_q, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((prepared.num_partials, heads_q), dtype=torch.float32, device=q.device)
     paged = slots is not None
-    # The token loop is pipelined: num_stages K/V tiles in flight. float32 tiles are twice as large
-    # (64 KiB per K + V tile at d = 128), so they get one stage less, as notebook 12's fp32 configs.
+    # The token loop is pipelined: num_stages K/V tiles in flight (tile_shape: float32 tiles are
+    # twice as large, 64 KiB per K + V tile at d = 128, so they get at most 2).
     common = dict(HEADS_Q=heads_q, GROUP=group, QUERIES_PER_TILE=shape.queries_per_tile, D=d,
                   BLOCK_M=shape.block_m, BLOCK_N=shape.block_n, PAGED=paged,
                   PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=shape.num_warps,
-                  num_stages=2 if q.dtype == torch.float32 else 3)
+                  num_stages=shape.num_stages)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
     qk_scale = LOG2E / math.sqrt(d)
     grid = (int(work_group.shape[0]), heads_kv)
@@ -649,25 +761,28 @@ def _partials_launch(q, k, v, prepared: PreparedGroups, slots):
             prepared.group_ptr, prepared.member_query, work_group, work_tile)
     if flatten:
         def launch():
-            deft_flatten_kernel[grid](*head, prepared.token_segment, prepared.segment_words,
-                                      prepared.num_words, *strides, qk_scale, **common)
+            return deft_flatten_kernel[grid](*head, work_dense, prepared.token_words, prepared.num_words,
+                                             *strides, qk_scale, **common)
     else:
         def launch():
-            deft_node_kernel[grid](*head, *strides, qk_scale, **common)
+            return deft_node_kernel[grid](*head, *strides, qk_scale, **common)
     return launch, out_part, lse_part
 
 
-def _reduce_launch(out_part, lse_part, query_ptr, query_parts, out_dtype):
+def _reduce_launch(out_part, lse_part, query_ptr, query_parts, out_dtype, block_p: int = 16):
+    """Allocate out and lse and return (a function launching the reduction, out, lse).
+
+    block_p: partials per load (a power of two >= 2); 16 covers most queries in one.
+    """
     n_queries = query_ptr.shape[0] - 1
     _, heads_q, d = out_part.shape
     out = torch.empty((n_queries, heads_q, d), dtype=out_dtype, device=out_part.device)
     lse = torch.empty((n_queries, heads_q), dtype=torch.float32, device=out_part.device)
-    block_h = min(triton.next_power_of_2(heads_q), 16)
-    grid = (n_queries, triton.cdiv(heads_q, block_h))
+    grid = (n_queries, heads_q)
 
     def launch():
-        reduce_partials_kernel[grid](out_part, lse_part, query_ptr, query_parts, out, lse,
-                                     HEADS_Q=heads_q, D=d, BLOCK_H=block_h, num_warps=4)
+        return reduce_partials_kernel[grid](out_part, lse_part, query_ptr, query_parts, out, lse,
+                                            HEADS_Q=heads_q, D=d, BLOCK_P=block_p, num_warps=4)
     return launch, out, lse
 
 
@@ -732,25 +847,30 @@ def reduce_partials(out_part, lse_part, query_ptr, query_parts, *, out_dtype=tor
     return out, lse
 
 
-def make_runner(q, k, v, prepared: PreparedGroups, *, slots=None) -> Callable[[], torch.Tensor]:
+def make_runner(q, k, v, prepared: PreparedGroups, *, slots=None, tiles: TileShape | None = None,
+                reduce_block: int = 16) -> Callable[[], torch.Tensor]:
     """Check the inputs once and return a function that runs only the two kernels.
 
     The attention functions check their inputs on every call (finite values, slot ranges:
     a pass over q, k and v and a wait for the GPU); a benchmark that wants the kernels' own
     time calls this once and times the function it returns. Each call returns the output
-    (Q, H_q, d), written into the same buffer every time.
+    (Q, H_q, d), written into the same buffer every time. `tiles` (from `tile_shape`) and
+    `reduce_block` (partials per load of the reduction) override the launch settings,
+    for benchmarks that time alternatives; the runner's `partials` and `reduce` run one kernel each.
     """
     kind = PreparedFlatten if isinstance(prepared, PreparedFlatten) else PreparedNode
     prepare = "prepare_flatten" if kind is PreparedFlatten else "prepare_node"
     _check_inputs(q, k, v, prepared, slots, kind, prepare)
     require_written(*_kernels_of(prepared), reduce_partials_kernel)
-    partials, out_part, lse_part = _partials_launch(q, k, v, prepared, slots)
-    reduce, out, _ = _reduce_launch(out_part, lse_part, prepared.query_ptr, prepared.query_parts, q.dtype)
+    partials, out_part, lse_part = _partials_launch(q, k, v, prepared, slots, tiles)
+    reduce, out, _ = _reduce_launch(out_part, lse_part, prepared.query_ptr, prepared.query_parts, q.dtype,
+                                    reduce_block)
 
     def run() -> torch.Tensor:
         partials()
         reduce()
         return out
+    run.partials, run.reduce = partials, reduce
     return run
 
 

@@ -87,6 +87,7 @@ def test_phase_1_equals_pyspec_ref(seed):
     token_segment = flat.token_segment.tolist()
     for n, (_, start, end, _) in enumerate(segments):
         assert token_segment[start:end] == [n] * (end - start)
+    assert flat.token_words.tolist() == [words[s] for s in token_segment]
     _check_query_parts(flat)
 
 
@@ -106,6 +107,48 @@ def test_the_oracle_agrees_with_pyspec_ref(seed):
                                             parents, lengths, queries)
     assert torch.allclose(out[:, 3], torch.tensor(want, dtype=torch.float64), atol=1e-12)
     assert torch.allclose(lse[:, 3], torch.tensor(want_lse, dtype=torch.float64), atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_work_item_is_dense_exactly_when_its_members_see_its_whole_block(seed):
+    """The flag that lets a Flatten program skip its mask: never set when a member misses a token."""
+    parents, lengths, queries = _random_kv_tree(random.Random(200 + seed))
+    seen = [set(tokens) for tokens in spec.visible_tokens(parents, lengths, queries)]
+    flat = deft.prepare_flatten(parents, lengths, queries, random.Random(seed).choice([16, 32, 64]), DEVICE)
+    per_tile = random.Random(seed).choice([4, 16, 64])
+    groups, tiles, dense = (x.tolist() for x in deft._work_list(flat, per_tile))
+    assert set(dense) <= {0, 1}
+    for g, tile, flag in zip(groups, tiles, dense, strict=True):
+        members = _members(flat, g)[tile * per_tile : (tile + 1) * per_tile]
+        block = range(flat.group_start[g].item(), flat.group_end[g].item())
+        assert flag == all(token in seen[i] for i in members for token in block)
+    node = deft.prepare_node(parents, lengths, queries, DEVICE)
+    assert set(deft._work_list(node, per_tile)[2].tolist()) == {1}  # a node's queries see all of it
+
+
+def test_block_candidates_are_whole_tiles_equal_cuts_and_powers_of_two():
+    found = deft.block_candidates(4160)
+    assert all(block % 64 == 0 for block in found) and found == sorted(set(found))
+    assert {576, 640, 4160, 64, 512, 4096} <= set(found)  # 4160 / 8 -> 520 -> 576; / 7 -> 595 -> 640
+    assert max(found) == 4160
+
+
+def test_the_block_model_charges_masked_blocks_and_the_longest_program():
+    from course import workloads
+
+    w = workloads.speculative(4096, 64)  # 4096 prefix tokens, then the 64-token tree
+    tree, dims = (w.parents, w.lengths, w.query_nodes), (32, 8, 128)
+    order, offsets = deft._layout(list(w.parents), list(w.lengths))
+    masks = [sum(1 << i for i in q) for q in deft._queries_by_node(list(w.parents), list(w.query_nodes))]
+    loads = deft._block_loads(order, offsets, list(w.lengths), masks, 4096)
+    assert loads == [(4096, 64, False), (64, 64, True)]  # the prefix is dense, the tree's tips are not
+    # One SM: the total work counts, so a block holding prefix and tips (masked throughout) costs more.
+    assert deft.modelled_launch_time(*tree, *dims, 4096, 1) < deft.modelled_launch_time(*tree, *dims, 4160, 1)
+    # Countless SMs: only the longest program counts, so short blocks win: 128 tokens, as long as the
+    # masked 64-token block of the tips counts (each masked token costs MASKED_COST = 2), ties to the longer.
+    assert deft.suggest_block_tokens(*tree, *dims, sms=10**6) == 64 * deft.MASKED_COST
+    with pytest.raises(ValueError, match="sms must be a positive int"):
+        deft.suggest_block_tokens(*tree, *dims, sms=0)
 
 
 def test_prepared_tensors_are_int32_and_on_the_device():
@@ -139,7 +182,7 @@ def _small(dtype=torch.float32, heads_q=2, heads_kv=1, d=16):
     (lambda: deft.prepare_node([-1, 0], [1, 1.5], [0], "cpu"), TypeError, r"lengths\[1\]"),
     (lambda: deft.prepare_node("ab", [1, 1], [0], "cpu"), TypeError, "parents must be a list"),
     (lambda: deft.prepare_node([-1], [1], [0], "gpu0"), ValueError, "device must be"),
-    (lambda: deft.prepare_flatten([-1], [4], [0], 24, "cpu"), ValueError, "block_tokens must be a power"),
+    (lambda: deft.prepare_flatten([-1], [4], [0], 24, "cpu"), ValueError, "positive multiple of 16"),
 ])
 def test_bad_trees_are_named(call, kind, message):
     with pytest.raises(kind, match=message):
@@ -243,7 +286,7 @@ def test_a_flatten_kernel_that_ignores_the_bitmask_is_caught():
     def prepare_flatten(*args):  # every query of a block sees all of it: the mask is lost
         prepared = deft.prepare_flatten(*args)
         return dataclasses.replace(prepared, segment_words=torch.full_like(prepared.segment_words, -1),
-                                   work_lists={})
+                                   token_words=torch.full_like(prepared.token_words, -1), work_lists={})
 
     module = SimpleNamespace(**{name: getattr(deft, name) for name in dir(deft) if not name.startswith("_")})
     module.prepare_flatten = prepare_flatten

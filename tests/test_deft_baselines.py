@@ -149,13 +149,19 @@ def test_bench_rows_on_cpu_follow_the_results_schema():
         pass
     twice = workloads.Workload("two queries at one node", "edge", (-1, 0), (3, 2), (1, 1))
     rows = deft_bench.run([workloads.tiny()[2]], methods, timer=fake_timer, device=DEVICE, shape=TINY_SHAPE,
-                          copy_bytes=1 << 16, block_tokens=16, log=lambda line: None)
+                          copy_bytes=1 << 16, matmul_size=64, block_tokens=16, log=lambda line: None)
     rows += deft_bench.measure_workload(twice, ["triton_tree"], timer=fake_timer, device=DEVICE,
                                         shape=TINY_SHAPE, log=lambda line: None)
     document = deft_bench.dry_run_document(rows)
     assert results.validate(document) is document
     by = {(row["workload"], row["name"]): row for row in rows}
     assert by[("copy 65536 B", "copy")]["gbps"] > 0
+    assert by[("matmul 64", "matmul")]["tflops"] > 0
+    tiny = workloads.tiny()[2]
+    pairs = sum(len(tokens) for tokens in pyspec_ref.deft.visible_tokens(tiny.parents, tiny.lengths,
+                                                                          tiny.query_nodes))
+    compute = by[(tiny.name, "compute_floor")]
+    assert compute["modelled"] and compute["flops"] == 4 * TINY_SHAPE["d"] * TINY_SHAPE["heads_q"] * pairs
     for method in methods:
         row = by[("tiny speculative P=40 t=12", method)]
         assert row["max_abs_err"] < 1e-3 and row["modelled_bytes"] > 0 and "error" not in row
@@ -166,13 +172,14 @@ def test_bench_rows_on_cpu_follow_the_results_schema():
     assert len(deft_bench.ok_rows(rows)) == len(rows) - 1
 
 
-def test_flatten_block_size_trades_partials_for_parallelism():
-    big = workloads.speculative(16384, 256)
-    assert deft_bench.flatten_block_tokens(big, programs=264) == 4096  # 5 blocks x 16 tiles x 8 heads
-    assert deft_bench.flatten_block_tokens(big, programs=1) == max(deft_bench.SWEEP_BLOCKS)
-    assert deft_bench.flatten_block_tokens(big, programs=10**9) == min(deft_bench.SWEEP_BLOCKS)
-    small = workloads.speculative(4096, 32)
-    assert deft_bench.flatten_block_tokens(small, programs=264) == 256  # 17 blocks x 2 tiles x 8 heads
+def test_the_bench_takes_the_kernels_block_rule_and_sweeps_its_candidates():
+    module = deft_bench._deft_module()
+    for workload in (workloads.speculative(4096, 64), workloads.reasoning()):
+        tree = (workload.parents, workload.lengths, workload.query_nodes)
+        chosen = deft_bench.flatten_block_tokens(workload, sms=132)
+        assert chosen == module.suggest_block_tokens(*tree, 32, 8, 128, sms=132)
+        model = deft_bench.sweep_blocks(workload, sms=132)
+        assert chosen in model and chosen == min(model, key=lambda block: (model[block], -block))
 
 
 def _row(name, workload, ms, **extra):
