@@ -31,7 +31,7 @@ from .plots import (
     tree_layout,
 )
 
-__all__ = ["draw_flatten", "draw_kv_tree", "group_loads", "io_bars"]
+__all__ = ["block_sweep", "draw_flatten", "draw_kv_tree", "group_loads", "io_bars"]
 
 NODE_COLORS = ["#DCE8F3", "#FBE3B5", "#CDEBDD", "#F6D3C2", "#E3DDF1", "#D6EEF7", "#F3E1EC", "#E8E8D0"]
 IO_PARTS = (("kv", BLUE, "KV cache"), ("queries", SKY, "queries and output"),
@@ -163,4 +163,35 @@ def io_bars(io_by_method: dict[str, dict], ax=None, title=None, scale=1e6, unit=
     ax.set_xlabel(f"modelled bytes moved ({unit})")
     _style(ax, title or "IO model", grid_axis="x")
     _legend_below(ax, [Patch(color=c, label=label) for _, c, label in IO_PARTS])
+    return ax
+
+
+def block_sweep(rows, workload: str, ax=None, title=None):
+    """DeFT-Flatten's time against its block length on one workload: measured, and the model.
+
+    rows: `course.deft_bench` rows. The deft_flatten_sweep rows give the measured median per
+    block length and the model's time (`modelled_time`, in streamed tokens), drawn scaled to
+    meet the measurement at the chosen block (the deft_flatten row's block_tokens), marked.
+    """
+    sweep = sorted((r for r in rows if r.get("name") == "deft_flatten_sweep" and r.get("workload") == workload
+                    and r.get("median_ms") and "modelled_time" in r), key=lambda r: r["block_tokens"])
+    chosen = next((r for r in rows if r.get("name") == "deft_flatten" and r.get("workload") == workload
+                   and r.get("median_ms")), None)
+    if not sweep or chosen is None:
+        raise ValueError(f"rows hold no deft_flatten_sweep rows with modelled_time, or no deft_flatten row, "
+                         f"for workload {workload!r}")
+    ax = _new_ax(ax, (6.4, 3.2))
+    blocks = [r["block_tokens"] for r in sweep]
+    measured = [r["median_ms"] * 1e3 for r in sweep]
+    at_chosen = {r["block_tokens"]: r for r in sweep}.get(chosen["block_tokens"])
+    scale = (at_chosen["median_ms"] * 1e3 / at_chosen["modelled_time"]) if at_chosen else \
+        min(measured) / min(r["modelled_time"] for r in sweep)
+    ax.plot(blocks, measured, "o-", color=BLUE, markersize=3, linewidth=1, label="measured")
+    ax.plot(blocks, [r["modelled_time"] * scale for r in sweep], "-", color=ORANGE, linewidth=1.2,
+            label="model (scaled)")
+    ax.plot([chosen["block_tokens"]], [chosen["median_ms"] * 1e3], "*", color=VERMILLION, markersize=12,
+            label=f"chosen: {chosen['block_tokens']} tokens")
+    ax.set(xscale="log", xlabel="block length (tokens)", ylabel="time (µs)")
+    ax.legend(fontsize=7)
+    _style(ax, title or workload, grid_axis="y")
     return ax

@@ -449,3 +449,28 @@ def test_no_function_calls_show(monkeypatch):
     plots.memory_bars([("x", 8)])
     plots.online_softmax_trace([1.0, 2.0, 3.0], 2)
     plots.results_bar(RESULTS)
+
+
+def _sweep_rows():
+    sweep = ((64, 0.09, 900.0), (576, 0.03, 300.0), (4160, 0.12, 1100.0))  # block, time, model
+    rows = [{"name": "deft_flatten_sweep", "workload": "w", "block_tokens": block, "median_ms": ms,
+             "modelled_time": model} for block, ms, model in sweep]
+    return rows + [{"name": "deft_flatten", "workload": "w", "block_tokens": 576, "median_ms": 0.031}]
+
+
+def test_block_sweep_draws_the_clock_the_scaled_model_and_the_choice():
+    from course import deft_plots
+
+    ax = deft_plots.block_sweep(_sweep_rows(), "w")
+    measured, model, chosen = ax.get_lines()
+    assert list(measured.get_ydata()) == pytest.approx([90.0, 30.0, 120.0])
+    assert list(model.get_ydata()) == pytest.approx([90.0, 30.0, 110.0])  # scaled to meet at 576 tokens
+    assert list(chosen.get_xdata()) == [576]
+    plt.close(ax.figure)
+
+
+def test_block_sweep_names_a_workload_without_rows():
+    from course import deft_plots
+
+    with pytest.raises(ValueError, match="for workload 'other'"):
+        deft_plots.block_sweep(_sweep_rows(), "other")
