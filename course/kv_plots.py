@@ -131,6 +131,13 @@ def draw_nonsquare_mask(mask, prefix_len: int, query_labels: Sequence | None = N
     return ax
 
 
+def _titled(fig, title: str, note: str | None):
+    """The figure with its title (and the note, say where it was measured) above its panels."""
+    fig.suptitle(f"{title} ({note})" if note else title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 def _rows(rows, figure: str) -> list[dict]:
     if isinstance(rows, dict) or not isinstance(rows, Sequence):
         raise ValueError("rows must be a list of dicts (a results JSON's rows)")
@@ -158,10 +165,7 @@ def compaction_figure(rows, title: str | None = None, note: str | None = None):
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    title = title or "SwiftSpec compaction: in-place kernel vs gather-and-copy"
-    fig.suptitle(f"{title} ({note})" if note else title, fontsize=11)
-    fig.tight_layout()
-    return fig
+    return _titled(fig, title or "SwiftSpec compaction: in-place kernel vs gather-and-copy", note)
 
 
 def attention_figure(rows, title: str | None = None, note: str | None = None):
@@ -244,7 +248,4 @@ def emssd_figure(rows, title: str | None = None, note: str | None = None):
         ax.grid(alpha=0.3)
     times.legend(fontsize=8)
     memory.legend(fontsize=8)
-    title = title or "EMS-SD: padded vs unpadded multi-sample batches"
-    fig.suptitle(f"{title} ({note})" if note else title, fontsize=11)
-    fig.tight_layout()
-    return fig
+    return _titled(fig, title or "EMS-SD: padded vs unpadded multi-sample batches", note)

@@ -31,7 +31,8 @@ The token loops are `for` loops over run-time bounds, which Triton pipelines on 
 K/V loads of the next tiles in flight while one computes); `course.interpreter` makes such
 bounds work in Triton 3.6's interpreter too. The step of the token loop is notebook 12's
 `online_softmax_step`, with DeFT's masks; `_load_kv_tile` loads one K/V tile, contiguous or
-paged, for both kernels.
+paged, for both kernels, and `_attend_all` is the loop over tokens every row sees (DeFT-Node's, and
+DeFT-Flatten's for the programs whose mask is all ones).
 """
 
 from __future__ import annotations
@@ -437,6 +438,26 @@ def _load_kv_tile(k, v, slots, tokens, inside, kv_head, cols,
 
 
 @triton.jit
+def _attend_all(q_tile, k, v, slots, token_start, token_end, kv_head, cols, stride_k_row, stride_k_head,
+                stride_v_row, stride_v_head, qk_scale, m, l, acc,
+                BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold the tokens [token_start, token_end), every one visible to every row, into (m, l, acc).
+
+    The online softmax (notebook 12's step, FlashAttention-2 Algorithm 1), in base 2 with the
+    scale folded in: only the ragged end of the range is masked. DeFT-Node's loop, and
+    DeFT-Flatten's for its dense programs.
+    """
+    for start in range(token_start, token_end, BLOCK_N):
+        tokens = start + tl.arange(0, BLOCK_N)
+        inside = tokens < token_end
+        k_tile, v_tile = _load_kv_tile(k, v, slots, tokens, inside, kv_head, cols, stride_k_row,
+                                       stride_k_head, stride_v_row, stride_v_head, PAGED)
+        m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, inside[None, :], m, l, acc, qk_scale,
+                                        PRECISION)
+    return m, l, acc
+
+
+@triton.jit
 def _work_item(work_group, work_tile, group_start, group_end, group_ptr):
     """This program's work item w = program_id(0), tile work_tile[w] of group g = work_group[w]:
     (tile, the group's tokens [token_start, token_end), its first partial `first` = group_ptr[g],
@@ -488,15 +509,10 @@ def deft_node_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scores (log2 units)
     l = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m)
     acc = tl.zeros([BLOCK_M, D], tl.float32)  # running sum of exp2(score - m) * v
-    for start in range(token_start, token_end, BLOCK_N):
-        tokens = start + tl.arange(0, BLOCK_N)
-        inside = tokens < token_end
-        k_tile, v_tile = _load_kv_tile(k, v, slots, tokens, inside, kv_head, cols, stride_k_row,
-                                       stride_k_head, stride_v_row, stride_v_head, PAGED)
-        # The online softmax (notebook 12's step, FlashAttention-2 Algorithm 1), in base 2 with
-        # the scale folded in: every token of the node is visible, only the ragged end is masked.
-        m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, inside[None, :], m, l, acc, qk_scale,
-                                        PRECISION)
+    # Every token of the node is visible to every query of its group: no mask but the ragged end.
+    m, l, acc = _attend_all(q_tile, k, v, slots, token_start, token_end, kv_head, cols, stride_k_row,
+                            stride_k_head, stride_v_row, stride_v_head, qk_scale, m, l, acc, BLOCK_N, PAGED,
+                            PRECISION)
     l = tl.where(l > 0, l, 1.0)  # rows past the group's queries saw zeros; never stored
     out = acc / l[:, None]
     lse = (m + tl.log2(l)) * 0.6931471805599453  # back to natural log
@@ -552,13 +568,9 @@ def deft_flatten_kernel(
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     if dense:  # DeFT-Node's loop: only the block's end is masked
-        for start in range(token_start, token_end, BLOCK_N):
-            tokens = start + tl.arange(0, BLOCK_N)
-            inside = tokens < token_end
-            k_tile, v_tile = _load_kv_tile(k, v, slots, tokens, inside, kv_head, cols, stride_k_row,
-                                           stride_k_head, stride_v_row, stride_v_head, PAGED)
-            m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, inside[None, :], m, l, acc, qk_scale,
-                                            PRECISION)
+        m, l, acc = _attend_all(q_tile, k, v, slots, token_start, token_end, kv_head, cols, stride_k_row,
+                                stride_k_head, stride_v_row, stride_v_head, qk_scale, m, l, acc, BLOCK_N,
+                                PAGED, PRECISION)
     else:
         for start in range(token_start, token_end, BLOCK_N):
             tokens = start + tl.arange(0, BLOCK_N)
@@ -630,7 +642,8 @@ def reduce_partials_kernel(
     tl.store(lse + query * HEADS_Q + head, m + tl.log(l))
 
 
-interpreter.prepare(_work_item, _load_kv_tile, deft_node_kernel, deft_flatten_kernel, reduce_partials_kernel)
+interpreter.prepare(_work_item, _load_kv_tile, _attend_all, deft_node_kernel, deft_flatten_kernel,
+                    reduce_partials_kernel)
 
 
 # --------------------------------------------------------------------------- launchers
