@@ -444,11 +444,18 @@ def _attend_all(q_tile, k, v, slots, token_start, token_end, kv_head, cols, stri
     """Fold the tokens [token_start, token_end), every one visible to every row, into (m, l, acc).
 
     The online softmax (notebook 12's step, FlashAttention-2 Algorithm 1), in base 2 with the
-    scale folded in: only the ragged end of the range is masked. DeFT-Node's loop, and
-    DeFT-Flatten's for its dense programs.
+    scale folded in. The whole tiles pass the constant True as their mask, which the compiler
+    folds away: no select on the scores. Only the ragged end, if any, takes a masked step.
+    DeFT-Node's loop, and DeFT-Flatten's for its dense programs.
     """
-    for start in range(token_start, token_end, BLOCK_N):
+    whole_end = token_start + (token_end - token_start) // BLOCK_N * BLOCK_N
+    for start in range(token_start, whole_end, BLOCK_N):
         tokens = start + tl.arange(0, BLOCK_N)
+        k_tile, v_tile = _load_kv_tile(k, v, slots, tokens, tokens < token_end, kv_head, cols, stride_k_row,
+                                       stride_k_head, stride_v_row, stride_v_head, PAGED)
+        m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, True, m, l, acc, qk_scale, PRECISION)
+    if whole_end < token_end:
+        tokens = whole_end + tl.arange(0, BLOCK_N)
         inside = tokens < token_end
         k_tile, v_tile = _load_kv_tile(k, v, slots, tokens, inside, kv_head, cols, stride_k_row,
                                        stride_k_head, stride_v_row, stride_v_head, PAGED)
