@@ -65,9 +65,10 @@ WORD_BITS = 64  # queries per bitmask word (int64)
 MAX_GROUP = 64  # query heads per KV head that one tile can hold
 BLOCK_MULTIPLE = 16  # a Flatten block's length is a multiple of this (the smallest tl.dot tile)
 SUGGESTED_MULTIPLE = 64  # suggest_block_tokens's blocks are whole K/V tiles of a GPU
-# modelled_launch_time's constants, fitted to a sweep of block lengths on the H100: over the 12
-# benchmark trees, the blocks they choose ran at 1.02x the best measured block on average, 1.04x at
-# worst. `python -m course.deft_bench`'s deft_flatten_sweep rows record the model beside the clock.
+# modelled_launch_time's constants, fitted to a sweep of block lengths on the H100. In the committed
+# sweep (results/h100/deft.json, deft_flatten_sweep rows, which record the model beside the clock)
+# the blocks they choose for the 12 benchmark trees run at 1.015x the best block's time on average,
+# 1.05x at worst.
 PROGRAM_OVERHEAD_TOKENS = 256  # a program's fixed work, in streamed tokens
 MASKED_COST = 2.0  # a token of a masked program (loads its word, tests bits) against one of a dense one
 LONE_PROGRAM_RATE = 0.8  # the share of an SM's speed that one program alone on it gets
