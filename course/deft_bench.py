@@ -39,9 +39,11 @@ checks (which read all of K and V and wait for the GPU); the one-time preparatio
 block lists, masks, per-query KV copies) is outside every timing, as it is for the baselines.
 `targets(rows)` computes the issue's targets; `main` prints them after the run.
 
-Budget: 12 workloads x 14 measurements (7 of them the sweep), each timed for ~0.25 s, plus
-FlexAttention's compile per shape (tens of seconds the first time, seconds after). To split a run:
-`python -m course.deft_bench --workloads "P=4096"`, then `... --workloads "P=16384" --keep`, etc.
+Budget: per workload about 80 measurements (the block sweep's 60-odd, the tile sweep's 6), each
+timed for ~0.2 s, plus FlexAttention's compile per shape (tens of seconds the first time, seconds
+after): about 3.5 minutes in all on the H100. To split a run: `python -m course.deft_bench
+--workloads speculative`, then `... --workloads few-shot reasoning --keep` on a checkout that
+holds the first run's deft.json (--keep keeps the rows of the file it finds).
 """
 
 from __future__ import annotations
@@ -187,10 +189,10 @@ def floor_row(workload: Workload, copy_gbps: float, shape: dict = LLAMA3_8B) -> 
 
 def visible_pairs(workload: Workload) -> int:
     """(query, token) pairs the tree's attention computes: each query's root-path tokens."""
-    path_tokens = []  # parents come before their children
-    for parent, length in zip(workload.parents, workload.lengths, strict=True):
-        path_tokens.append(length + (path_tokens[parent] if parent >= 0 else 0))
-    return sum(path_tokens[node] for node in workload.query_nodes)
+    from pyspec_ref import deft
+
+    return sum(len(tokens) for tokens in deft.visible_tokens(workload.parents, workload.lengths,
+                                                            workload.query_nodes))
 
 
 def compute_floor_row(workload: Workload, tflops: float, shape: dict = LLAMA3_8B) -> dict:

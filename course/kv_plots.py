@@ -21,7 +21,20 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLoca
 import pyspec_ref
 import pyspec_ref.kvcache as spec
 
-from .plots import BLUE, GREEN, GREY, HIDDEN, INK, ORANGE, SKY, VERMILLION, VISIBLE
+from .plots import (
+    BLUE,
+    GREEN,
+    GREY,
+    HIDDEN,
+    INK,
+    ORANGE,
+    SKY,
+    VERMILLION,
+    VISIBLE,
+    _as_mask,
+    _cell_grid,
+    _new_ax,
+)
 
 __all__ = [
     "attention_figure",
@@ -32,12 +45,6 @@ __all__ = [
 ]
 
 PREFIX, COMMITTED, KEPT, DISCARDED, FREE = SKY, ORANGE, GREEN, "#E4E7EB", "white"
-
-
-def _new_ax(ax, figsize):
-    if ax is None:
-        _, ax = plt.subplots(figsize=figsize)
-    return ax
 
 
 def draw_cache_reroot(prefix_len: int, parents, verified_path, ax=None, title=None):
@@ -106,19 +113,13 @@ def draw_cache_reroot(prefix_len: int, parents, verified_path, ax=None, title=No
 def draw_nonsquare_mask(mask, prefix_len: int, query_labels: Sequence | None = None, ax=None, title=None):
     """A w x (P + N) mask (`pyspec_ref.kvcache.nonsquare_tree_mask`): visible dark, hidden light,
     the prefix columns tinted and separated from the tree columns by a line."""
-    m = np.asarray(mask, dtype=bool)
-    if m.ndim != 2 or m.size == 0:
-        raise ValueError(f"mask must be a non-empty 2-D (queries x keys) array, got shape {m.shape}")
+    m = _as_mask(mask, square=False)
     rows, cols = m.shape
     ax = _new_ax(ax, (min(16, max(5, 0.3 * cols + 1.5)), max(2.2, 0.35 * rows + 1.4)))
     image = m.astype(int) + 2 * ((np.arange(cols) < prefix_len)[None, :] & m)
     ax.imshow(image, cmap=ListedColormap([HIDDEN, VISIBLE, SKY, BLUE]), vmin=0, vmax=3,
               interpolation="nearest", aspect="auto")
-    if max(rows, cols) <= 64:
-        ax.set_xticks(np.arange(-0.5, cols, 1), minor=True)
-        ax.set_yticks(np.arange(-0.5, rows, 1), minor=True)
-        ax.grid(which="minor", color="white", linewidth=0.6)
-        ax.tick_params(which="minor", length=0)
+    _cell_grid(ax, rows, cols)
     ax.axvline(prefix_len - 0.5, color=VERMILLION, lw=1.5)
     if query_labels is not None:
         ax.set_yticks(range(rows), [str(x) for x in query_labels])
@@ -189,10 +190,7 @@ def attention_figure(rows, title: str | None = None, note: str | None = None):
     ax.set_yscale("log")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    title = title or "w queries against [prefix | tree]: non-square kernel vs alternatives"
-    ax.set_title(f"{title} ({note})" if note else title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _titled(fig, title or "w queries against [prefix | tree]: non-square kernel vs alternatives", note)
 
 
 EMSSD_KEYS = ("name", "B", "median_ms", "kv_bytes")

@@ -10,7 +10,8 @@ Two figures:
   is a whole model's, (B, layers x {k, v} x KV heads, C, d) in float16, for two shapes:
   MODELS (a Llama-3.2-1B-like draft model and a Llama-3-8B-like target). Per sample: a random
   speculative tree of N nodes (fan-out 1..4) after a prefix of PREFIX tokens, and a verified path
-  with per-token acceptance ALPHA (`course.emssd_bench.accept_length`), whose `compact_plan` gives
+  with per-token acceptance ALPHA (`course.checks.swiftspec.random_root_path`, stopping with
+  probability 1 - ALPHA at each step), whose `compact_plan` gives
   the moves. Tree sizes TREES, cache capacities CACHES.
 * "attention": SwiftSpec §3.1's non-square attention of w query nodes against [prefix | tree],
   `solutions.swiftspec.tree_cache_attention` ("nonsquare") against SDPA with a dense boolean
@@ -210,12 +211,7 @@ def save_rows(rows: list[dict], figures=("compaction", "attention")):
     study's rows of figures not measured now; replace this study's rows of `figures`."""
     def ours(row):
         return STUDY in (row.get("study"), row.get("section")) and row.get("figure") in figures
-    try:
-        folder = results.device_folder(runtime.device_name())
-        kept = [r for r in results.load(SUITE, folder)["rows"] if not ours(r)]
-    except (FileNotFoundError, ValueError):
-        kept = []
-    return results.save(SUITE, kept + rows)
+    return results.save(SUITE, results.kept_rows(SUITE, lambda row: not ours(row)) + rows)
 
 
 def main(argv=None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -86,6 +87,13 @@ def require_like_q(value: torch.Tensor, name: str, q: torch.Tensor) -> None:
                         f"got {str(value.dtype).replace('torch.', '')}")
     if value.device != q.device:
         raise ValueError(f"{name} must be on q's device {q.device}, got {value.device}")
+
+
+def require_scale(scale) -> None:
+    """The softmax scale: a positive finite number, or None for 1/sqrt(d)."""
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale <= 0):
+        raise ValueError(f"scale must be a positive finite number or None (1/sqrt(d)), got {scale!r}")
 
 
 def require_kv_heads(heads: int, d: int, name: str, heads_kv: int, d_kv: int) -> None:

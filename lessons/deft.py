@@ -72,6 +72,7 @@ SUGGESTED_MULTIPLE = 64  # suggest_block_tokens's blocks are whole K/V tiles of 
 PROGRAM_OVERHEAD_TOKENS = 256  # a program's fixed work, in streamed tokens
 MASKED_COST = 2.0  # a token of a masked program (loads its word, tests bits) against one of a dense one
 LONE_PROGRAM_RATE = 0.8  # the share of an SM's speed that one program alone on it gets
+PARTIALS_PER_LOAD = 16  # the merge's loads: one query's partials, most queries' all at once
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453
 
@@ -656,7 +657,7 @@ def tile_shape(d: int, group: int, block_tokens: int | None = None, *, dtype: to
     64 tokens (32 in the interpreter), at most a Flatten block. 16-bit inputs: 4 warps (one
     warpgroup: wgmma's 64 rows) and 3 stages, so that two programs fit on an SM (registers and
     shared memory, read with Nsight Compute on an H100); with 8 warps only one fits
-    (`python -m course.deft_bench --tiles` times the alternatives).
+    (`course.deft_bench`'s deft_flatten_tiles rows time the alternatives).
     float32 (FMAs, no tensor cores): 8 warps at d = 128, and at most 2 stages. The keyword
     arguments override the defaults, for benchmarks that time alternatives.
     """
@@ -755,10 +756,7 @@ def _check_inputs(q, k, v, prepared, slots, kind: type, prepare: str) -> tuple[i
 
 
 def _partials_launch(q, k, v, prepared: PreparedGroups, slots, tiles: TileShape | None = None):
-    """Allocate the partial buffers and return (a function launching phase 2's first kernel, buffers).
-
-    The function returns the launched kernel's handle (its registers, spills, shared memory).
-    """
+    """Allocate the partial buffers and return (a function launching phase 2's first kernel, buffers)."""
     n_queries, heads_q, d = q.shape
     heads_kv = k.shape[1]
     group = heads_q // heads_kv
@@ -782,19 +780,16 @@ def _partials_launch(q, k, v, prepared: PreparedGroups, slots, tiles: TileShape 
             prepared.group_ptr, prepared.member_query, work_group, work_tile)
     if flatten:
         def launch():
-            return deft_flatten_kernel[grid](*head, work_dense, prepared.token_words, prepared.num_words,
-                                             *strides, qk_scale, **common)
+            deft_flatten_kernel[grid](*head, work_dense, prepared.token_words, prepared.num_words, *strides,
+                                      qk_scale, **common)
     else:
         def launch():
-            return deft_node_kernel[grid](*head, *strides, qk_scale, **common)
+            deft_node_kernel[grid](*head, *strides, qk_scale, **common)
     return launch, out_part, lse_part
 
 
-def _reduce_launch(out_part, lse_part, query_ptr, query_parts, out_dtype, block_p: int = 16):
-    """Allocate out and lse and return (a function launching the reduction, out, lse).
-
-    block_p: partials per load (a power of two >= 2); 16 covers most queries in one.
-    """
+def _reduce_launch(out_part, lse_part, query_ptr, query_parts, out_dtype):
+    """Allocate out and lse and return (a function launching the reduction, out, lse)."""
     n_queries = query_ptr.shape[0] - 1
     _, heads_q, d = out_part.shape
     out = torch.empty((n_queries, heads_q, d), dtype=out_dtype, device=out_part.device)
@@ -802,8 +797,8 @@ def _reduce_launch(out_part, lse_part, query_ptr, query_parts, out_dtype, block_
     grid = (n_queries, heads_q)
 
     def launch():
-        return reduce_partials_kernel[grid](out_part, lse_part, query_ptr, query_parts, out, lse,
-                                            HEADS_Q=heads_q, D=d, BLOCK_P=block_p, num_warps=4)
+        reduce_partials_kernel[grid](out_part, lse_part, query_ptr, query_parts, out, lse,
+                                     HEADS_Q=heads_q, D=d, BLOCK_P=PARTIALS_PER_LOAD, num_warps=4)
     return launch, out, lse
 
 
@@ -868,30 +863,27 @@ def reduce_partials(out_part, lse_part, query_ptr, query_parts, *, out_dtype=tor
     return out, lse
 
 
-def make_runner(q, k, v, prepared: PreparedGroups, *, slots=None, tiles: TileShape | None = None,
-                reduce_block: int = 16) -> Callable[[], torch.Tensor]:
+def make_runner(q, k, v, prepared: PreparedGroups, *, slots=None,
+                tiles: TileShape | None = None) -> Callable[[], torch.Tensor]:
     """Check the inputs once and return a function that runs only the two kernels.
 
     The attention functions check their inputs on every call (finite values, slot ranges:
     a pass over q, k and v and a wait for the GPU); a benchmark that wants the kernels' own
     time calls this once and times the function it returns. Each call returns the output
-    (Q, H_q, d), written into the same buffer every time. `tiles` (from `tile_shape`) and
-    `reduce_block` (partials per load of the reduction) override the launch settings,
-    for benchmarks that time alternatives; the runner's `partials` and `reduce` run one kernel each.
+    (Q, H_q, d), written into the same buffer every time. `tiles` (from `tile_shape`) overrides
+    the first kernel's launch settings, for benchmarks that time alternatives.
     """
     kind = PreparedFlatten if isinstance(prepared, PreparedFlatten) else PreparedNode
     prepare = "prepare_flatten" if kind is PreparedFlatten else "prepare_node"
     _check_inputs(q, k, v, prepared, slots, kind, prepare)
     require_written(*_kernels_of(prepared), reduce_partials_kernel)
     partials, out_part, lse_part = _partials_launch(q, k, v, prepared, slots, tiles)
-    reduce, out, _ = _reduce_launch(out_part, lse_part, prepared.query_ptr, prepared.query_parts, q.dtype,
-                                    reduce_block)
+    reduce, out, _ = _reduce_launch(out_part, lse_part, prepared.query_ptr, prepared.query_parts, q.dtype)
 
     def run() -> torch.Tensor:
         partials()
         reduce()
         return out
-    run.partials, run.reduce = partials, reduce
     return run
 
 

@@ -52,7 +52,13 @@ import triton.language as tl
 
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import require_dot_block, require_interpretable_dtype, require_kv_heads, require_like_q
+from course.validate import (
+    require_dot_block,
+    require_interpretable_dtype,
+    require_kv_heads,
+    require_like_q,
+    require_scale,
+)
 
 from .triton_attention import online_softmax_step
 
@@ -357,9 +363,7 @@ def compact(cache: torch.Tensor, src, dst, counts) -> torch.Tensor:
     left (dst < src) with distinct destinations; they may overlap each other's sources (applied as if
     simultaneously, `pyspec_ref.kvcache.apply_moves`). Bad input raises ValueError/TypeError before
     anything is written. Returns cache."""
-    moves = check_moves(cache, src, dst, counts)
-    require_written(compact_kernel)
-    return _compact_launch(cache, moves)()
+    return compact_runner(cache, src, dst, counts)()
 
 
 def compact_runner(cache: torch.Tensor, src, dst, counts) -> Callable[[], torch.Tensor]:
@@ -564,12 +568,6 @@ def check_attention_inputs(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end
     return CacheBatch(qs, qe, ks, ke, p, t, c)
 
 
-def _check_scale(scale):
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not math.isfinite(scale) or scale <= 0):
-        raise ValueError(f"scale must be a positive finite number or None (1/sqrt(d)), got {scale!r}")
-
-
 def _attention_launch(q, k_cache, v_cache, checked: CacheBatch, scale, return_lse: bool,
                       config: AttentionConfig | None = None):
     batch, heads, width, d = q.shape
@@ -624,7 +622,7 @@ def tree_cache_attention(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, 
     runs every layer over the same tree: checked once per step, not once per layer); the index
     arguments are then not read, and only the shapes of q and the caches are compared with it.
     """
-    _check_scale(scale)
+    require_scale(scale)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     if checked is None:
@@ -647,7 +645,7 @@ def attention_runner(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, pref
                      config: AttentionConfig | None = None) -> Callable:
     """Check once; return a function that only launches `tree_cache_attention`'s kernel (for timing
     and for callers that reuse one checked layout). `config` overrides `attention_config`."""
-    _check_scale(scale)
+    require_scale(scale)
     checked = check_attention_inputs(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths,
                                      tree_lengths, query_counts)
     require_written(online_softmax_step, tree_cache_attention_kernel)

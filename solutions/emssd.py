@@ -53,6 +53,7 @@ from course.validate import (
     require_interpretable_dtype,
     require_kv_heads,
     require_like_q,
+    require_scale,
     require_tensor,
 )
 
@@ -307,12 +308,6 @@ def _launch(q, k_cache, v_cache, batch: Batch, scale):
     return launch, out, lse
 
 
-def _check_scale(scale):
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not math.isfinite(scale) or scale <= 0):
-        raise ValueError(f"scale must be a positive finite number or None (1/sqrt(d)), got {scale!r}")
-
-
 def unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, scale=None,
                        return_lse: bool = False, checked: Batch | None = None):
     """EMS-SD attention of a concatenated batch over per-sample KV regions (§3), in Triton.
@@ -329,7 +324,7 @@ def unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, sc
     layer over the same batch: checked once per step, not once per layer); counts, kv_starts and
     kv_lengths are then not read, and only the shapes of q and the caches are compared with it.
     """
-    _check_scale(scale)
+    require_scale(scale)
     if checked is None:
         batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
     else:
@@ -343,7 +338,7 @@ def unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, sc
 def make_runner(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *,
                 scale=None) -> Callable[[], torch.Tensor]:
     """Check once; return a function that only launches the kernel (for timing). Returns out."""
-    _check_scale(scale)
+    require_scale(scale)
     batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
     require_written(unpadded_attention_kernel, online_softmax_step)
     launch, out, _ = _launch(q, k_cache, v_cache, batch, scale)
@@ -416,6 +411,6 @@ def unpad(out_padded: torch.Tensor, counts: list[int]) -> torch.Tensor:
 def padded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, scale=None) -> torch.Tensor:
     """The vanilla baseline end to end: pad, one masked SDPA, unpad. Returns (T, H, d) like
     `unpadded_attention` (the padding rows are computed and dropped)."""
-    _check_scale(scale)
+    require_scale(scale)
     padded = pad_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
     return unpad(padded_forward(padded, scale), padded.counts)

@@ -297,7 +297,7 @@ def test_reroot_property_holds_for_random_paths():
         assert checks.reroot_problem(swiftspec, 3 + i, parents, path, 2, 2, 1, 16, torch.float32, i) == ""
 
 
-def test_figures_draw(monkeypatch):
+def test_figures_draw():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -312,8 +312,10 @@ def test_figures_draw(monkeypatch):
             for n in ("compact", "naive") for c in (64, 128) for m in (5, 50)]
     rows += [dict(figure="attention", workload=w, name=n, median_ms=0.1) for w in ("a", "b")
              for n in ("nonsquare", "sdpa_dense_mask")]
-    kv_plots.compaction_figure(rows, note="test")
-    kv_plots.attention_figure(rows)
+    compaction = kv_plots.compaction_figure(rows, note="test")
+    assert len(compaction.axes[0].lines) == 4  # 2 methods x 2 values of C
+    attention = kv_plots.attention_figure(rows)
+    assert len(attention.axes[0].patches) == 4  # 2 methods x 2 workloads
     with pytest.raises(ValueError, match="no measured"):
         kv_plots.attention_figure(rows[:2])
     plt.close("all")
@@ -339,7 +341,8 @@ def test_bench_runs_at_tiny_sizes_and_merges_rows(monkeypatch, tmp_path):
            dict(name="nonsquare", study="swiftspec", section="swiftspec", figure="attention", median_ms=9.0,
                 max_abs_err=0.0)]
     saved = {}
-    monkeypatch.setattr(swiftspec_bench.results, "load", lambda suite, device=None: {"rows": old})
+    committed = {"rows": old, "date": "x"}
+    monkeypatch.setattr(swiftspec_bench.results, "load", lambda suite, device=None: committed)
     monkeypatch.setattr(swiftspec_bench.results, "save", lambda suite, rows: saved.setdefault(suite, rows))
     swiftspec_bench.save_rows(rows[:2], ("compaction",))
     kept = saved["kvcache"]

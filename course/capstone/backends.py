@@ -32,6 +32,8 @@ import torch.nn.functional as F
 
 from course import impl as course_impl
 from course import runtime
+from pyspec_ref.sampling import greedy_tree_verification
+from pyspec_ref.trees import children
 
 BACKENDS = ("kernels", "reference")
 
@@ -44,23 +46,11 @@ def _sdpa(q, k, v, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def _walk(children: list[list[int]], tokens: list[int], best: list[int]) -> tuple[list[int], int]:
-    """Greedy verification of one tree (SpecInfer §4.3, greedy decoding)."""
-    path, node = [0], 0
-    while True:
-        match = next((c for c in children[node] if tokens[c] == best[node]), None)
-        if match is None:
-            return path, best[node]
-        path.append(match)
-        node = match
-
-
-def _kids(parents: list[int]) -> list[list[int]]:
-    kids: list[list[int]] = [[] for _ in parents]
-    for v, p in enumerate(parents):
-        if p >= 0:
-            kids[p].append(v)
-    return kids
+def draw(probs_cpu: torch.Tensor, uniforms: torch.Tensor) -> list[int]:
+    """Inverse-CDF draws (the smallest i with cdf[i] > u * total) from one distribution (V,)."""
+    cdf = torch.cumsum(probs_cpu.double(), 0)
+    picks = torch.searchsorted(cdf, uniforms.double() * cdf[-1], right=True)
+    return picks.clamp(max=len(cdf) - 1).tolist()
 
 
 class ReferenceBackend:
@@ -71,7 +61,7 @@ class ReferenceBackend:
 
     def causal(self, counts: list[int], kv_lengths: list[int]) -> Callable:
         def attend(q, k, v):
-            batch, _, width, _ = q.shape
+            width = q.shape[2]
             device = q.device
             cols = torch.arange(k.shape[2], device=device)
             limit = torch.tensor(kv_lengths, device=device)[:, None] + torch.arange(width, device=device)
@@ -103,14 +93,15 @@ class ReferenceBackend:
 
     def verify_greedy(self, parents, tokens, logits):
         best = logits.argmax(dim=-1).tolist()  # the first maximum, as the kernel
-        out = [_walk(_kids(par), tok, bst) for par, tok, bst in zip(parents, tokens, best, strict=True)]
+        out = [greedy_tree_verification(par, tok, bst)
+               for par, tok, bst in zip(parents, tokens, best, strict=True)]
         return [o[0] for o in out], [o[1] for o in out]
 
     def verify_sample(self, parents, tokens, q, p, accept_u, sample_u):
         q, p = q.double().cpu(), p.double().cpu()
         paths, nexts = [], []
         for b, (par, tok) in enumerate(zip(parents, tokens, strict=True)):
-            kids = _kids(par)
+            kids = children(par)
             path, node = [0], 0
             while True:
                 p_node = p[b, node]
@@ -125,10 +116,7 @@ class ReferenceBackend:
                     if total > 0.0:  # p == q leaves nothing to renormalise: keep p
                         p_node = residual / total
                 else:
-                    cdf = torch.cumsum(p_node, 0)
-                    threshold = float(sample_u[b, node]) * float(cdf[-1])
-                    nexts.append(int(torch.searchsorted(cdf, torch.tensor([threshold], dtype=cdf.dtype),
-                                                        right=True).clamp(max=len(cdf) - 1)))
+                    nexts.append(draw(p_node, sample_u[b, node:node + 1])[0])
                     paths.append(path)
                     break
         return paths, nexts

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
@@ -61,7 +60,7 @@ def prompts(batch: int = BATCH, chars: int = PROMPT_CHARS, seed: int = PROMPT_SE
 
 def compare(target, draft, texts: list[str], max_new_tokens: int, *, tree_size: int = DEFAULT_TREE,
             width: int = DEFAULT_WIDTH, mode: str = "greedy", seed: int = 0, backend: str = "kernels",
-            impl: str | None = None, progress: bool = False, warmup: bool | None = None) -> dict:
+            impl: str | None = None, progress: bool = False) -> dict:
     """Speculative and plain decoding of the same prompts with the same target. Returns
     {"speculative": Generation, "autoregressive": Generation, "texts": the speculative continuations,
     "same": whether the two outputs agree token for token (expected in greedy mode)}. On a GPU a
@@ -71,7 +70,7 @@ def compare(target, draft, texts: list[str], max_new_tokens: int, *, tree_size: 
 
     encoded = [encode(t) for t in texts]
     options = dict(mode=mode, seed=seed, backend=backend, impl=impl)
-    if warmup if warmup is not None else runtime.on_gpu():
+    if runtime.on_gpu():
         # As long as the timed run: Triton compiles a kernel again for each new block shape, and
         # the tree's and the prefix's sizes reach new ones along the way (a 4-token warm-up left a
         # second of compiling in the timed run).
@@ -136,8 +135,11 @@ def _mismatch(got: list[list[int]], want: list[list[int]]) -> float:
 
 
 def _timed(run, repeats: int):
-    runs = [run() for _ in range(repeats)]
-    return runs[-1], statistics.median(1e3 * (r.seconds) for r in runs)
+    """(the median run, its time in ms): every figure of a row (tokens/s, speed-ups) comes from one run,
+    the median one (the lower middle one for an even count)."""
+    runs = sorted((run() for _ in range(repeats)), key=lambda r: r.seconds)
+    middle = runs[(len(runs) - 1) // 2]
+    return middle, 1e3 * middle.seconds
 
 
 def measure(pair=None, batch: int = BATCH, max_new: int = MAX_NEW, tree_sizes=TREE_SIZES, widths=WIDTHS,

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backends import BACKENDS, make_backend
+from .backends import BACKENDS, draw, make_backend
 from .tree import MODES, DraftTree
 
 
@@ -128,7 +128,7 @@ def _check_pair(target, draft):
     for name, model in (("target", target), ("draft", draft)):
         if not hasattr(model, "step") or not hasattr(model, "config"):
             raise ValueError(f"{name} must be a course.capstone.model.TinyLM, got {type(model).__name__}")
-    if draft is not None and target.config.vocab_size != draft.config.vocab_size:
+    if target.config.vocab_size != draft.config.vocab_size:
         raise ValueError(f"target and draft must share the vocabulary: {target.config.vocab_size} vs "
                          f"{draft.config.vocab_size} tokens")
     if target.device != draft.device:
@@ -180,13 +180,6 @@ def _finish(new: list[int], emitted: list[int], max_new: int, eos: int | None) -
     return taken, done
 
 
-def _draw(probs_cpu: torch.Tensor, uniforms: torch.Tensor) -> list[int]:
-    """Inverse-CDF draws (the smallest i with cdf[i] > u * total) from one distribution (V,)."""
-    cdf = torch.cumsum(probs_cpu.double(), 0)
-    picks = torch.searchsorted(cdf, uniforms.double() * cdf[-1], right=True)
-    return picks.clamp(max=len(cdf) - 1).tolist()
-
-
 # --------------------------------------------------------------------------- plain decoding
 
 
@@ -232,7 +225,7 @@ def autoregressive(target, prompts, max_new_tokens: int, *, mode: str = "greedy"
         else:
             probs = torch.softmax(logits.float(), -1).cpu()
             u = torch.rand(batch, generator=gen, dtype=torch.float64)
-            picks = [_draw(probs[b], u[b:b + 1])[0] for b in range(batch)]
+            picks = [draw(probs[b], u[b:b + 1])[0] for b in range(batch)]
         for b in range(batch):
             if active[b]:
                 taken, done = _finish(new[b], [picks[b]], max_new_tokens, eos)
@@ -266,7 +259,7 @@ class Settings:
     @property
     def max_tree(self) -> int:
         """The most nodes a tree can hold (the draft cache's tree capacity)."""
-        return max(self.tree_size, self.tree_cap) + self.width
+        return self.tree_cap + self.width  # tree_cap >= tree_size
 
 
 def settings(tree_size=8, width=2, branch=None, mode="greedy") -> Settings:
@@ -384,7 +377,7 @@ def _draft(ops, draft, cache, state: _Batch, cfg: Settings, gen) -> int:
     u = torch.rand((batch, cfg.branch), generator=gen, dtype=torch.float64) if cfg.mode == "sample" else None
     for b, tree in enumerate(state.trees):
         if state.active[b] and tree.needs_children():  # a sample-mode re-root: fresh draws from its q
-            picks = _draw(tree.q[0], u[b])
+            picks = draw(tree.q[0], u[b])
             tree.push(0, picks, torch.log(tree.q[0][picks].double()).tolist(), q=tree.q[0])
     calls = 0
     while True:
@@ -433,7 +426,7 @@ def _draft(ops, draft, cache, state: _Batch, cfg: Settings, gen) -> int:
             u = torch.rand((batch, width, cfg.branch), generator=gen, dtype=torch.float64)
             for b, nodes in enumerate(run):
                 for r, v in enumerate(nodes):
-                    picks = _draw(probs[b, r], u[b, r])
+                    picks = draw(probs[b, r], u[b, r])
                     state.trees[b].push(v, picks, logq[b, r, picks].tolist(), q=probs[b, r])
 
 

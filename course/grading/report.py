@@ -60,7 +60,7 @@ def speed_section(grade: SubmissionGrade, speed: Speed, hooked: set[str]) -> lis
     lines += ["| exercise | speed |", "|---|---|"]
     for g in grade.exercises.values():
         if g.exercise in hooked:
-            lines.append(f"| `{g.exercise}` | {speed.describe(g, True)} |")
+            lines.append(f"| `{g.exercise}` | {speed.describe(g)} |")
     others = [g.exercise for g in grade.exercises.values() if g.exercise not in hooked]
     if others:
         lines += ["", f"No timing for: {', '.join(f'`{e}`' for e in others)}."]

@@ -113,12 +113,10 @@ class Speed:
             return None
         return grade.student_ms / solution
 
-    def describe(self, grade, has_hook: bool) -> str:
+    def describe(self, grade) -> str:
         """One exercise's speed, in words, for the feedback."""
         if not self.timed:
             return "not timed"
-        if not has_hook:
-            return "no timing for this exercise"
         ratio = self.ratio(grade)
         if ratio is not None:
             return (f"{grade.student_ms:.3f} ms vs the solution's {self.solution_ms[grade.exercise]:.3f} ms: "
