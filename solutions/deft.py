@@ -32,7 +32,8 @@ K/V loads of the next tiles in flight while one computes); `course.interpreter` 
 bounds work in Triton 3.6's interpreter too. The step of the token loop is notebook 12's
 `online_softmax_step`, with DeFT's masks; `_load_kv_tile` loads one K/V tile, contiguous or
 paged, for both kernels, and `_attend_all` is the loop over tokens every row sees (DeFT-Node's, and
-DeFT-Flatten's for the programs whose mask is all ones).
+DeFT-Flatten's for the programs whose mask is all ones); on a Hopper GPU its whole tiles of
+contiguous KV come through TMA tensor descriptors (`_kv_descriptors`).
 """
 
 from __future__ import annotations
@@ -65,12 +66,13 @@ BLOCK_MULTIPLE = 16  # a Flatten block's length is a multiple of this (the small
 SUGGESTED_MULTIPLE = 64  # suggest_block_tokens's blocks are whole K/V tiles of a GPU
 # modelled_launch_time's constants, fitted to a sweep of block lengths on the H100. In the committed
 # sweep (results/h100/deft.json, deft_flatten_sweep rows, which record the model beside the clock)
-# the blocks they choose for the 12 benchmark trees run at 1.015x the best block's time on average,
-# 1.05x at worst.
+# the blocks they choose for the 12 benchmark trees run at 1.024x the best block's time on average,
+# 1.11x at worst (the reasoning tree).
 PROGRAM_OVERHEAD_TOKENS = 256  # a program's fixed work, in streamed tokens
 MASKED_COST = 2.0  # a token of a masked program (loads its word, tests bits) against one of a dense one
 LONE_PROGRAM_RATE = 0.8  # the share of an SM's speed that one program alone on it gets
-PARTIALS_PER_LOAD = 16  # the merge's loads: one query's partials, most queries' all at once
+HEADS_PER_MERGE = 8  # query heads per program of the merge (reduce_partials_kernel), with 8 warps
+MERGE_WARPS = 8
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453
 
@@ -440,21 +442,28 @@ def _load_kv_tile(k, v, slots, tokens, inside, kv_head, cols,
 
 
 @triton.jit
-def _attend_all(q_tile, k, v, slots, token_start, token_end, kv_head, cols, stride_k_row, stride_k_head,
-                stride_v_row, stride_v_head, qk_scale, m, l, acc,
-                BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PRECISION: tl.constexpr):
+def _attend_all(q_tile, k, v, slots, k_desc, v_desc, token_start, token_end, kv_head, cols, stride_k_row,
+                stride_k_head, stride_v_row, stride_v_head, qk_scale, m, l, acc,
+                BLOCK_N: tl.constexpr, PAGED: tl.constexpr, TMA: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the tokens [token_start, token_end), every one visible to every row, into (m, l, acc).
 
     The online softmax (notebook 12's step, FlashAttention-2 Algorithm 1), in base 2 with the
     scale folded in. The whole tiles pass the constant True as their mask, which the compiler
     folds away: no select on the scores. Only the ragged end, if any, takes a masked step.
-    DeFT-Node's loop, and DeFT-Flatten's for its dense programs.
+    With TMA (contiguous KV on a Hopper GPU, `_kv_descriptors`) the whole tiles come through
+    tensor descriptors: the copy engine computes the addresses and writes shared memory, so
+    the warps spend no registers or instructions on them. DeFT-Node's loop, and DeFT-Flatten's
+    for its dense programs.
     """
     whole_end = token_start + (token_end - token_start) // BLOCK_N * BLOCK_N
     for start in range(token_start, whole_end, BLOCK_N):
-        tokens = start + tl.arange(0, BLOCK_N)
-        k_tile, v_tile = _load_kv_tile(k, v, slots, tokens, tokens < token_end, kv_head, cols, stride_k_row,
-                                       stride_k_head, stride_v_row, stride_v_head, PAGED)
+        if TMA:
+            k_tile = k_desc.load([start, kv_head * cols.shape[0]])
+            v_tile = v_desc.load([start, kv_head * cols.shape[0]])
+        else:
+            tokens = start + tl.arange(0, BLOCK_N)
+            k_tile, v_tile = _load_kv_tile(k, v, slots, tokens, tokens < token_end, kv_head, cols,
+                                           stride_k_row, stride_k_head, stride_v_row, stride_v_head, PAGED)
         m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, True, m, l, acc, qk_scale, PRECISION)
     if whole_end < token_end:
         tokens = whole_end + tl.arange(0, BLOCK_N)
@@ -483,12 +492,13 @@ def _work_item(work_group, work_tile, group_start, group_end, group_ptr):
 
 @triton.jit
 def deft_node_kernel(
-    q, k, v, slots, out_part, lse_part,
+    q, k, v, slots, k_desc, v_desc, out_part, lse_part,
     group_start, group_end, group_ptr, member_query, work_group, work_tile,
     stride_q_row, stride_q_head, stride_k_row, stride_k_head, stride_v_row, stride_v_head,
     qk_scale,
     HEADS_Q: tl.constexpr, GROUP: tl.constexpr, QUERIES_PER_TILE: tl.constexpr, D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, TMA: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """One program per (tile of one node group's queries, KV head): the group's partials.
 
@@ -519,9 +529,9 @@ def deft_node_kernel(
     l = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m)
     acc = tl.zeros([BLOCK_M, D], tl.float32)  # running sum of exp2(score - m) * v
     # Every token of the node is visible to every query of its group: no mask but the ragged end.
-    m, l, acc = _attend_all(q_tile, k, v, slots, token_start, token_end, kv_head, cols, stride_k_row,
-                            stride_k_head, stride_v_row, stride_v_head, qk_scale, m, l, acc, BLOCK_N, PAGED,
-                            PRECISION)
+    m, l, acc = _attend_all(q_tile, k, v, slots, k_desc, v_desc, token_start, token_end, kv_head, cols,
+                            stride_k_row, stride_k_head, stride_v_row, stride_v_head, qk_scale, m, l, acc,
+                            BLOCK_N, PAGED, TMA, PRECISION)
     l = tl.where(l > 0, l, 1.0)  # rows past the group's queries saw zeros; never stored
     out = acc / l[:, None]
     lse = (m + tl.log2(l)) * 0.6931471805599453  # back to natural log
@@ -537,13 +547,14 @@ def deft_node_kernel(
 
 @triton.jit
 def deft_flatten_kernel(
-    q, k, v, slots, out_part, lse_part,
+    q, k, v, slots, k_desc, v_desc, out_part, lse_part,
     group_start, group_end, group_ptr, member_query, work_group, work_tile, work_dense,
     token_words, num_words,
     stride_q_row, stride_q_head, stride_k_row, stride_k_head, stride_v_row, stride_v_head,
     qk_scale,
     HEADS_Q: tl.constexpr, GROUP: tl.constexpr, QUERIES_PER_TILE: tl.constexpr, D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, TMA: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """One program per (tile of one block's queries, KV head): the block's partials.
 
@@ -577,9 +588,9 @@ def deft_flatten_kernel(
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     if dense:  # DeFT-Node's loop: only the block's end is masked
-        m, l, acc = _attend_all(q_tile, k, v, slots, token_start, token_end, kv_head, cols, stride_k_row,
-                                stride_k_head, stride_v_row, stride_v_head, qk_scale, m, l, acc, BLOCK_N,
-                                PAGED, PRECISION)
+        m, l, acc = _attend_all(q_tile, k, v, slots, k_desc, v_desc, token_start, token_end, kv_head, cols,
+                                stride_k_row, stride_k_head, stride_v_row, stride_v_head, qk_scale, m, l, acc,
+                                BLOCK_N, PAGED, TMA, PRECISION)
     else:
         for start in range(token_start, token_end, BLOCK_N):
             tokens = start + tl.arange(0, BLOCK_N)
@@ -611,44 +622,47 @@ def deft_flatten_kernel(
 @triton.jit
 def reduce_partials_kernel(
     out_part, lse_part, query_ptr, query_parts, out, lse,
-    HEADS_Q: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr,
+    HEADS_Q: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """One program per (query, query head): merge the query's partials.
+    """One program per (query, BLOCK_H query heads): merge the query's partials for those heads.
 
     §3.4's global reduction, the Flash-Decoding merge, in a fixed order (increasing group):
     out = sum_p exp(lse_p - lse) out_p with lse = log sum_p exp(lse_p), computed around a
-    running maximum that starts at -inf. The partials come BLOCK_P at a time, in one load of
-    a (BLOCK_P, D) tile: their reads are all in flight together, where one partial per step
-    would wait a memory round trip for each. No atomics, so the result is the same bits every run.
+    running maximum that starts at -inf. Each step folds one partial: its BLOCK_H lse's and
+    its (BLOCK_H, D) rows of out_part, which lie next to each other in memory (out_part is
+    (P, H_q, d)), so one step reads BLOCK_H * D * 4 contiguous bytes. A program per head
+    instead would read 512 bytes a step and wait a memory round trip for each; with 32 heads
+    that is 32 times the programs, each mostly waiting. No atomics, so the result is the same
+    bits every run.
     """
     query = tl.program_id(0)
-    head = tl.program_id(1)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    real = heads < HEADS_Q  # the last program's spare heads (H_q not a multiple of BLOCK_H)
     cols = tl.arange(0, D)
     first = tl.load(query_ptr + query)
     last = tl.load(query_ptr + query + 1)
-    m = tl.full([], float("-inf"), tl.float32)  # running max of the lse's seen
-    l = tl.zeros([], tl.float32)  # running sum of exp(lse_p - m)
-    acc = tl.zeros([D], tl.float32)  # running sum of exp(lse_p - m) * out_p
-    for i in range(first, last, BLOCK_P):
-        slots = i + tl.arange(0, BLOCK_P)
-        here = slots < last
-        part = tl.load(query_parts + slots, mask=here, other=0).to(tl.int64)
-        # A slot past the query's partials reads lse = -inf and out = 0: it weighs exp(-inf) = 0.
-        lse_p = tl.load(lse_part + part * HEADS_Q + head, mask=here, other=float("-inf"))
-        out_p = tl.load(out_part + (part[:, None] * HEADS_Q + head) * D + cols[None, :], mask=here[:, None],
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of the lse's seen, per head
+    l = tl.zeros([BLOCK_H], tl.float32)  # running sum of exp(lse_p - m)
+    acc = tl.zeros([BLOCK_H, D], tl.float32)  # running sum of exp(lse_p - m) * out_p
+    for i in range(first, last):
+        part = tl.load(query_parts + i).to(tl.int64)
+        # A spare head reads lse = 0 and out = 0: finite, and never stored.
+        lse_p = tl.load(lse_part + part * HEADS_Q + heads, mask=real, other=0.0)
+        out_p = tl.load(out_part + (part * HEADS_Q + heads[:, None]) * D + cols[None, :], mask=real[:, None],
                         other=0.0)
-        # Fold these partials into (m, l, acc): the Flash-Decoding merge as a running recurrence.
+        # Fold this partial into (m, l, acc): the Flash-Decoding merge as a running recurrence.
         ### BEGIN SOLUTION
-        m_new = tl.maximum(m, tl.max(lse_p, axis=0))  # finite: every chunk holds a partial
+        m_new = tl.maximum(m, lse_p)  # finite: every partial's lse is
         alpha = tl.exp(m - m_new)  # rescales what was summed around the old max (0 at first)
         w = tl.exp(lse_p - m_new)
-        l = l * alpha + tl.sum(w, axis=0)
-        acc = acc * alpha + tl.sum(w[:, None] * out_p, axis=0)
+        l = l * alpha + w
+        acc = acc * alpha[:, None] + w[:, None] * out_p
         m = m_new
         ### END SOLUTION
-    result = acc / l
-    tl.store(out + (query * HEADS_Q + head) * D + cols, result.to(out.dtype.element_ty))
-    tl.store(lse + query * HEADS_Q + head, m + tl.log(l))
+    result = acc / l[:, None]
+    where = query * HEADS_Q + heads
+    tl.store(out + where[:, None] * D + cols[None, :], result.to(out.dtype.element_ty), mask=real[:, None])
+    tl.store(lse + where, m + tl.log(l), mask=real)
 
 
 interpreter.prepare(_work_item, _load_kv_tile, _attend_all, deft_node_kernel, deft_flatten_kernel,
@@ -781,6 +795,26 @@ def _check_inputs(q, k, v, prepared, slots, kind: type, prepare: str) -> tuple[i
     return n_queries, heads_q, heads_kv, d
 
 
+def _kv_descriptors(k, v, block_n: int, paged: bool):
+    """(k_desc, v_desc, True): TMA tensor descriptors of whole (block_n, d) K and V tiles, where
+    the hardware has the copy engine (compute capability 9.0 and later) and the KV is one
+    contiguous (T, H_kv, d) array of 16-bit floats; else (k, v, False), and the kernels load
+    through pointers (the interpreter, older GPUs, a paged cache, whose rows are gathered one
+    by one, and float32, whose FMAs rather than its loads set the pace).
+    TMA wants 16-byte aligned rows; k and v are checked contiguous here, so the row stride
+    H_kv * d * itemsize is a multiple of 16 for every d in HEAD_DIMS."""
+    usable = (not paged and not runtime.SIMULATOR and k.is_cuda and k.dtype != torch.float32
+              and torch.cuda.get_device_capability(k.device)[0] >= 9
+              and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (k, v)))
+    if not usable:
+        return k, v, False
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows, heads_kv, d = k.shape
+    return (TensorDescriptor.from_tensor(k.view(rows, heads_kv * d), [block_n, d]),
+            TensorDescriptor.from_tensor(v.view(rows, heads_kv * d), [block_n, d]), True)
+
+
 def _partials_launch(q, k, v, prepared: PreparedGroups, slots, tiles: TileShape | None = None):
     """Allocate the partial buffers and return (a function launching phase 2's first kernel, buffers)."""
     n_queries, heads_q, d = q.shape
@@ -802,7 +836,9 @@ def _partials_launch(q, k, v, prepared: PreparedGroups, slots, tiles: TileShape 
     qk_scale = LOG2E / math.sqrt(d)
     grid = (int(work_group.shape[0]), heads_kv)
     index = slots if paged else prepared.group_start  # an unused pointer when the KV is contiguous
-    head = (q, k, v, index, out_part, lse_part, prepared.group_start, prepared.group_end,
+    k_desc, v_desc, tma = _kv_descriptors(k, v, shape.block_n, paged)
+    common["TMA"] = tma
+    head = (q, k, v, index, k_desc, v_desc, out_part, lse_part, prepared.group_start, prepared.group_end,
             prepared.group_ptr, prepared.member_query, work_group, work_tile)
     if flatten:
         def launch():
@@ -820,11 +856,12 @@ def _reduce_launch(out_part, lse_part, query_ptr, query_parts, out_dtype):
     _, heads_q, d = out_part.shape
     out = torch.empty((n_queries, heads_q, d), dtype=out_dtype, device=out_part.device)
     lse = torch.empty((n_queries, heads_q), dtype=torch.float32, device=out_part.device)
-    grid = (n_queries, heads_q)
+    block_h = min(HEADS_PER_MERGE, triton.next_power_of_2(heads_q))
+    grid = (n_queries, triton.cdiv(heads_q, block_h))
 
     def launch():
         reduce_partials_kernel[grid](out_part, lse_part, query_ptr, query_parts, out, lse,
-                                     HEADS_Q=heads_q, D=d, BLOCK_P=PARTIALS_PER_LOAD, num_warps=4)
+                                     HEADS_Q=heads_q, D=d, BLOCK_H=block_h, num_warps=MERGE_WARPS)
     return launch, out, lse
 
 

@@ -303,7 +303,7 @@ def check_reduce_partials(module, seed: int):
          (-160.0, -110.0), torch.float32),
         ("lse far above 0", 9 * n, 4, d_small, 4, (60.0, 85.0), torch.float32),
         ("float16 output, 20 heads", 6 * n, 20, d_big, 5, (-2.0, 2.0), torch.float16),
-        ("many partials per query (a long prefix cut in blocks: several loads of BLOCK_P)", 3, 2, d_big,
+        ("many partials per query (a long prefix cut in many blocks: a long merge loop)", 3, 2, d_big,
          40 * n, (-1.0, 1.0), torch.float32),
     ]
     for index, (name, queries, heads, d, most, lse_range, dtype) in enumerate(cases):
