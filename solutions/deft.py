@@ -66,7 +66,7 @@ BLOCK_MULTIPLE = 16  # a Flatten block's length is a multiple of this (the small
 SUGGESTED_MULTIPLE = 64  # suggest_block_tokens's blocks are whole K/V tiles of a GPU
 # modelled_launch_time's constants, fitted to a sweep of block lengths on the H100. In the committed
 # sweep (results/h100/deft.json, deft_flatten_sweep rows, which record the model beside the clock)
-# the blocks they choose for the 12 benchmark trees run at 1.024x the best block's time on average,
+# the blocks they choose for the 12 benchmark trees run at 1.03x the best block's time on average,
 # 1.11x at worst (the reasoning tree).
 PROGRAM_OVERHEAD_TOKENS = 256  # a program's fixed work, in streamed tokens
 MASKED_COST = 2.0  # a token of a masked program (loads its word, tests bits) against one of a dense one
