@@ -110,39 +110,20 @@ def measure_compaction(model: str, n: int, capacity: int) -> list[dict]:
 
 
 def _attention_inputs(prefix: int, n: int, w: int, seed: int):
-    """(kwargs of tree_cache_attention, the dense (B, 1, w, P + N) mask, per-sample parents)."""
-    import pyspec_ref
+    """(kwargs of tree_cache_attention, the dense (B, 1, w, P + N) mask, per-sample parents).
 
-    from .checks.swiftspec import tree_rows
+    The inputs of notebook 18's check (`course.checks.swiftspec.attention_problem`) at the
+    benchmark's size: BATCH random trees of n nodes after a prefix of `prefix` rows, the newest
+    w nodes as the queries (the ones being expanded or verified)."""
+    from .checks.swiftspec import attention_problem
     from .inputs import random_tree
 
     rng = random.Random(seed)
-    device = runtime.torch_device()
-    capacity = prefix + n + 64
-    qs = torch.zeros((BATCH, w), dtype=torch.int32)
-    qe = torch.zeros((BATCH, w), dtype=torch.int32)
-    ks = torch.zeros((BATCH, capacity), dtype=torch.int32)
-    ke = torch.zeros((BATCH, capacity), dtype=torch.int32)
-    trees = []
-    for b in range(BATCH):
-        parents = random_tree(n, rng, max_children=4)
-        start, end = pyspec_ref.dfs_times(parents)
-        _, kv_s, kv_e = tree_rows(parents, prefix, capacity)
-        ks[b], ke[b] = torch.tensor(kv_s), torch.tensor(kv_e)
-        nodes = list(range(n - w, n))  # the newest w nodes: the ones being expanded (or verified)
-        qs[b] = torch.tensor([start[v] for v in nodes])
-        qe[b] = torch.tensor([end[v] for v in nodes])
-        trees.append(parents)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    half = dict(generator=gen, device=device, dtype=torch.float16)
-    q = torch.randn((BATCH, ATTN_HEADS, w, ATTN_D), **half)
-    k = torch.randn((BATCH, ATTN_KV_HEADS, capacity, ATTN_D), **half)
-    v = torch.randn((BATCH, ATTN_KV_HEADS, capacity, ATTN_D), **half)
-    lengths = dict(dtype=torch.int32, device=device)
-    kwargs = dict(q=q, k_cache=k, v_cache=v, q_start=qs.to(device), q_end=qe.to(device),
-                  kv_start=ks.to(device), kv_end=ke.to(device),
-                  prefix_lengths=torch.full((BATCH,), prefix, **lengths),
-                  tree_lengths=torch.full((BATCH,), n, **lengths))
+    trees = [random_tree(n, rng, max_children=4) for _ in range(BATCH)]
+    samples = [(prefix, parents, list(range(n - w, n)), None) for parents in trees]
+    kwargs, _ = attention_problem(samples, ATTN_HEADS, ATTN_KV_HEADS, w, ATTN_D, torch.float16, seed,
+                                  capacity=prefix + n + 64)
+    device = kwargs["q"].device
     used = prefix + n
     rows = torch.arange(used, device=device)
     tree = rows >= prefix

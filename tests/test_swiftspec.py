@@ -87,30 +87,9 @@ def test_moves_in_any_order_and_no_moves():
 def test_bad_moves_are_refused_by_name_and_the_cache_is_unchanged(change, error, message):
     cache = _cache((2, 2, 12, 16), 4)
     old = cache.clone()
-    src = torch.tensor([[5, 6, 7], [9, 8, 0]], dtype=torch.int32, device=DEVICE)
-    dst = torch.tensor([[2, 3, 4], [3, 4, 0]], dtype=torch.int32, device=DEVICE)
-    counts = torch.tensor([3, 2], dtype=torch.int32, device=DEVICE)
-    if change == "right shift":
-        dst[0, 1] = 8
-    elif change == "duplicate":
-        dst[1, 1] = 3
-    elif change == "src out of range":
-        src[1, 0] = 12
-    elif change == "negative dst":
-        dst[0, 0] = -1
-    elif change == "counts too large":
-        counts[0] = 4
-    elif change == "negative counts":
-        counts[1] = -1
-    elif change == "float src":
-        src = src.float()
-    elif change == "src shape":
-        src = src[0]
-    elif change == "counts shape":
-        counts = counts[:1]
     for fn in (swiftspec.compact, swiftspec.naive_compact):
         with pytest.raises(error, match=message):
-            fn(cache, src, dst, counts)
+            fn(cache, *checks.bad_moves(change, DEVICE))
         assert torch.equal(cache, old)
 
 

@@ -206,24 +206,46 @@ def compaction_cases(seed: int):
     return cases
 
 
+BAD_MOVES = ("right shift", "duplicate", "src out of range", "negative dst", "counts too large",
+             "negative counts", "float src", "src shape", "counts shape")
+
+
+def bad_moves(change: str, device=None):
+    """(src, dst, counts) of two samples' valid moves (5,6,7 -> 2,3,4 and 9,8 -> 3,4 in a
+    12-row cache) with one `change` of BAD_MOVES applied: what compact must refuse."""
+    src = torch.tensor([[5, 6, 7], [9, 8, 0]], dtype=torch.int32, device=device)
+    dst = torch.tensor([[2, 3, 4], [3, 4, 0]], dtype=torch.int32, device=device)
+    counts = torch.tensor([3, 2], dtype=torch.int32, device=device)
+    if change == "right shift":
+        dst[0, 1] = 8  # dst >= src
+    elif change == "duplicate":
+        dst[1, 1] = 3
+    elif change == "src out of range":
+        src[1, 0] = 12
+    elif change == "negative dst":
+        dst[0, 0] = -1
+    elif change == "counts too large":
+        counts[0] = 4
+    elif change == "negative counts":
+        counts[1] = -1
+    elif change == "float src":
+        src = src.float()
+    elif change == "src shape":
+        src = src[0]
+    elif change == "counts shape":
+        counts = counts[:1]
+    else:
+        raise ValueError(f"change must be one of {BAD_MOVES}, got {change!r}")
+    return src, dst, counts
+
+
 def _refusal(module, seed: int, change: str, name: str):
     """Bad moves must raise ValueError naming `name`, leaving the cache unchanged."""
     device = runtime.torch_device()
     cache = inputs.random_tensor((2, 2, 12, 16), seed, torch.float32, device)
     old = cache.clone()
-    src = torch.tensor([[5, 6, 7], [9, 8, 0]], dtype=torch.int32, device=device)
-    dst = torch.tensor([[2, 3, 4], [3, 4, 0]], dtype=torch.int32, device=device)
-    counts = torch.tensor([3, 2], dtype=torch.int32, device=device)
-    if change == "right":
-        dst[0, 1] = 8  # dst >= src: a right shift
-    elif change == "duplicate":
-        dst[1, 1] = 3
-    elif change == "range":
-        src[1, 0] = 12
-    elif change == "counts":
-        counts[0] = 4
     try:
-        module.compact(cache, src, dst, counts)
+        module.compact(cache, *bad_moves(change, device))
     except ValueError as error:
         if name not in str(error):
             return f"the ValueError does not name {name}: {error}"
@@ -244,7 +266,8 @@ def check_compaction(module, seed: int):
                                        **options)
             return CaseResult(label, False, problem) if problem else None
         yield label, run
-    for change, name in (("right", "dst"), ("duplicate", "dst"), ("range", "src"), ("counts", "counts")):
+    for change, name in (("right shift", "dst"), ("duplicate", "dst"), ("src out of range", "src"),
+                         ("counts too large", "counts")):
         label = f"bad moves ({change}) -> ValueError naming {name}, cache unchanged"
 
         def refuse(change=change, name=name, label=label):
