@@ -73,9 +73,9 @@ SUGGESTED_MULTIPLE = 64  # suggest_block_tokens's blocks are whole K/V tiles of 
 PROGRAM_OVERHEAD_TOKENS = 256  # a program's fixed work, in streamed tokens
 MASKED_COST = 2.0  # a token of a masked program (loads its word, tests bits) against one of a dense one
 LONE_PROGRAM_RATE = 0.8  # the share of an SM's speed that one program alone on it gets
-# The merge's launch (reduce_partials_kernel): query heads per program and warps. The best of
-# 1-32 heads x 2-8 warps x 1-3 stages after the partials on five speculative trees, or within
-# 1 us of it (results/h100/deft_diag_merge.log).
+# The merge's launch (reduce_partials_kernel): query heads per program and warps. After the
+# partials, on five speculative trees, within 2 us (3 %) of the best of 1-32 heads x 2-8 warps
+# x 1-3 stages (results/h100/deft_diag_merge.log).
 HEADS_PER_MERGE = 8
 MERGE_WARPS = 8
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
