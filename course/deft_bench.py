@@ -484,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         return timing.bench(fn, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
 
     def timer(fn):  # a CUDA graph: one launch per run, whatever the method's kernel count (docstring)
-        return rate_timer(timing.graphed(fn))
+        return timing.bench_graphed(fn, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
 
     rows = run(chosen, args.methods, timer=timer, rate_timer=rate_timer, on_workload=save,
                log=lambda line: print(line, flush=True))

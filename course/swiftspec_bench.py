@@ -22,7 +22,7 @@ Two figures:
 
 Row fields: name, study, section, figure, workload, model, B, H (query heads; stacked rows R for
 compaction), N (tree nodes), P, C, d, w, moves, bytes (what the method reads and writes),
-median_ms (`course.timing.bench`; the attention methods captured as CUDA graphs, `_graph_timed`),
+median_ms (`course.timing.bench`; the attention methods as CUDA graphs, `course.timing.bench_graphed`),
 max_abs_err (compaction: vs `pyspec_ref.kvcache.apply_moves` applied by index on the slots;
 attention: vs the float64 oracle of `course.checks.swiftspec` on the first sample).
 """
@@ -133,14 +133,6 @@ def _attention_inputs(prefix: int, n: int, w: int, seed: int):
     return kwargs, mask[:, None], trees
 
 
-def _graph_timed(fn) -> float:
-    """Median ms of fn replayed as a CUDA graph (`course.timing.graphed`). The attention calls run
-    for tens of microseconds, about as long as their Python launches, and launched plainly the
-    first row of a run came out at 45 us, graphed at 24.8 (results/h100/swiftspec_bench_attention_
-    launched.log and _attention.log); `course.deft_bench` times its methods the same way."""
-    return timing.bench(timing.graphed(fn))
-
-
 def measure_attention(prefix: int, n: int, w: int) -> list[dict]:
     import torch.nn.functional as F
 
@@ -162,14 +154,14 @@ def measure_attention(prefix: int, n: int, w: int) -> list[dict]:
     out = []
     run = swiftspec.attention_runner(**kwargs)
     err = float((run()[:1].double().cpu() - want).abs().max())
-    out.append(dict(base, name="nonsquare", median_ms=_graph_timed(run), max_abs_err=err,
+    out.append(dict(base, name="nonsquare", median_ms=timing.bench_graphed(run), max_abs_err=err,
                     bytes=kv_bytes, cells=BATCH * ATTN_HEADS * w * used))
     q, k, v = kwargs["q"], kwargs["k_cache"][:, :, :used], kwargs["v_cache"][:, :, :used]
     def dense():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     try:
         err = float((dense()[:1].double().cpu() - want).abs().max())
-        out.append(dict(base, name="sdpa_dense_mask", median_ms=_graph_timed(dense), max_abs_err=err,
+        out.append(dict(base, name="sdpa_dense_mask", median_ms=timing.bench_graphed(dense), max_abs_err=err,
                         bytes=kv_bytes + mask.numel(), cells=BATCH * ATTN_HEADS * w * used))
     except (RuntimeError, TypeError) as error:  # an SDPA without enable_gqa, or out of memory
         out.append(dict(base, name="sdpa_dense_mask", median_ms=None, max_abs_err=None,
@@ -186,7 +178,7 @@ def measure_attention(prefix: int, n: int, w: int) -> list[dict]:
     square = triton_attention.prepare(tq, tk, tv, start, end)
     got = square()
     ref, _ = oracle.tree_attention(tq[:1].cpu(), tk[:1].cpu(), tv[:1].cpu(), start[:1].cpu(), end[:1].cpu())
-    out.append(dict(base, name="square_tree", median_ms=_graph_timed(square),
+    out.append(dict(base, name="square_tree", median_ms=timing.bench_graphed(square),
                     max_abs_err=float((got[:1].double().cpu() - ref).abs().max()),
                     bytes=3 * BATCH * ATTN_HEADS * n * ATTN_D * element, cells=BATCH * ATTN_HEADS * n * n,
                     note="N x N over the tree only (no prefix): a lower bound for re-running the tree"))

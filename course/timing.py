@@ -35,6 +35,17 @@ def bench(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 20
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def bench_graphed(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 200) -> float:
+    """`bench` of fn captured as a CUDA graph (`graphed`): one launch per run, whatever fn launches.
+
+    For calls whose GPU work lasts tens of microseconds: launched from Python, such a call can
+    take the host longer than the GPU, and then bench times the host (on the H100, DeFT's
+    two-kernel runner took 82-96 us to launch against 24-40 us of GPU work, and five repeated
+    medians of one call ranged 40-76 us; results/h100/deft_diag_launch.log).
+    """
+    return bench(graphed(fn), warmup_ms=warmup_ms, rep_ms=rep_ms)
+
+
 def graphed(fn: Callable[[], object]) -> Callable[[], object]:
     """fn captured in a CUDA graph (torch.cuda.CUDAGraph): calling the result replays all of fn's
     kernels with one launch and returns the outputs fn returned at capture (the same tensors).

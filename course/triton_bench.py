@@ -12,7 +12,10 @@ max_abs_err is `ladder_bench.max_abs_err`: batch entry 0, heads 0-1, rows 0-1023
 float64 oracle evaluated on the same (rounded) inputs. Triton rows: median_ms times both kernels
 without the launcher's checks (the block lists, once per tree, and the attention), attention_ms
 the attention kernel alone, launcher_ms the whole checked call. SDPA's dense mask and Flex's
-block mask are built outside their timings. The whole run takes a few minutes at most
+block mask are built outside their timings. median_ms and attention_ms time CUDA graphs of the
+calls (`course.timing.bench_graphed`: the kernels run for tens of microseconds, about as long as a
+launch from Python takes the host); launcher_ms, whose input checks wait for the GPU, is timed as
+called. The whole run takes a few minutes at most
 (FlexAttention compiles once per shape).
 """
 
@@ -69,8 +72,8 @@ def measure(name: str, figure: str, batch: int, heads: int, n: int, d: int, orde
         chosen = config or module.config_for(d, dtype)
         counts, _ = module.visible_blocks(start, end, chosen.block_m, chosen.block_n)
         key_blocks = -(-n // chosen.block_n)
-        row.update(median_ms=timing.bench(fn, rep_ms=rep_ms),
-                   attention_ms=timing.bench(fn.attention, rep_ms=rep_ms),
+        row.update(median_ms=timing.bench_graphed(fn, rep_ms=rep_ms),
+                   attention_ms=timing.bench_graphed(fn.attention, rep_ms=rep_ms),
                    launcher_ms=timing.bench(lambda: module.tree_attention(q, k, v, start, end),
                                             rep_ms=rep_ms),
                    block_m=chosen.block_m, block_n=chosen.block_n, num_warps=chosen.num_warps,
@@ -80,7 +83,7 @@ def measure(name: str, figure: str, batch: int, heads: int, n: int, d: int, orde
         fn = BASELINES[name](q, k, v, start, end)
         out = fn()
         torch.cuda.synchronize()
-        row["median_ms"] = timing.bench(fn, rep_ms=rep_ms)
+        row["median_ms"] = timing.bench_graphed(fn, rep_ms=rep_ms)
     row["max_abs_err"] = ladder_bench.max_abs_err(out, q, k, v, start, end)
     print(f"{figure:8} {name:16} B={batch:<3} H={heads:<3} N={n:<5} {order}: {row['median_ms']:.4f} ms, "
           f"err {row['max_abs_err']:.1e}", flush=True)

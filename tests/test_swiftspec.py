@@ -307,7 +307,7 @@ def test_bench_runs_at_tiny_sizes_and_merges_rows(monkeypatch, tmp_path):
     monkeypatch.setattr(swiftspec_bench, "ATTN_HEADS", 2)
     monkeypatch.setattr(swiftspec_bench, "ATTN_KV_HEADS", 1)
     monkeypatch.setattr(swiftspec_bench, "ATTN_D", 16)
-    monkeypatch.setattr(swiftspec_bench.timing, "bench", lambda fn: (fn(), 1.0)[1])
+    monkeypatch.setattr(swiftspec_bench.timing, "bench", lambda fn, **_: (fn(), 1.0)[1])
     monkeypatch.setattr(swiftspec_bench.timing, "graphed", lambda fn: fn)  # no CUDA graphs in the simulator
     rows = swiftspec_bench.measure_compaction("tiny", 12, 24)
     assert [r["name"] for r in rows] == ["compact", "naive"] and all(r["max_abs_err"] == 0 for r in rows)

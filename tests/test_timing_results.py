@@ -14,6 +14,17 @@ def test_bench_refuses_the_simulator():
         timing.bench(lambda: None)
 
 
+@pytest.mark.skipif(course.on_gpu(), reason="simulator-only behaviour")
+def test_graphed_timing_refuses_the_simulator():
+    with pytest.raises(timing.NoTimingInSimulator, match="needs a GPU"):
+        timing.bench_graphed(lambda: None)
+
+
+def test_graphed_timing_checks_its_function():
+    with pytest.raises(TypeError, match="fn must be callable"):
+        timing.bench_graphed(3)
+
+
 def test_bench_arguments_are_checked():
     with pytest.raises(TypeError, match="fn must be callable"):
         timing.bench(3)
