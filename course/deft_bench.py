@@ -23,8 +23,8 @@ second, the bandwidth a memory-bound kernel can hope for.
 Rows follow the shared results schema (`course.results`) with a `workload` field: name (the
 method), workload, family, params (the generator's arguments), B = 1, H = 32 (query heads),
 H_kv = 8, N = T (tokens in the tree), Q (queries), M (nodes), d, dtype, median_ms
-(`course.timing.bench` of the method captured as a CUDA graph, `course.timing.graphed`: warm-up,
-then the median, L2 flushed between runs), max_abs_err
+(`course.timing.bench_graphed`: the method captured as a CUDA graph, warm-up, then the median,
+L2 flushed between runs), max_abs_err
 (against the float64 oracle `course.deft_baselines.reference` on up to 8 sampled queries, every
 head), modelled_bytes and modelled_kv_bytes (`pyspec_ref.deft.io_bytes`: DeFT Table 4's IO
 model; sequence -> "sequence", medusa_dense and flex -> "dense_mask" (flex's block mask bytes are
@@ -38,11 +38,9 @@ The DeFT kernels (`solutions.deft.make_runner`) and notebook 12's kernel
 (`solutions.triton_attention.prepare(...).attention`) are timed without their launchers' input
 checks (which read all of K and V and wait for the GPU); the one-time preparation (grouping,
 block lists, masks, per-query KV copies) is outside every timing, as it is for the baselines.
-Every method is timed as a CUDA graph, as decoders run their steps. Launched from Python, the
-DeFT runner's two kernels took the host 82-96 us (median) to launch, more than their 24-40 us of
-GPU work on the small trees, so the clock timed the host: five repeated medians of one
-configuration ranged 40-76 us launched, 39.9-40.3 us graphed (results/h100/deft_diag_launch.log;
-deft_bench_launches.log is a whole run timed without graphs).
+Every method is timed as a CUDA graph, as decoders run their steps: launched from Python, the
+small trees' calls timed the host (`course.timing.bench_graphed` says by how much;
+results/h100/deft_bench_launches.log is a whole run timed without graphs).
 `targets(rows)` computes the issue's targets; `main` prints them after the run.
 
 Budget: per workload about 80 measurements (the block sweep's 60-odd, the tile sweep's 6), each
