@@ -1,18 +1,28 @@
 # SpecKernels: the two commands of the README's quick start, and a few more.
 #   make lab    install everything into .venv and open the course in JupyterLab
 #   make test   install everything into .venv and run the whole test suite
-PYTHON ?= python3
-VENV   ?= .venv
-BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# The install (tools/install.py) picks torch's CPU build without a GPU and its CUDA build with one.
+#   GPU=0 / GPU=1     override the guess (an NVIDIA GPU is there when `nvidia-smi -L` lists one)
+#   SYSTEM_TORCH=1    keep the torch that $(PYTHON) already has (the venv sees the system's packages)
+#   PYTHON=python3.12 the Python the venv is made from (3.11 to 3.14)
+PYTHON       ?= python3
+VENV         ?= .venv
+BIN          := $(VENV)/bin
+GPU          ?= $(shell nvidia-smi -L 2>/dev/null | grep -q GPU && echo 1 || echo 0)
+SYSTEM_TORCH ?= 0
+MODE         := $(if $(filter 1,$(SYSTEM_TORCH)),system-)$(if $(filter 1,$(GPU)),gpu,cpu)
+STAMP        := $(VENV)/.installed-$(MODE)
 
-.PHONY: lab test lint release gpu-test gpu-sanitize clean
+.PHONY: lab test lint release resolve gpu-test gpu-sanitize clean
 
 # JupyterLab refuses to run as root (as in many containers) unless told it may.
 LAB_FLAGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# The server's root is the repository (lessons/ is one click away), notebook 00 opens first, and
+# the venv leads PATH so that a Lab terminal finds the course's Python.
 lab: $(STAMP)
-	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/00_setup_and_tour.ipynb
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyter lab $(LAB_FLAGS) --ServerApp.root_dir="$(CURDIR)" \
+		--LabApp.default_url=/lab/tree/notebooks/00_setup_and_tour.ipynb
 
 # Notebooks run with the reference solutions (students' lessons/ are stubs until they write them).
 test: $(STAMP)
@@ -34,11 +44,14 @@ gpu-test:
 gpu-sanitize:
 	$(PYTHON) -m course.sanitize
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[dev]'
-	touch $(STAMP)
+# Written by the installer only after every step succeeded: a broken-off install is redone.
+$(STAMP): pyproject.toml tools/install.py
+	$(PYTHON) tools/install.py install --venv $(VENV) --python $(PYTHON) --extras dev --gpu $(GPU) \
+		$(if $(filter 1,$(SYSTEM_TORCH)),--system-torch)
+
+# Can the public package index alone satisfy the pins, for the CPU and the GPU sets? (Metadata only.)
+resolve:
+	$(PYTHON) tools/install.py resolve --python $(PYTHON)
 
 clean:
 	rm -rf $(VENV)
