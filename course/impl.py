@@ -16,6 +16,10 @@ class SolutionsMissing(ImportError):
     """solutions/ is not here: this is a hand-out (`python -m course release --handout`)."""
 
 
+class TritonMissing(ImportError):
+    """The module holds Triton kernels and Triton is not installed (it ships for Linux only)."""
+
+
 def has_solutions() -> bool:
     """True in the course's own repository; False in a hand-out, which has no solutions/."""
     return (ROOT / "solutions" / "__init__.py").is_file()
@@ -46,4 +50,12 @@ def load(module: str, impl: str | None = None) -> ModuleType:
         raise SolutionsMissing(
             f"cannot load solutions.{module}: this copy of the course has no solutions/ (a hand-out "
             f"leaves them out). Use your own copy, course.impl.load({module!r}).")
-    return importlib.import_module(f"{impl}.{module}")
+    try:
+        return importlib.import_module(f"{impl}.{module}")
+    except ModuleNotFoundError as error:
+        if error.name != "triton":
+            raise
+        raise TritonMissing(
+            f"{impl}.{module} holds Triton kernels, and Triton is not installed here: it publishes "
+            "wheels for Linux only. On Windows run the course in WSL 2; on macOS use a Linux machine "
+            "or a cloud notebook. The Numba notebooks (01-11c) run here.") from error

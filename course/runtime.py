@@ -117,13 +117,19 @@ def software_versions() -> dict[str, str]:
     return versions
 
 
+KERNEL_SOURCES = {
+    "lessons": "your own code; set COURSE_IMPL=solutions to run the reference solutions",
+    "solutions": "the reference solutions; unset COURSE_IMPL to run your lessons/",
+}
+
+
 def describe() -> str:
     """A few lines saying what runs where; notebook 00 prints it."""
     from . import impl
 
     lines = [
         f"runtime : {MODE} ({device_name()})",
-        f"kernels : {impl.impl_name()}/  (set COURSE_IMPL=solutions to run the reference solutions)",
+        f"kernels : {impl.impl_name()}/  ({KERNEL_SOURCES[impl.impl_name()]})",
         "software: " + ", ".join(f"{k} {v}" for k, v in software_versions().items()),
     ]
     if SIMULATOR:

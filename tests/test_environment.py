@@ -166,3 +166,11 @@ def test_make_picks_a_stamp_per_mode():
     dry = subprocess.run(["make", "-n", "-p", "GPU=0", "SYSTEM_TORCH=1", "resolve"], cwd=ROOT,
                          capture_output=True, text=True)
     assert "STAMP := .venv/.installed-system-cpu" in dry.stdout
+
+
+@pytest.mark.parametrize(("platform", "advice"), [("darwin", "Linux machine"), ("win32", "WSL 2"),
+                                                  ("cygwin", "WSL 2")])
+def test_installer_says_where_to_run_instead(platform, advice):
+    with pytest.raises(installer.InstallError, match=advice):
+        installer.check_platform(platform)
+    installer.check_platform("linux")

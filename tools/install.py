@@ -89,6 +89,21 @@ def admits(spec: str, version: str) -> bool:
 
 # ---- the machine -----------------------------------------------------------------------------
 
+# numba-cuda (the simulator included) publishes wheels for Linux and Windows, Triton for Linux only.
+UNSUPPORTED_PLATFORMS = {
+    "darwin": "macOS: numba-cuda (which holds the CUDA simulator) and Triton publish no macOS wheels. "
+              "Run the course on a Linux machine, in a Linux VM or container, or in a cloud notebook",
+    "win32": "Windows: Triton publishes no Windows wheels and `make` needs a POSIX shell. Run the course "
+             "in WSL 2 (Ubuntu), where it installs as on Linux, with the GPU if WSL's NVIDIA driver is there",
+}
+
+
+def check_platform(platform: str) -> None:
+    for prefix, why in UNSUPPORTED_PLATFORMS.items():
+        if platform.startswith(prefix) or (prefix == "win32" and platform in ("cygwin", "msys")):
+            raise InstallError(why)
+
+
 def check_python(python: str) -> str:
     found = subprocess.run([python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
                            capture_output=True, text=True)
@@ -196,6 +211,7 @@ def install(args: argparse.Namespace) -> None:
     gpu = {"1": True, "0": False}.get(args.gpu, None)
     if gpu is None:
         gpu = has_nvidia_gpu()
+    check_platform(sys.platform)
     python_version = check_python(args.python)
     mode = mode_name(gpu, args.system_torch)
     keeping = ", keeping the system torch" if args.system_torch else ""
