@@ -155,7 +155,8 @@ def mode_name(gpu: bool, keep_system_torch: bool) -> str:
 
 def fresh_venv(venv: Path, python: str, keep_system_torch: bool) -> Path:
     if venv.exists():
-        say(f"{venv} has no completed install of this kind: building it again from scratch")
+        say(f"building {venv} again from scratch: its install is older than pyproject.toml or this "
+            "script, did not finish, or was of another kind (GPU, SYSTEM_TORCH)")
         shutil.rmtree(venv)
     command = [python, "-m", "venv", str(venv)]
     if keep_system_torch:
