@@ -36,9 +36,11 @@ lint: $(STAMP)
 release: $(STAMP)
 	$(BIN)/python -m course release
 
-# On a machine with a GPU and the course installed (see README, "Running on a GPU").
+# With a Python that already holds the course's packages, no install (README, "Running on a GPU").
+# PYTEST_FLAGS passes more, e.g. PYTEST_FLAGS="-n 4 --dist loadfile".
 gpu-test:
-	COURSE_SIM=0 COURSE_IMPL=solutions $(PYTHON) -m pytest -p no:cacheprovider --nbval-lax tests notebooks
+	COURSE_SIM=0 COURSE_IMPL=solutions $(PYTHON) -m pytest -p no:cacheprovider $(PYTEST_FLAGS) --nbval-lax \
+		tests notebooks
 
 # compute-sanitizer (memcheck and racecheck) over every Numba kernel's check: 0 errors wanted.
 gpu-sanitize:
