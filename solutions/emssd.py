@@ -57,13 +57,11 @@ from course.validate import (
     require_tensor,
 )
 
-from .triton_attention import online_softmax_step
+from .triton_attention import LN2, LOG2_E, online_softmax_step
 
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
-LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
-LN2 = 0.6931471805599453
 
 
 @dataclass(frozen=True)
@@ -169,7 +167,7 @@ def unpadded_attention_kernel(
     out_rows = rows.to(tl.int64)
     tl.store(out + out_rows[:, None] * stride_o_row + head * stride_o_head + cols[None, :],
              result.to(out.dtype.element_ty), mask=valid[:, None])
-    tl.store(lse + out_rows * tl.num_programs(1) + head, (m + tl.log2(l)) * 0.6931471805599453, mask=valid)
+    tl.store(lse + out_rows * tl.num_programs(1) + head, (m + tl.log2(l)) * LN2, mask=valid)
 
 
 interpreter.prepare(unpadded_attention_kernel)
@@ -294,7 +292,7 @@ def _launch(q, k_cache, v_cache, batch: Batch, scale):
     config = config_for(d, q.dtype)
     out = torch.empty_like(q)
     lse = torch.empty((total, heads), dtype=torch.float32, device=q.device)
-    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
+    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2_E
     grid = (triton.cdiv(total, config.block_m), heads)
     args = (q, k_cache, v_cache, out, lse, batch.offsets, batch.starts, batch.lengths, total,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
@@ -335,7 +333,7 @@ def unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, sc
     return (out, lse) if return_lse else out
 
 
-def make_runner(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *,
+def prepare_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *,
                 scale=None) -> Callable[[], torch.Tensor]:
     """Check once; return a function that only launches the kernel (for timing). Returns out."""
     require_scale(scale)

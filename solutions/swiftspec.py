@@ -58,12 +58,11 @@ from course.validate import (
     require_scale,
 )
 
-from .triton_attention import online_softmax_step
+from .triton_attention import LN2, LOG2_E, online_softmax_step
 
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
-LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
 MAX_GRID_YZ = 65535  # CUDA's limit on the second and third grid dimensions
 INT32_MAX = 2**31 - 1
 
@@ -183,7 +182,7 @@ def tree_cache_attention_kernel(
     out = tl.where(sees[:, None], acc / l_safe[:, None], 0.0)
     o_rows = ((b64 * (tl.num_programs(1) * GROUP) + head.to(tl.int64)) * W + w.to(tl.int64))
     in_range = packed < GROUP * W
-    lse = tl.where(sees, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    lse = tl.where(sees, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
     if SPLIT_KV:  # a partial result: fp32, merged by LSE afterwards (Flash-Decoding)
         part = split * ROWS + o_rows
         tl.store(Part_out + part[:, None] * D + dims[None, :], out, mask=in_range[:, None])

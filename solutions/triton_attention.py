@@ -51,7 +51,8 @@ from course.validate import (
 
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the kernels' scores are in log2 units
+LN2 = tl.constexpr(0.6931471805599453)  # log(x) = log2(x) * ln(2): their LSEs back in natural log
 MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension, which holds B * H
 
 
@@ -189,7 +190,7 @@ def tree_attention_kernel(Q, K, V, start, end, kv_count, kv_list, Out, Lse, N, H
              mask=row_in[:, None])
     if RETURN_LSE:
         # log(sum exp(q.k / sqrt(d))) = ln(2) * (m + log2(l)), m and l in log2 units.
-        lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453
+        lse = (m_i + tl.math.log2(l_safe)) * LN2
         tl.store(Lse + bh.to(tl.int64) * N + rows, lse, mask=row_in)
 
 
