@@ -234,8 +234,9 @@ def visible_blocks(start: torch.Tensor, end: torch.Tensor, block_m: int = 64,
     return kv_count, kv_list
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
-            *, return_lse: bool = False, config: Config | None = None) -> Callable:
+def prepare_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor,
+                      end: torch.Tensor, *, return_lse: bool = False,
+                      config: Config | None = None) -> Callable:
     """Check the inputs once and return a function that runs both kernels into preallocated
     outputs (what `tree_attention` does, minus the checks: for timing the kernels alone).
 
@@ -284,4 +285,4 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: tor
     """softmax(q k^T / sqrt(d), masked by the tree) v for (B, H, N, d) q, k, v (float16, bfloat16 or
     float32; bfloat16 only on a GPU) and (B, N) int32 DFS times. Returns out (B, H, N, d) in q's
     dtype, or (out, lse) with lse float32 (B, H, N) when return_lse=True."""
-    return prepare(q, k, v, start, end, return_lse=return_lse)()
+    return prepare_attention(q, k, v, start, end, return_lse=return_lse)()

@@ -143,9 +143,9 @@ def test_key_ranges_merged_by_lse_equal_one_pass(splits):
     t1, t2 = _tree(20, 1), _tree(9, 2)
     samples = [(37, t1, (19, 3, 0, 12), None), (0, t2, (8, 5, 1, 2), None)]
     kwargs, _ = _attention(samples, counts=[4, 2], capacity=80)
-    one = swiftspec.attention_runner(**kwargs, return_lse=True)()
+    one = swiftspec.prepare_attention(**kwargs, return_lse=True)()
     config = swiftspec.attention_config(2 * 4, 16, torch.float32)
-    split = swiftspec.attention_runner(**kwargs, return_lse=True,
+    split = swiftspec.prepare_attention(**kwargs, return_lse=True,
                                        config=swiftspec.AttentionConfig(config.block_m, config.block_n,
                                                                         config.num_warps, config.num_stages,
                                                                         splits=splits))()
