@@ -42,20 +42,12 @@ import triton.language as tl
 
 from course import interpreter
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import (
-    require_dot_block,
-    require_interpretable_dtype,
-    require_same_shape,
-    require_tensor,
-    require_times_of,
-    require_tree_times,
-)
+from course.topics.triton_attention import validate as check
+from course.topics.triton_attention.validate import DTYPES, HEAD_DIMS
+from course.validate import require_dot_block, require_tree_times
 
-HEAD_DIMS = (16, 32, 64, 128)
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the kernels' scores are in log2 units
 LN2 = tl.constexpr(0.6931471805599453)  # log(x) = log2(x) * ln(2): their LSEs back in natural log
-MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension, which holds B * H
 
 
 @dataclass(frozen=True)
@@ -187,28 +179,6 @@ def tree_attention_kernel(Q, K, V, start, end, kv_count, kv_list, Out, Lse, N, H
 interpreter.prepare(visible_blocks_kernel, online_softmax_step, tree_attention_kernel)
 
 
-def _check_inputs(q, k, v, start, end, return_lse) -> tuple[int, int, int, int]:
-    """Every argument checked, each error naming it; returns (B, H, N, d)."""
-    require_tensor(q, "q", ndim=4, dtypes=DTYPES)
-    require_interpretable_dtype(q, "q")
-    for name, tensor in (("k", k), ("v", v)):
-        require_tensor(tensor, name, ndim=4, dtypes=(q.dtype,))  # one dtype for all three
-        require_same_shape("q", q, name, tensor)
-    batch, heads, n, d = q.shape
-    if d not in HEAD_DIMS:
-        raise ValueError(f"q's head dimension (last axis) must be one of {HEAD_DIMS}, got {d}")
-    require_times_of(q, start, end)
-    for name, tensor in (("k", k), ("v", v), ("start", start)):
-        if tensor.device != q.device:
-            raise ValueError(f"{name} must be on q's device {q.device}, got {tensor.device}")
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    if batch * heads > MAX_GRID_Y:
-        raise ValueError(f"q has B * H = {batch * heads} (batch entry, head) pairs; the launch grid allows "
-                         f"at most {MAX_GRID_Y}: split the batch")
-    return batch, heads, n, d
-
-
 def visible_blocks(start: torch.Tensor, end: torch.Tensor, block_m: int = 64,
                    block_n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """The key blocks each query block must visit: (kv_count (B, TM), kv_list (B, TM, TN)) int32,
@@ -234,7 +204,7 @@ def prepare_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
     block lists of the last call (for timing it without the once-per-tree kernel). `config`
     replaces `config_for(d, q.dtype)`, to compare configs on a GPU."""
     require_written(online_softmax_step, tree_attention_kernel)
-    batch, heads, n, d = _check_inputs(q, k, v, start, end, return_lse)
+    batch, heads, n, d = check.attention_inputs(q, k, v, start, end, return_lse)
     if config is None:
         config = config_for(d, q.dtype)
     elif not isinstance(config, Config):
