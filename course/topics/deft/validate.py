@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+import pyspec_ref.deft as spec
 from course.validate import require_interpretable_dtype, require_kv_heads, require_like_q, require_tensor
 
 HEAD_DIMS = (16, 32, 64, 128)
@@ -49,11 +50,7 @@ def kv_tree(parents, lengths, query_nodes) -> tuple[list[int], list[int], list[i
             raise ValueError(f"parents[{i}] = {p[i]}: every node's parent must be a node numbered before it "
                              f"(0 <= parent < {i}); a second root, a cycle or an id out of range breaks this")
     sizes = _int_sequence(lengths, "lengths")
-    if len(sizes) != len(p):
-        raise ValueError(f"lengths has {len(sizes)} entries, expected M = {len(p)} (one per node of parents)")
-    for i, n in enumerate(sizes):
-        if n < 1:
-            raise ValueError(f"lengths[{i}] = {n}: every node holds at least one token")
+    spec.validate_kv_tree(p, sizes)  # one length >= 1 per node, with the specification's messages
     nodes = _int_sequence(query_nodes, "query_nodes")
     for i, x in enumerate(nodes):
         if not 0 <= x < len(p):
