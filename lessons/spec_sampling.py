@@ -51,6 +51,8 @@ Inputs: float32 probabilities or logits (finite; a masked token gets a very nega
 as torch.finfo(torch.float32).min, not -inf), int32 or int64 draft tokens, float32 uniforms in
 [0, 1). Outputs: accepted (B,) int32 and emitted (B, gamma + 1) in the draft tokens' dtype,
 padded with -1 after the last emitted token (`pyspec_ref.sampling.PAD`).
+
+Input checks live in `course.topics.sampling.validate`.
 """
 
 from __future__ import annotations

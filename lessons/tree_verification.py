@@ -59,6 +59,8 @@ inverse-CDF search in float32, and its `tile_pass_kernel` the residual's partial
 This module keeps its own float64 helpers (`residual_tile`, `residual_mass`,
 `inverse_cdf_by_tiles`): the closed-form residual max(0, p - C q) with a float64 C, and no
 dependency on notebook 15's exercises (a student can do notebook 16 first).
+
+Input checks live in `course.topics.verification.validate`.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ bf16 tl.dot is wrong) or float32, d in HEAD_DIMS; start, end int32 (B, N) DFS ti
 and the softmax are float32 (exp2, with log2(e)/sqrt(d) folded into one scale); P is cast to
 the input dtype for the second tl.dot; the output has the input dtype; the optional LSE is
 float32 (natural log), for merging partial results (DeFT, notebooks 13-14).
+
+Input checks live in `course.topics.triton_attention.validate`.
 """
 
 from __future__ import annotations

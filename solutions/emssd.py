@@ -33,6 +33,8 @@ loop; the linear scan is not, at B = 64 (64 dependent loads per row).
 
 `padded_attention` is the vanilla baseline (torch): pad the inputs to W = max(counts) and the
 cache to a common width, then one masked SDPA call over the rectangle.
+
+Input checks live in `course.topics.kvcache.validate`.
 """
 
 from __future__ import annotations

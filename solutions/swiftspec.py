@@ -36,6 +36,9 @@ bookkeeping is `pyspec_ref.kvcache` (`reroot`, `compact_plan`, `apply_moves`,
    (query head of a GQA group, query) rows, KV head, sample): the group's query heads share the
    KV head's loads. Full prefix blocks need no mask at all; a tree block that no row of the
    program sees is skipped before its K and V are loaded. FlashAttention-2's online softmax, fp32.
+
+Input checks live in `course.topics.kvcache.validate`, the attention's tile sizes and key split in
+`course.topics.kvcache.tuning`.
 """
 
 from __future__ import annotations
@@ -344,8 +347,8 @@ def tree_cache_attention(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, 
     the query nodes' DFS times. Query i sees tree row j iff kv_start[j] <= q_start[i] and
     q_end[i] <= kv_end[j]. query_counts (B,) optional: queries >= count are padding (output 0, LSE
     -inf). A query that sees no row at all also gets 0 (LSE -inf). float16, bfloat16 (GPU only) or
-    float32, fp32 accumulation; d in HEAD_DIMS. Returns out (B, Hq, W, d) in q's dtype, and with
-    return_lse=True also the natural-log LSE (B, Hq, W) float32. Equals
+    float32, fp32 accumulation; d in 16, 32, 64, 128. Returns out (B, Hq, W, d) in q's dtype, and
+    with return_lse=True also the natural-log LSE (B, Hq, W) float32. Equals
     `pyspec_ref.kvcache.nonsquare_tree_attention` per (sample, head).
 
     checked: `check_attention_inputs`' result for this very layout, from an earlier call (a model
