@@ -296,7 +296,7 @@ def flex(q, k, v, workload: Workload, *, compile: bool = True) -> torch.Tensor:
 def make_triton_tree(q, k, v, workload: Workload, *, impl: str = "solutions", kernels_only: bool = True):
     """Notebook 12's square tree-attention kernel on the token tree (mapping in the module docstring).
 
-    The timed function launches the attention kernel alone (`prepare(...).attention`, after one
+    The timed function launches the attention kernel alone (`prepare_attention(...).attention`, after one
     full call that also builds the per-tree key-block lists) when kernels_only, else the whole
     launcher, input checks included.
     """
@@ -322,7 +322,7 @@ def make_triton_tree(q, k, v, workload: Workload, *, impl: str = "solutions", ke
     square_k, square_v = (t.permute(1, 0, 2).repeat_interleave(group, dim=0).unsqueeze(0).contiguous()
                           for t in (k, v))  # one K/V head per query head
     start, end = token_tree_times(workload, q.device)
-    call = module.prepare(square_q, square_k, square_v, start, end)
+    call = module.prepare_attention(square_q, square_k, square_v, start, end)
     call()  # builds the key-block lists once per tree
     attend = call.attention if kernels_only else call
 

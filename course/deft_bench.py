@@ -34,8 +34,8 @@ A method that fails (FlexAttention's compile, a missing kernel, out of memory) g
 an "error" field and null median_ms and max_abs_err (the schema allows that for error rows):
 skip rows with "error" (`ok_rows`).
 
-The DeFT kernels (`solutions.deft.make_runner`) and notebook 12's kernel
-(`solutions.triton_attention.prepare(...).attention`) are timed without their launchers' input
+The DeFT kernels (`solutions.deft.prepare_attention`) and notebook 12's kernel
+(`solutions.triton_attention.prepare_attention(...).attention`) are timed without their launchers' input
 checks (which read all of K and V and wait for the GPU); the one-time preparation (grouping,
 block lists, masks, per-query KV copies) is outside every timing, as it is for the baselines.
 Every method is timed as a CUDA graph, as decoders run their steps: launched from Python, the
@@ -61,6 +61,7 @@ import time
 import torch
 
 from . import deft_baselines, results, runtime, timing, workloads
+from .topics.deft import tuning
 from .workloads import LLAMA3_8B, Workload
 
 SUITE = "deft"
@@ -107,9 +108,10 @@ def make_method(method: str, q, k, v, workload: Workload, *, block_tokens: int =
                 seed: int = SEED, tiles: tuple[int, int, int, int] | None = None):
     """A function of no arguments running `method` on these inputs (preparation done already).
 
-    DeFT's methods run `solutions.deft.make_runner`: the two kernels alone, the inputs checked
-    once when the runner is made (the launchers check them on every call: a pass over K and V).
-    tiles: DeFT-Flatten's (rows, keys per tile, warps, stages), default `solutions.deft.tile_shape`.
+    DeFT's methods run `solutions.deft.prepare_attention`: the two kernels alone, the inputs checked
+    once when the launcher is made (the attention functions check them on every call: a pass over K
+    and V). tiles: DeFT-Flatten's (rows, keys per tile, warps, stages), default
+    `course.topics.deft.tuning.tile_shape`.
     """
     if method in deft_baselines.BASELINES:
         return deft_baselines.BASELINES[method](q, k, v, workload)
@@ -118,18 +120,18 @@ def make_method(method: str, q, k, v, workload: Workload, *, block_tokens: int =
     module = _deft_module()
     tree = (list(workload.parents), list(workload.lengths), list(workload.query_nodes))
     if method == "deft_node":
-        return module.make_runner(q, k, v, module.prepare_node(*tree, q.device))
-    prepared = module.prepare_flatten(*tree, block_tokens, q.device)
+        return module.prepare_attention(q, k, v, module.node_groups(*tree, q.device))
+    prepared = module.flatten_blocks(*tree, block_tokens, q.device)
     if method == "deft_flatten":
         shape = None
         if tiles is not None:
             block_m, block_n, num_warps, num_stages = tiles
-            shape = module.tile_shape(q.shape[2], q.shape[1] // k.shape[1], block_tokens, dtype=q.dtype,
+            shape = tuning.tile_shape(q.shape[2], q.shape[1] // k.shape[1], block_tokens, dtype=q.dtype,
                                       block_m=block_m, block_n=block_n, num_warps=num_warps,
                                       num_stages=num_stages)
-        return module.make_runner(q, k, v, prepared, tiles=shape)
+        return module.prepare_attention(q, k, v, prepared, tiles=shape)
     cache_k, cache_v, slots = workloads.paged(k, v, seed)
-    return module.make_runner(q, cache_k, cache_v, prepared, slots=slots)
+    return module.prepare_attention(q, cache_k, cache_v, prepared, slots=slots)
 
 
 def modelled(method: str, workload: Workload, shape: dict = LLAMA3_8B, *,
@@ -250,7 +252,7 @@ def _sms(sms: int | None) -> int:
 
 
 def flatten_block_tokens(workload: Workload, shape: dict = LLAMA3_8B, sms: int | None = None) -> int:
-    """DeFT-Flatten's block size for a workload: `solutions.deft.suggest_block_tokens`.
+    """DeFT-Flatten's block size for a workload: `course.topics.deft.tuning.suggest_block_tokens`.
 
     Bigger blocks mean fewer partial results to write and merge (DeFT §3.4: one per (block,
     query)) and fewer programs' fixed costs; but the longest program bounds the time, and a
@@ -259,17 +261,15 @@ def flatten_block_tokens(workload: Workload, shape: dict = LLAMA3_8B, sms: int |
     the choice was.
     """
     tree = (list(workload.parents), list(workload.lengths), list(workload.query_nodes))
-    return _deft_module().suggest_block_tokens(*tree, shape["heads_q"], shape["heads_kv"], shape["d"],
-                                               sms=_sms(sms))
+    return tuning.suggest_block_tokens(*tree, shape["heads_q"], shape["heads_kv"], shape["d"], sms=_sms(sms))
 
 
 def sweep_blocks(workload: Workload, shape: dict = LLAMA3_8B, sms: int | None = None) -> dict[int, float]:
     """deft_flatten_sweep's block lengths, each with the model's time (`modelled_launch_time`)."""
-    module = _deft_module()
     tree = (list(workload.parents), list(workload.lengths), list(workload.query_nodes))
     dims = (shape["heads_q"], shape["heads_kv"], shape["d"])
-    return {block: module.modelled_launch_time(*tree, *dims, block, _sms(sms))
-            for block in module.block_candidates(workload.tokens)}
+    return {block: tuning.modelled_launch_time(*tree, *dims, block, _sms(sms))
+            for block in tuning.block_candidates(workload.tokens)}
 
 
 def measure_workload(workload: Workload, methods=METHODS, *, timer=timing.bench, device=None,

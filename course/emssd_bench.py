@@ -10,7 +10,7 @@ lengths. The unpadded cache grows by each sample's own a_b; the vanilla cache by
 (`pyspec_ref.kvcache.vanilla_kv_growth`). Then one verification step is timed, at Llama-2-7B's
 attention shape (32 heads, d = 128, fp16), by two methods:
 
-  unpadded   `solutions.emssd.make_runner`: the Triton kernel, no input checks in the timing
+  unpadded   `solutions.emssd.prepare_attention`: the Triton kernel, no input checks in the timing
   padded     the vanilla step: one masked SDPA over the padded rectangle (inputs padded to
              W = max counts, cache to the common padded length); padding built outside the timing
 
@@ -101,7 +101,7 @@ def measure(batch: int) -> list[dict]:
                 padded_kv_slots=batch * (padded_len + width), accept_alpha=ALPHA, max_draft=MAX_DRAFT)
     rows = []
 
-    run = emssd.make_runner(q, k, v, counts, starts, lengths)
+    run = emssd.prepare_attention(q, k, v, counts, starts, lengths)
     err = float((run()[:t_few].double().cpu() - want).abs().max())
     rows.append(dict(base, name="unpadded", N=max(n + c for n, c in zip(lengths, counts, strict=True)),
                      median_ms=timing.bench(run), max_abs_err=err, kv_bytes=2 * k.numel() * k.element_size(),

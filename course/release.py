@@ -6,7 +6,9 @@ to `### END SOLUTION`, becomes a stub that fails loudly:
     # YOUR CODE HERE: exercise trees.dfs_times (delete the todo line when you start)
     todo("trees.dfs_times")
 
-The exercise is named after the module and the function that holds the region.
+The exercise is named after the module and the function that holds the region, or by
+the marker itself, `### BEGIN SOLUTION (module.function)`, for a helper that two kernels
+share and whose region belongs to the exercise of the kernel a notebook introduces it with.
 
 A find-the-bug exercise gives the student a defective kernel instead of a stub: its
 region holds the correct code, then a `### LESSON` line, then the defective code
@@ -62,6 +64,19 @@ def _exercise_name(module: str, functions, line_number: int, where: str) -> str:
     return f"{module}.{innermost.name}"
 
 
+def _named_exercise(marker: str, module: str, where: str) -> str | None:
+    """The exercise a region names after its marker, as in `### BEGIN SOLUTION (deft.deft_node_kernel)`:
+    the region of a helper that two kernels call belongs to the exercise of the kernel the
+    notebook introduces it with. None for a plain marker (the enclosing function names it)."""
+    named = marker[len(BEGIN):].strip()
+    if not named:
+        return None
+    match = re.fullmatch(r"\((\w+)\.(\w+)\)", named)
+    if match is None or match.group(1) != module:
+        raise ReleaseError(f"{where}: a region names its exercise as ({module}.<function>), got {named!r}")
+    return f"{module}.{match.group(2)}"
+
+
 def find_regions(source: str, module: str, where: str) -> list[Region]:
     """The exercise regions of one solution module, in order."""
     functions = _enclosing_functions(ast.parse(source))
@@ -76,7 +91,8 @@ def find_regions(source: str, module: str, where: str) -> list[Region]:
         elif marker.startswith(END):
             if opened is None:
                 raise ReleaseError(f"{where}:{index + 1}: {END} without {BEGIN}")
-            name = _exercise_name(module, functions, opened + 1, f"{where}:{opened + 1}")
+            name = (_named_exercise(lines[opened].strip(), module, f"{where}:{opened + 1}")
+                    or _exercise_name(module, functions, opened + 1, f"{where}:{opened + 1}"))
             regions.append(Region(opened, index, name))
             opened = None
     if opened is not None:

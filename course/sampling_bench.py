@@ -13,7 +13,7 @@ run:
                    copy bandwidth measured in the same run (`copy_bandwidth`)
 Sizes: B in BATCHES, gamma in GAMMAS, V in VOCABULARIES. The row schema's sizes are mapped as
 B = B, H = 1, N = gamma, d = V; every row also has the fields "gamma", "V" and "input". Kernel
-rows time the kernels alone (`prepare`: the input checks run once, outside the timing).
+rows time the kernels alone (`prepare_sampling`: the input checks run once, outside the timing).
 max_abs_err of a timing row is the fraction of the B samples whose (accepted, emitted) differ
 from the float64 reference of the same algorithm on the same inputs (`torch_speculative_sampling`
 in float64): 0 unless a draw falls within float32 rounding of a CDF boundary. Sigmoid rows also
@@ -295,7 +295,7 @@ def measure_size(batch: int, gamma: int, vocabulary: int, names=IMPLEMENTATIONS,
                 form = source
             else:
                 form = {"exact_probs": "probs", "exact_logits": "logits", "sigmoid_logits": "sigmoid"}[name]
-                fn = kernels.prepare(draft, q_in, p_in, r, u, form=form, beta=beta)
+                fn = kernels.prepare_sampling(draft, q_in, p_in, r, u, form=form, beta=beta)
             extra = {"section": "graphs", "launch": "cuda_graph"} if graphs else {}
             if graphs:
                 fn = timing.graphed(fn)
@@ -342,7 +342,7 @@ def quality_rows(batch: int = 64, gamma: int = 5, vocabulary: int = 32000) -> li
         q_logits, p_logits = synthetic_logits(batch, gamma, vocabulary, noise=quality["mismatch"],
                                               device=runtime.torch_device())
         draft, r, u = draft_and_uniforms(q_logits)
-        fn = kernels.prepare(draft, q_logits, p_logits, r, u, form="sigmoid", beta=quality["beta"])
+        fn = kernels.prepare_sampling(draft, q_logits, p_logits, r, u, form="sigmoid", beta=quality["beta"])
         accepted, _ = fn()
         row = {"name": "sigmoid_logits", "section": "quality", "input": "logits", "B": batch, "H": 1,
                "N": gamma, "d": vocabulary, "gamma": gamma, "V": vocabulary,

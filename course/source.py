@@ -29,7 +29,7 @@ def region(function) -> str:
     `### END SOLUTION`), dedented, without `### LESSON` lines: the reference answer, which
     notebooks print after their check."""
     lines = source_of(function).splitlines()
-    begins = [n for n, line in enumerate(lines) if line.strip() == "### BEGIN SOLUTION"]
+    begins = [n for n, line in enumerate(lines) if line.strip().startswith("### BEGIN SOLUTION")]
     if not begins:
         raise ValueError(f"{getattr(function, '__name__', function)!r} has no exercise region")
     first = begins[0]

@@ -93,7 +93,7 @@ def measure_compaction(model: str, n: int, capacity: int) -> list[dict]:
                 d=d, moves=moves, dtype="float16",
                 cache_bytes=cache.numel() * element)
     out = []
-    methods = (("compact", swiftspec.compact_runner, 2), ("naive", swiftspec.naive_runner, 4))
+    methods = (("compact", swiftspec.prepare_compact, 2), ("naive", swiftspec.prepare_naive_compact, 4))
     for name, make, traffic in methods:
         trial = cache.clone()
         run = make(trial, src, dst, counts)
@@ -152,7 +152,7 @@ def measure_attention(prefix: int, n: int, w: int) -> list[dict]:
                 C=kwargs["k_cache"].shape[2], d=ATTN_D, w=w, dtype="float16")
     kv_bytes = 2 * BATCH * ATTN_KV_HEADS * used * ATTN_D * element
     out = []
-    run = swiftspec.attention_runner(**kwargs)
+    run = swiftspec.prepare_attention(**kwargs)
     err = float((run()[:1].double().cpu() - want).abs().max())
     out.append(dict(base, name="nonsquare", median_ms=timing.bench_graphed(run), max_abs_err=err,
                     bytes=kv_bytes, cells=BATCH * ATTN_HEADS * w * used))
@@ -175,7 +175,7 @@ def measure_attention(prefix: int, n: int, w: int) -> list[dict]:
     group = ATTN_HEADS // ATTN_KV_HEADS
     tk = kwargs["k_cache"][:, :, prefix:used].repeat_interleave(group, dim=1).contiguous()
     tv = kwargs["v_cache"][:, :, prefix:used].repeat_interleave(group, dim=1).contiguous()
-    square = triton_attention.prepare(tq, tk, tv, start, end)
+    square = triton_attention.prepare_attention(tq, tk, tv, start, end)
     got = square()
     ref, _ = oracle.tree_attention(tq[:1].cpu(), tk[:1].cpu(), tv[:1].cpu(), start[:1].cpu(), end[:1].cpu())
     out.append(dict(base, name="square_tree", median_ms=timing.bench_graphed(square),

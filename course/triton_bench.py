@@ -66,7 +66,7 @@ def measure(name: str, figure: str, batch: int, heads: int, n: int, d: int, orde
         return dict(measured, **row)
     if name in TRITON:
         module = load("triton_attention", bench_impl())
-        fn = module.prepare(q, k, v, start, end, config=config)
+        fn = module.prepare_attention(q, k, v, start, end, config=config)
         out = fn()
         torch.cuda.synchronize()
         chosen = config or module.config_for(d, dtype)

@@ -156,13 +156,13 @@ def _notebook15_chain_row(batch, parents, vocabulary, tensors, tree_result) -> l
     with this notebook's walk on the chain (both equal pyspec_ref up to rounding)."""
     try:
         chain_module = impl.load("spec_sampling", "solutions")
-        prepare = chain_module.prepare
+        prepare_sampling = chain_module.prepare_sampling
     except (ImportError, AttributeError):
         return []
     tree, tokens, q, p, accept, sample = tensors
     gamma = len(parents) - 1
-    run = prepare(tokens[:, 1:].contiguous(), q[:, :gamma].contiguous(), p, accept[:, 1:].contiguous(),
-                  sample, form="probs")
+    run = prepare_sampling(tokens[:, 1:].contiguous(), q[:, :gamma].contiguous(), p,
+                           accept[:, 1:].contiguous(), sample, form="probs")
     accepted, emitted = run()
     path, next_token = tree_result
     mine = (path >= 0).sum(dim=1) - 1

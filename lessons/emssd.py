@@ -35,12 +35,14 @@ loop; the linear scan is not, at B = 64 (64 dependent loads per row).
 
 `padded_attention` is the vanilla baseline (torch): pad the inputs to W = max(counts) and the
 cache to a common width, then one masked SDPA call over the rectangle.
+
+Input checks live in `course.topics.kvcache.validate`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,22 +52,10 @@ import triton.language as tl
 
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import (
-    require_dot_block,
-    require_interpretable_dtype,
-    require_kv_heads,
-    require_like_q,
-    require_scale,
-    require_tensor,
-)
+from course.topics.kvcache.validate import HEAD_DIMS, Batch, check_batch, same_layout
+from course.validate import require_dot_block, require_scale
 
-from .triton_attention import online_softmax_step
-
-HEAD_DIMS = (16, 32, 64, 128)
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-INDEX_DTYPES = (torch.int32, torch.int64)
-LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
-LN2 = 0.6931471805599453
+from .triton_attention import LN2, LOG2_E, online_softmax_step
 
 
 @dataclass(frozen=True)
@@ -161,119 +151,10 @@ def unpadded_attention_kernel(
     out_rows = rows.to(tl.int64)
     tl.store(out + out_rows[:, None] * stride_o_row + head * stride_o_head + cols[None, :],
              result.to(out.dtype.element_ty), mask=valid[:, None])
-    tl.store(lse + out_rows * tl.num_programs(1) + head, (m + tl.log2(l)) * 0.6931471805599453, mask=valid)
+    tl.store(lse + out_rows * tl.num_programs(1) + head, (m + tl.log2(l)) * LN2, mask=valid)
 
 
 interpreter.prepare(unpadded_attention_kernel)
-
-
-# --------------------------------------------------------------------------- input checks
-
-
-def _index_tensor(value, name: str, device) -> torch.Tensor:
-    """A 1-D int list/tensor as a CPU int64 tensor (checked: ints, non-empty)."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 1 or value.dtype not in INDEX_DTYPES:
-            raise TypeError(f"{name} must be a 1-D int32/int64 tensor or a list of ints, got a "
-                            f"{value.dim()}-D {str(value.dtype).replace('torch.', '')} tensor")
-        if value.device.type != torch.device(device).type:
-            raise ValueError(f"{name} must be on q's device {device}, got {value.device}")
-        items = value.detach().cpu().long()
-    else:
-        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-            raise TypeError(f"{name} must be a list of ints or a 1-D int tensor, got {type(value).__name__}")
-        for i, x in enumerate(value):
-            if isinstance(x, bool) or not isinstance(x, int):
-                raise TypeError(f"{name}[{i}] must be an int, got {x!r}")
-        items = torch.tensor(list(value), dtype=torch.int64)
-    if items.numel() == 0:
-        raise ValueError(f"{name} must not be empty: a batch has at least one sample")
-    bad = torch.nonzero(items < 0)
-    if len(bad):
-        i = int(bad[0, 0])
-        raise ValueError(f"{name}[{i}] = {int(items[i])} must be >= 0")
-    return items
-
-
-@dataclass(frozen=True)
-class Batch:
-    """A checked unpadded batch: the per-sample bookkeeping, on the host and on q's device."""
-
-    counts: list[int]
-    kv_starts: list[int]
-    kv_lengths: list[int]
-    offsets: torch.Tensor  # (B + 1,) int32 on q's device: exclusive prefix sums of counts
-    starts: torch.Tensor  # (B,) int32
-    lengths: torch.Tensor  # (B,) int32
-
-    @property
-    def size(self) -> int:
-        return len(self.counts)
-
-
-def check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths) -> Batch:
-    """Check q (T, H, d), the cache (S, H_kv, d) and the bookkeeping; clear errors naming the argument.
-
-    Refused: wrong ranks/dtypes/devices, NaN, head dims outside HEAD_DIMS, H not a multiple of
-    H_kv, counts not adding up to T, per-sample lists of different lengths, negative entries, a
-    sample region [start, start + length + count) past the cache or overlapping another's.
-    """
-    require_tensor(q, "q", ndim=3, dtypes=DTYPES)
-    require_interpretable_dtype(q, "q")
-    for name, tensor in (("k_cache", k_cache), ("v_cache", v_cache)):
-        require_tensor(tensor, name, ndim=3, dtypes=DTYPES)
-        require_like_q(tensor, name, q)
-    total, heads, d = q.shape
-    if d not in HEAD_DIMS:
-        raise ValueError(f"q's head dimension (last axis) must be one of {HEAD_DIMS}, got {d}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} "
-                         f"and {tuple(v_cache.shape)}")
-    slots, heads_kv, d_kv = k_cache.shape
-    require_kv_heads(heads, d, "k_cache", heads_kv, d_kv)
-    c = _index_tensor(counts, "counts", q.device)
-    starts = _index_tensor(kv_starts, "kv_starts", q.device)
-    lengths = _index_tensor(kv_lengths, "kv_lengths", q.device)
-    for name, items in (("kv_starts", starts), ("kv_lengths", lengths)):
-        if items.numel() != c.numel():
-            raise ValueError(f"{name} has {items.numel()} entries, expected B = {c.numel()} "
-                             "(one per sample, like counts)")
-    if int(c.sum()) != total:
-        raise ValueError(f"counts add up to {int(c.sum())}, but q has T = {total} rows (tokens): the "
-                         "concatenated inputs must hold exactly sum(counts) tokens")
-    ends = starts + lengths + c
-    over = torch.nonzero(ends > slots)
-    if len(over):
-        b = int(over[0, 0])
-        raise ValueError(f"sample {b}'s KV region [{int(starts[b])}, {int(ends[b])}) (kv_starts + "
-                         f"kv_lengths + counts) runs past the end of the cache ({slots} rows): KV "
-                         "position out of range")
-    live = torch.nonzero(ends > starts).flatten()
-    order = live[torch.argsort(starts[live], stable=True)]
-    clash = torch.nonzero(starts[order[1:]] < ends[order[:-1]]).flatten()
-    if len(clash):
-        b0, b1 = int(order[clash[0]]), int(order[clash[0] + 1])
-        raise ValueError(f"the KV regions of samples {b0} [{int(starts[b0])}, {int(ends[b0])}) and {b1} "
-                         f"[{int(starts[b1])}, {int(ends[b1])}) overlap: each sample must own its rows "
-                         "of the cache")
-    if c.numel() > 2**20 or slots >= 2**31:
-        raise ValueError("the batch must have fewer than 2**20 samples and the cache fewer than 2**31 rows")
-    offsets = torch.zeros(c.numel() + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(c, 0)
-    device = q.device
-    return Batch(c.tolist(), starts.tolist(), lengths.tolist(),
-                 offsets.to(device=device, dtype=torch.int32), starts.to(device=device, dtype=torch.int32),
-                 lengths.to(device=device, dtype=torch.int32))
-
-
-def _same_layout(checked, q, k_cache, v_cache) -> Batch:
-    """`checked` if it is a Batch whose layout these tensors can have (a cheap check, no sync)."""
-    if not isinstance(checked, Batch):
-        raise TypeError(f"checked must be a Batch from check_batch, got {type(checked).__name__}")
-    if q.shape[0] != sum(checked.counts) or k_cache.shape != v_cache.shape or q.dtype != k_cache.dtype:
-        raise ValueError(f"checked was made for a batch of {sum(checked.counts)} tokens; q has "
-                         f"{tuple(q.shape)}, k_cache {tuple(k_cache.shape)}: call without checked=")
-    return checked
 
 
 # --------------------------------------------------------------------------- launchers
@@ -286,7 +167,7 @@ def _launch(q, k_cache, v_cache, batch: Batch, scale):
     config = config_for(d, q.dtype)
     out = torch.empty_like(q)
     lse = torch.empty((total, heads), dtype=torch.float32, device=q.device)
-    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
+    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2_E
     grid = (triton.cdiv(total, config.block_m), heads)
     args = (q, k_cache, v_cache, out, lse, batch.offsets, batch.starts, batch.lengths, total,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
@@ -320,15 +201,15 @@ def unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, sc
     if checked is None:
         batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
     else:
-        batch = _same_layout(checked, q, k_cache, v_cache)
+        batch = same_layout(checked, q, k_cache, v_cache)
     require_written(unpadded_attention_kernel, online_softmax_step)
     launch, out, lse = _launch(q, k_cache, v_cache, batch, scale)
     launch()
     return (out, lse) if return_lse else out
 
 
-def make_runner(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *,
-                scale=None) -> Callable[[], torch.Tensor]:
+def prepare_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *,
+                      scale=None) -> Callable[[], torch.Tensor]:
     """Check once; return a function that only launches the kernel (for timing). Returns out."""
     require_scale(scale)
     batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)

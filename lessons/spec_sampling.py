@@ -51,11 +51,12 @@ Inputs: float32 probabilities or logits (finite; a masked token gets a very nega
 as torch.finfo(torch.float32).min, not -inf), int32 or int64 draft tokens, float32 uniforms in
 [0, 1). Outputs: accepted (B,) int32 and emitted (B, gamma + 1) in the draft tokens' dtype,
 padded with -1 after the last emitted token (`pyspec_ref.sampling.PAD`).
+
+Input checks live in `course.topics.sampling.validate`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -64,16 +65,13 @@ import triton.language as tl
 
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import require_tensor
+from course.topics.sampling import validate as check
 
 TILE_GPU, TILE_SIM = 2048, 32  # vocabulary entries per program (powers of two)
 TILE = runtime.pick(sim=TILE_SIM, gpu=TILE_GPU)
 NUM_WARPS = 4
-MAX_TILES = 4096  # the resample kernel holds a row's T partial sums in one block
-NORMALISATION_TOLERANCE = 1e-3  # |sum(p) - 1| allowed, as pyspec_ref.sampling.NORMALISATION_TOLERANCE
 PAD = -1  # pads the emitted rows after the last emitted token (pyspec_ref.sampling.PAD)
 PAD_ID = tl.constexpr(PAD)  # the same, as a constant the kernels can read
-TOKEN_DTYPES = (torch.int32, torch.int64)
 
 # What the probability tensors hold (a compile-time constant of the kernels).
 PROBABILITIES = tl.constexpr(0)  # probabilities, used as given
@@ -234,76 +232,6 @@ interpreter.prepare(row_softmax_stats, load_weights, first_crossing, softmax_sta
 # --------------------------------------------------------------------------- launchers
 
 
-def _where(index: torch.Tensor) -> str:
-    return ", ".join(str(int(i)) for i in index)
-
-
-def _require_uniforms(u: torch.Tensor, name: str, shape: tuple[int, ...]) -> None:
-    require_tensor(u, name, ndim=2, dtypes=(torch.float32,))
-    if tuple(u.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {tuple(u.shape)}")
-    bad = torch.nonzero((u < 0) | (u >= 1))
-    if len(bad):
-        where = bad[0]
-        raise ValueError(f"{name}[{_where(where)}] = {float(u[tuple(where)])} must lie in [0, 1)")
-
-
-def _require_probabilities(t: torch.Tensor, name: str) -> None:
-    negative = torch.nonzero(t < 0)
-    if len(negative):
-        where = negative[0]
-        raise ValueError(f"{name}[{_where(where)}] = {float(t[tuple(where)])} is negative: "
-                         "probabilities must be >= 0 (logits? pass from_logits=True)")
-    totals = t.sum(dim=-1, dtype=torch.float64)
-    off = torch.nonzero((totals - 1).abs() > NORMALISATION_TOLERANCE)
-    if len(off):
-        where = off[0]
-        raise ValueError(f"{name}[{_where(where)}] sums to {float(totals[tuple(where)]):.6g}, not 1 (within "
-                         f"{NORMALISATION_TOLERANCE}): pass probabilities, or logits with from_logits=True")
-
-
-def _check(draft_tokens, q, p, accept_uniforms, sample_uniforms, form: str, tile, alpha=1.0,
-           beta=0.0) -> tuple[int, int, int, int]:
-    """Check every argument, each error naming it; return (B, gamma, V, tile)."""
-    require_tensor(draft_tokens, "draft_tokens", ndim=2, dtypes=TOKEN_DTYPES)
-    batch, gamma = draft_tokens.shape
-    require_tensor(q, "q", ndim=3, dtypes=(torch.float32,))
-    require_tensor(p, "p", ndim=3, dtypes=(torch.float32,))
-    vocabulary = q.shape[2]
-    if tuple(q.shape) != (batch, gamma, vocabulary):
-        raise ValueError(f"q must have shape (B, gamma, V) = ({batch}, {gamma}, V) to match draft_tokens "
-                         f"{tuple(draft_tokens.shape)}, got {tuple(q.shape)}")
-    if tuple(p.shape) != (batch, gamma + 1, vocabulary):
-        raise ValueError(f"p must have shape (B, gamma + 1, V) = {(batch, gamma + 1, vocabulary)} to match "
-                         f"draft_tokens {tuple(draft_tokens.shape)} and q {tuple(q.shape)}, "
-                         f"got {tuple(p.shape)}")
-    _require_uniforms(accept_uniforms, "accept_uniforms", (batch, gamma))
-    if sample_uniforms is not None:
-        _require_uniforms(sample_uniforms, "sample_uniforms", (batch, gamma + 1))
-    for name, tensor in (("q", q), ("p", p), ("accept_uniforms", accept_uniforms)):
-        if tensor.device != draft_tokens.device:
-            raise ValueError(f"{name} must be on draft_tokens' device {draft_tokens.device}, "
-                             f"got {tensor.device}")
-    bad = torch.nonzero((draft_tokens < 0) | (draft_tokens >= vocabulary))
-    if len(bad):
-        where = bad[0]
-        raise ValueError(f"draft_tokens[{_where(where)}] = {int(draft_tokens[tuple(where)])} is not a "
-                         f"token id in [0, {vocabulary})")
-    if form == "probs":
-        _require_probabilities(q, "q")
-        _require_probabilities(p, "p")
-    for name, value in (("alpha", alpha), ("beta", beta)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, got {value!r}")
-    tile = TILE if tile is None else tile
-    if isinstance(tile, bool) or not isinstance(tile, int) or tile < 16 or tile & (tile - 1):
-        raise ValueError(f"tile must be a power of two >= 16, got {tile!r}")
-    if triton.cdiv(vocabulary, tile) > MAX_TILES:
-        raise ValueError(f"V = {vocabulary} needs {triton.cdiv(vocabulary, tile)} tiles of {tile}; at most "
-                         f"{MAX_TILES} are supported: pass a larger tile")
-    return batch, gamma, vocabulary, tile
-
-
 def _block(n: int) -> int:
     return triton.next_power_of_2(max(n, 1))
 
@@ -323,9 +251,10 @@ class _Buffers:
         self.emitted = torch.empty((batch, gamma + 1), dtype=token_dtype, device=device)
 
 
-def prepare(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, accept_uniforms: torch.Tensor,
-            sample_uniforms: torch.Tensor, *, form: str = "probs", alpha: float = 1.0, beta: float = 0.0,
-            tile: int | None = None) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+def prepare_sampling(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                     accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor, *, form: str = "probs",
+                     alpha: float = 1.0, beta: float = 0.0,
+                     tile: int | None = None) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     """Check the inputs once and return a function that launches the kernels alone (for timing):
     it returns (accepted, emitted), tensors it reuses on every call.
 
@@ -339,8 +268,9 @@ def prepare(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, accept
     require_written(softmax_stats_kernel, tile_pass_kernel)
     if sample_uniforms is not None:  # the draw too (sample_uniforms None: the tile pass alone)
         require_written(first_crossing, resample_kernel)
-    batch, gamma, vocabulary, tile = _check(draft_tokens, q, p, accept_uniforms, sample_uniforms, form,
-                                            tile, alpha, beta)
+    tile = TILE if tile is None else tile
+    batch, gamma, vocabulary, tile = check.sampling_inputs(draft_tokens, q, p, accept_uniforms,
+                                                           sample_uniforms, form, tile, alpha, beta)
     tiles = triton.cdiv(vocabulary, tile)
     tiles_block, gamma_block = _block(tiles), _block(gamma + 1)
     buffers = _Buffers(batch, gamma, tiles, q.device, draft_tokens.dtype)
@@ -380,8 +310,8 @@ def speculative_sampling(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.T
     logits and the softmax is fused into the kernels."""
     if not isinstance(from_logits, bool):
         raise TypeError(f"from_logits must be a bool, got {type(from_logits).__name__}")
-    accepted, emitted = prepare(draft_tokens, q, p, accept_uniforms, sample_uniforms,
-                                form="logits" if from_logits else "probs", tile=tile)()
+    accepted, emitted = prepare_sampling(draft_tokens, q, p, accept_uniforms, sample_uniforms,
+                                         form="logits" if from_logits else "probs", tile=tile)()
     return accepted.clone(), emitted.clone()
 
 
@@ -402,8 +332,8 @@ def sigmoid_speculative_sampling(draft_tokens: torch.Tensor, q_logits: torch.Ten
     (`course.sampling_bench.sigmoid_quality` measures how far). Same shapes and outputs as
     `speculative_sampling`, except that a row whose every weight underflows to 0 (beta far too
     negative) has no token to draw: its draw is emitted as PAD."""
-    accepted, emitted = prepare(draft_tokens, q_logits, p_logits, accept_uniforms, sample_uniforms,
-                                form="sigmoid", alpha=alpha, beta=beta, tile=tile)()
+    accepted, emitted = prepare_sampling(draft_tokens, q_logits, p_logits, accept_uniforms, sample_uniforms,
+                                         form="sigmoid", alpha=alpha, beta=beta, tile=tile)()
     return accepted.clone(), emitted.clone()
 
 
@@ -414,6 +344,6 @@ def tile_pass(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, acce
     max(0, p - q) over tile k of position c (of p at c = gamma), target_sums[b, c, k] that of p."""
     if not isinstance(from_logits, bool):
         raise TypeError(f"from_logits must be a bool, got {type(from_logits).__name__}")
-    run = prepare(draft_tokens, q, p, accept_uniforms, None, form="logits" if from_logits else "probs",
-                  tile=tile)
+    run = prepare_sampling(draft_tokens, q, p, accept_uniforms, None,
+                           form="logits" if from_logits else "probs", tile=tile)
     return tuple(t.clone() for t in run.tile_pass())

@@ -4,13 +4,13 @@ Yao et al., "DeFT: Decoding with Flash Tree-attention for Efficient Tree-structu
 Inference" (ICLR 2025). The KV tree, its flattened DFS layout and the grouping rules are
 specified in `pyspec_ref.deft`; this module computes the same thing on a GPU in two phases.
 
-Phase 1, QKV preparation (host, PyTorch; `prepare_node`, `prepare_flatten`). KV-guided
+Phase 1, QKV preparation (host, PyTorch; `node_groups`, `flatten_blocks`). KV-guided
 grouping (§3.2): DeFT-Node makes one QKV group per node, the node's tokens with every query
 that sees them. DeFT-Flatten (§3.3) cuts the flattened tokens into blocks of equal length;
 a block's queries are those that see any of its tokens, and each node piece of the block
 gets a bitmask of the block's queries that see it (64 queries per int64 word, as many words
-as the block needs). The result is a few small int32/int64 tensors (`PreparedNode`,
-`PreparedFlatten`): each group's token range, its queries as a CSR list, and for every query
+as the block needs). The result is a few small int32/int64 tensors (`NodeGroups`,
+`FlattenBlocks`): each group's token range, its queries as a CSR list, and for every query
 the positions of its partial results, in increasing group order.
 
 Phase 2, attention (Triton). `deft_node_kernel` / `deft_flatten_kernel`: one program per
@@ -30,16 +30,21 @@ of shape (T, H_kv, d).
 The token loops are `for` loops over run-time bounds, which Triton pipelines on a GPU (the
 K/V loads of the next tiles in flight while one computes); `course.interpreter` makes such
 bounds work in Triton 3.6's interpreter too. The step of the token loop is notebook 12's
-`online_softmax_step`, with DeFT's masks; `_load_kv_tile` loads one K/V tile, contiguous or
-paged, for both kernels, and `_attend_all` is the loop over tokens every row sees (DeFT-Node's, and
+`online_softmax_step`, with DeFT's masks. Both kernels share what a student would otherwise
+write twice: `tile_rows` (a tile's (query, query head) rows and their q) and `store_partials`
+(the partials' stores), both part of notebook 13's exercise; `_load_kv_tile` loads one K/V tile,
+contiguous or paged, and `_attend_all` is the loop over tokens every row sees (DeFT-Node's, and
 DeFT-Flatten's for the programs whose mask is all ones); on a Hopper GPU its whole tiles of
 contiguous KV come through TMA tensor descriptors (`_kv_descriptors`).
+
+Input checks live in `course.topics.deft.validate`; tile sizes and the block-length model,
+fitted to the H100, in `course.topics.deft.tuning`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -48,83 +53,12 @@ import triton.language as tl
 
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import (
-    require_dot_block,
-    require_interpretable_dtype,
-    require_kv_heads,
-    require_like_q,
-    require_tensor,
-)
+from course.topics.deft import validate as check
+from course.topics.deft.tuning import HEADS_PER_MERGE, MERGE_WARPS, WORD_BITS, TileShape, tile_shape
 
-from .triton_attention import online_softmax_step
-
-HEAD_DIMS = (16, 32, 64, 128)
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-WORD_BITS = 64  # queries per bitmask word (int64)
-MAX_GROUP = 64  # query heads per KV head that one tile can hold
-BLOCK_MULTIPLE = 16  # a Flatten block's length is a multiple of this (the smallest tl.dot tile)
-SUGGESTED_MULTIPLE = 64  # suggest_block_tokens's blocks are whole K/V tiles of a GPU
-# modelled_launch_time's constants, fitted to a sweep of block lengths on the H100. In the committed
-# sweep (results/h100/deft.json, deft_flatten_sweep rows, which record the model beside the clock)
-# the blocks they choose for the 12 benchmark trees run at 1.03x the best block's time on average,
-# 1.11x at worst (the reasoning tree).
-PROGRAM_OVERHEAD_TOKENS = 256  # a program's fixed work, in streamed tokens
-MASKED_COST = 2.0  # a token of a masked program (loads its word, tests bits) against one of a dense one
-LONE_PROGRAM_RATE = 0.8  # the share of an SM's speed that one program alone on it gets
-# The merge's launch (reduce_partials_kernel): query heads per program and warps. After the
-# partials, on five speculative trees, within 2 us (3 %) of the best of 1-32 heads x 2-8 warps
-# x 1-3 stages (results/h100/deft_diag_merge.log).
-HEADS_PER_MERGE = 8
-MERGE_WARPS = 8
-LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
-LN2 = 0.6931471805599453
-
+from .triton_attention import LN2, LOG2_E, online_softmax_step
 
 # --------------------------------------------------------------------------- phase 1 (host)
-
-
-def _int_sequence(value, name: str) -> list[int]:
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 1 or value.is_floating_point() or value.dtype == torch.bool:
-            raise TypeError(f"{name} must be a 1-D integer tensor or a list of ints, got a "
-                            f"{value.dim()}-D {str(value.dtype).replace('torch.', '')} tensor")
-        value = value.tolist()
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"{name} must be a list of ints, got {type(value).__name__}")
-    items = list(value)
-    for i, x in enumerate(items):
-        if isinstance(x, bool) or not isinstance(x, int):
-            raise TypeError(f"{name}[{i}] must be an int, got {x!r} of type {type(x).__name__}")
-    if not items:
-        raise ValueError(f"{name} must not be empty")
-    return items
-
-
-def kv_tree(parents, lengths, query_nodes) -> tuple[list[int], list[int], list[int]]:
-    """Check a KV tree (see `pyspec_ref.deft`) and return (parents, lengths, query_nodes) as lists.
-
-    parents: numbered parent-before-child, parents[0] == -1 and 0 <= parents[i] < i;
-    lengths: one int >= 1 per node; query_nodes: the node each query continues.
-    """
-    p = _int_sequence(parents, "parents")
-    if p[0] != -1:
-        raise ValueError(f"parents[0] = {p[0]}: node 0 must be the root (parent -1)")
-    for i in range(1, len(p)):
-        if not 0 <= p[i] < i:
-            raise ValueError(f"parents[{i}] = {p[i]}: every node's parent must be a node numbered before it "
-                             f"(0 <= parent < {i}); a second root, a cycle or an id out of range breaks this")
-    sizes = _int_sequence(lengths, "lengths")
-    if len(sizes) != len(p):
-        raise ValueError(f"lengths has {len(sizes)} entries, expected M = {len(p)} (one per node of parents)")
-    for i, n in enumerate(sizes):
-        if n < 1:
-            raise ValueError(f"lengths[{i}] = {n}: every node holds at least one token")
-    nodes = _int_sequence(query_nodes, "query_nodes")
-    for i, x in enumerate(nodes):
-        if not 0 <= x < len(p):
-            raise ValueError(f"query_nodes[{i}] = {x} is out of range: there are {len(p)} nodes "
-                             f"(0..{len(p) - 1})")
-    return p, sizes, nodes
 
 
 def _preorder(p: list[int]) -> list[int]:
@@ -160,19 +94,12 @@ def _queries_by_node(p: list[int], nodes: list[int]) -> list[list[int]]:
     return seen_by
 
 
-def _device(device) -> torch.device:
-    try:
-        return torch.device(device)
-    except (TypeError, RuntimeError) as error:
-        raise ValueError(f"device must be a torch device or a name such as 'cuda', got {device!r}") from error
-
-
 def _ints(values, device, dtype=torch.int32) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype, device=device)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
-class PreparedGroups:
+class KVGroups:
     """Phase 1's output: the QKV groups of one KV tree, as small index tensors on one device.
 
     Group g covers the flattened tokens [group_start[g], group_end[g]); its queries are
@@ -208,15 +135,15 @@ class PreparedGroups:
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
-class PreparedNode(PreparedGroups):
-    """DeFT-Node's groups (`prepare_node`): group g is node group_node[g]."""
+class NodeGroups(KVGroups):
+    """DeFT-Node's groups (`node_groups`): group g is node group_node[g]."""
 
     group_node: torch.Tensor  # (G,) int32
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
-class PreparedFlatten(PreparedGroups):
-    """DeFT-Flatten's groups (`prepare_flatten`): group g is block group_block[g] of the tokens.
+class FlattenBlocks(KVGroups):
+    """DeFT-Flatten's groups (`flatten_blocks`): group g is block group_block[g] of the tokens.
 
     Blocks no query sees are left out. The block's node pieces are segments: segment s
     covers tokens [segment_start[s], segment_end[s]) of node segment_node[s];
@@ -260,18 +187,18 @@ def _query_lists(members: list[list[int]], n_queries: int, device):
                 max_group_queries=max(len(m) for m in members))
 
 
-def prepare_node(parents, lengths, query_nodes, device) -> PreparedNode:
+def node_groups(parents, lengths, query_nodes, device) -> NodeGroups:
     """Phase 1 of DeFT-Node (§3.2, KV-guided grouping): one QKV group per node some query sees.
 
     Groups come in increasing node id, each with its queries in increasing id; equal to
     `pyspec_ref.deft.node_groups`. Host work O(M + sum of query depths).
     """
-    p, sizes, nodes = kv_tree(parents, lengths, query_nodes)
-    device = _device(device)
+    p, sizes, nodes = check.kv_tree(parents, lengths, query_nodes)
+    device = check.torch_device(device)
     _, offsets = _layout(p, sizes)
     seen_by = _queries_by_node(p, nodes)
     groups = [v for v in range(len(p)) if seen_by[v]]
-    return PreparedNode(
+    return NodeGroups(
         num_queries=len(nodes), num_tokens=sum(sizes),
         group_node=_ints(groups, device),
         group_start=_ints([offsets[v] for v in groups], device),
@@ -303,20 +230,18 @@ def _blocks(p: list[int], sizes: list[int], seen_by: list[list[int]], block_toke
             yield block, block_pieces, queries
 
 
-def prepare_flatten(parents, lengths, query_nodes, block_tokens, device) -> PreparedFlatten:
+def flatten_blocks(parents, lengths, query_nodes, block_tokens, device) -> FlattenBlocks:
     """Phase 1 of DeFT-Flatten (§3.3): equal blocks of the DFS-flattened tokens, with bitmasks.
 
-    block_tokens: a multiple of 16 (`suggest_block_tokens` picks one). Blocks no query sees are
-    left out; the others equal `pyspec_ref.deft.flatten_blocks(..., word_bits=64)`. A block with more than 64
-    queries gets more bitmask words. Host work O(M + blocks + sum over blocks of the queries
+    block_tokens: a multiple of 16 (`course.topics.deft.tuning.suggest_block_tokens` picks one).
+    Blocks no query sees are left out; the others equal
+    `pyspec_ref.deft.flatten_blocks(..., word_bits=64)`. A block with more than 64 queries gets
+    more bitmask words. Host work O(M + blocks + sum over blocks of the queries
     of each of its segments).
     """
-    p, sizes, nodes = kv_tree(parents, lengths, query_nodes)
-    if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < BLOCK_MULTIPLE \
-            or block_tokens % BLOCK_MULTIPLE:
-        raise ValueError(f"block_tokens must be a positive multiple of {BLOCK_MULTIPLE} tokens, "
-                         f"got {block_tokens!r}")
-    device = _device(device)
+    p, sizes, nodes = check.kv_tree(parents, lengths, query_nodes)
+    check.block_tokens(block_tokens)
+    device = check.torch_device(device)
     seen_by = _queries_by_node(p, nodes)
     total = sum(sizes)
     kept, members, segments = [], [], []
@@ -337,7 +262,7 @@ def prepare_flatten(parents, lengths, query_nodes, block_tokens, device) -> Prep
     token_segment = _ints(token_segment, device)
     segment_words = _ints([[_signed64(w) for w in s[3]] + [0] * (n_words - len(s[3])) for s in segments],
                           device, torch.int64)
-    return PreparedFlatten(
+    return FlattenBlocks(
         num_queries=len(nodes), num_tokens=total, block_tokens=block_tokens,
         group_block=_ints(kept, device),
         group_start=_ints([b * block_tokens for b in kept], device),
@@ -351,78 +276,6 @@ def prepare_flatten(parents, lengths, query_nodes, block_tokens, device) -> Prep
         token_words=segment_words[token_segment.long()].contiguous(),
         **_query_lists(members, len(nodes), device),
     )
-
-
-def _block_loads(order: list[int], offsets: list[int], sizes: list[int], seen_masks: list[int],
-                 block_tokens: int) -> list[tuple[int, int, bool]]:
-    """(tokens, queries, masked) of each block some query sees. A block is masked when some of
-    its queries miss some of its nodes: its programs then test bits, the others do not."""
-    blocks = -(-sum(sizes) // block_tokens)
-    union, common = [0] * blocks, [-1] * blocks  # per block: queries seeing any / every node of it
-    for v in order:
-        for block in range(offsets[v] // block_tokens, (offsets[v] + sizes[v] - 1) // block_tokens + 1):
-            union[block] |= seen_masks[v]
-            common[block] &= seen_masks[v]
-    total = sum(sizes)
-    return [(min(block_tokens, total - b * block_tokens), union[b].bit_count(), union[b] != common[b])
-            for b in range(blocks) if union[b]]
-
-
-def block_candidates(total_tokens: int) -> list[int]:
-    """The block lengths `suggest_block_tokens` weighs: whole 64-token K/V tiles, the tree cut into
-    n equal blocks (n = 1..64) and the powers of two."""
-    def whole_tiles(tokens: int) -> int:
-        return -(-tokens // SUGGESTED_MULTIPLE) * SUGGESTED_MULTIPLE
-
-    cuts = {whole_tiles(-(-total_tokens // n)) for n in range(1, 65)}
-    longest = whole_tiles(total_tokens)
-    powers = {SUGGESTED_MULTIPLE << k for k in range(32) if SUGGESTED_MULTIPLE << k <= longest}
-    return sorted(cuts | powers)
-
-
-def modelled_launch_time(parents, lengths, query_nodes, heads_q: int, heads_kv: int, d: int,
-                         block_tokens: int, sms: int) -> float:
-    """Phase 2's time for DeFT-Flatten blocks of `block_tokens`, in a model, in units of streamed tokens.
-
-    A program streams its block's tokens (x MASKED_COST if it tests bits) after a fixed
-    PROGRAM_OVERHEAD_TOKENS (its queries, its partials' stores). An SM runs two programs at
-    once at full speed; a program alone on an SM gets LONE_PROGRAM_RATE of it. The time is
-    the larger of the total work spread over the SMs and the longest program alone.
-    """
-    p, sizes, nodes = kv_tree(parents, lengths, query_nodes)
-    per_tile = tile_shape(d, heads_q // heads_kv).queries_per_tile  # the same for every dtype
-    order, offsets = _layout(p, sizes)
-    seen_masks = [sum(1 << i for i in queries) for queries in _queries_by_node(p, nodes)]
-    costs = [(tokens * (MASKED_COST if masked else 1.0) + PROGRAM_OVERHEAD_TOKENS, -(-queries // per_tile))
-             for tokens, queries, masked in _block_loads(order, offsets, sizes, seen_masks, block_tokens)]
-    total = heads_kv * sum(cost * tiles for cost, tiles in costs)
-    return max(total / sms, max(cost for cost, _ in costs) / LONE_PROGRAM_RATE)
-
-
-def suggest_block_tokens(parents, lengths, query_nodes, heads_q: int, heads_kv: int, d: int, *,
-                         sms: int | None = None) -> int:
-    """DeFT-Flatten's block length for a tree: the one `modelled_launch_time` finishes soonest.
-
-    §3.3 leaves the block length open, and it trades costs. Every (block, query) pair writes
-    and reads back a float32 partial per query head (`pyspec_ref.deft.io_bytes`, "partials"),
-    and every program pays a fixed overhead: longer blocks, fewer of both. But the longest
-    program sets a floor under the time, and a block that holds the tree's tips tests bits
-    (masked), so a long block there is slower still. Candidates: `block_candidates`; ties go to
-    the longer block. sms: the GPU's SMs (default: this GPU's; 4 in the interpreter).
-    """
-    p, sizes, nodes = kv_tree(parents, lengths, query_nodes)
-    if isinstance(heads_kv, bool) or not isinstance(heads_kv, int) or heads_kv < 1:
-        raise ValueError(f"heads_kv must be a positive int, got {heads_kv!r}")
-    if isinstance(heads_q, bool) or not isinstance(heads_q, int) or heads_q < 1 or heads_q % heads_kv:
-        raise ValueError(f"heads_q must be a positive multiple of heads_kv = {heads_kv}, got {heads_q!r}")
-    if sms is None:
-        sms = 4 if runtime.SIMULATOR else torch.cuda.get_device_properties(
-            torch.cuda.current_device()).multi_processor_count
-    if isinstance(sms, bool) or not isinstance(sms, int) or sms < 1:
-        raise ValueError(f"sms must be a positive int, got {sms!r}")
-    timed = [(modelled_launch_time(p, sizes, nodes, heads_q, heads_kv, d, block, sms), -block)
-             for block in block_candidates(sum(sizes))]
-    return -min(timed)[1]
 
 
 # --------------------------------------------------------------------------- phase 2 (Triton)
@@ -494,6 +347,52 @@ def _work_item(work_group, work_tile, group_start, group_end, group_ptr):
 
 
 @triton.jit
+def tile_rows(q, member_query, tile, first, count, kv_head, stride_q_row, stride_q_head,
+              GROUP: tl.constexpr, QUERIES_PER_TILE: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The rows of a work item's tile, for both DeFT kernels: (member, head, valid, q_tile).
+
+    Row r is the pair (member r // GROUP of the tile, query head kv_head * GROUP + r % GROUP):
+    member is the row's query as a position among its group's queries (its query id is
+    member_query[first + member]), head its query head, valid whether the row holds a real pair
+    (inside QUERIES_PER_TILE * GROUP rows and member < count), and q_tile the (BLOCK_M, D) rows
+    of q, zeros for the invalid rows.
+    """
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, D)
+    ### BEGIN SOLUTION (deft.deft_node_kernel)
+    member = tile * QUERIES_PER_TILE + rows // GROUP  # the row's query, as a position in the group
+    head = kv_head * GROUP + rows % GROUP  # the row's query head
+    valid = (rows < QUERIES_PER_TILE * GROUP) & (member < count)
+    query = tl.load(member_query + first + member, mask=valid, other=0).to(tl.int64)
+    q_tile = tl.load(q + query[:, None] * stride_q_row + head[:, None] * stride_q_head + cols[None, :],
+                     mask=valid[:, None], other=0.0)
+    ### END SOLUTION
+    return member, head, valid, q_tile
+
+
+@triton.jit
+def store_partials(out_part, lse_part, m, l, acc, first, member, head, valid,
+                   HEADS_Q: tl.constexpr, D: tl.constexpr):
+    """Finish the online softmax of a tile's rows and store each valid row's partial.
+
+    The row's pair is partial number first + member (its place in member_query): out_part[p, h, :]
+    starts at element (p * HEADS_Q + h) * D, lse_part[p, h] is element p * HEADS_Q + h. A row
+    past its group's queries saw zeros and is never stored; every real row saw a token (a group's
+    queries see all of a node, and a block's queries some of it), so l > 0 there.
+    """
+    l = tl.where(l > 0, l, 1.0)
+    out = acc / l[:, None]
+    lse = (m + tl.log2(l)) * LN2  # back to natural log
+    cols = tl.arange(0, D)
+    ### BEGIN SOLUTION (deft.deft_node_kernel)
+    position = (first + member).to(tl.int64)  # the partial's number: its place in member_query
+    tl.store(out_part + (position[:, None] * HEADS_Q + head[:, None]) * D + cols[None, :], out,
+             mask=valid[:, None])
+    tl.store(lse_part + position * HEADS_Q + head, lse, mask=valid)
+    ### END SOLUTION
+
+
+@triton.jit
 def deft_node_kernel(
     q, k, v, slots, k_desc, v_desc, out_part, lse_part,
     group_start, group_end, group_ptr, member_query, work_group, work_tile,
@@ -515,19 +414,9 @@ def deft_node_kernel(
     kv_head = tl.program_id(1)
     tile, token_start, token_end, first, count = _work_item(work_group, work_tile, group_start, group_end,
                                                             group_ptr)
-    rows = tl.arange(0, BLOCK_M)
+    member, head, valid, q_tile = tile_rows(q, member_query, tile, first, count, kv_head, stride_q_row,
+                                            stride_q_head, GROUP, QUERIES_PER_TILE, D, BLOCK_M)
     cols = tl.arange(0, D)
-    # The tile's rows: member (the row's query, as a position among the group's queries), head
-    # (its query head), valid (the row holds a real pair), query (its id, int64) and q_tile
-    # (BLOCK_M x D rows of q, zeros for the invalid rows).
-    ### BEGIN SOLUTION
-    member = tile * QUERIES_PER_TILE + rows // GROUP  # the row's query, as a position in the group
-    head = kv_head * GROUP + rows % GROUP  # the row's query head
-    valid = (rows < QUERIES_PER_TILE * GROUP) & (member < count)
-    query = tl.load(member_query + first + member, mask=valid, other=0).to(tl.int64)
-    q_tile = tl.load(q + query[:, None] * stride_q_row + head[:, None] * stride_q_head + cols[None, :],
-                     mask=valid[:, None], other=0.0)
-    ### END SOLUTION
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scores (log2 units)
     l = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m)
     acc = tl.zeros([BLOCK_M, D], tl.float32)  # running sum of exp2(score - m) * v
@@ -535,17 +424,7 @@ def deft_node_kernel(
     m, l, acc = _attend_all(q_tile, k, v, slots, k_desc, v_desc, token_start, token_end, kv_head, cols,
                             stride_k_row, stride_k_head, stride_v_row, stride_v_head, qk_scale, m, l, acc,
                             BLOCK_N, PAGED, TMA, PRECISION)
-    l = tl.where(l > 0, l, 1.0)  # rows past the group's queries saw zeros; never stored
-    out = acc / l[:, None]
-    lse = (m + tl.log2(l)) * 0.6931471805599453  # back to natural log
-    # Each valid row's partial goes to its pair's position first + member: out_part[p, h, :]
-    # starts at element (p * HEADS_Q + h) * D, lse_part[p, h] is element p * HEADS_Q + h.
-    ### BEGIN SOLUTION
-    position = (first + member).to(tl.int64)  # the partial's number: its place in member_query
-    tl.store(out_part + (position[:, None] * HEADS_Q + head[:, None]) * D + cols[None, :], out,
-             mask=valid[:, None])
-    tl.store(lse_part + position * HEADS_Q + head, lse, mask=valid)
-    ### END SOLUTION
+    store_partials(out_part, lse_part, m, l, acc, first, member, head, valid, HEADS_Q, D)
 
 
 @triton.jit
@@ -569,18 +448,9 @@ def deft_flatten_kernel(
     kv_head = tl.program_id(1)
     tile, token_start, token_end, first, count = _work_item(work_group, work_tile, group_start, group_end,
                                                             group_ptr)
-    rows = tl.arange(0, BLOCK_M)
+    member, head, valid, q_tile = tile_rows(q, member_query, tile, first, count, kv_head, stride_q_row,
+                                            stride_q_head, GROUP, QUERIES_PER_TILE, D, BLOCK_M)
     cols = tl.arange(0, D)
-    # The tile's rows exactly as in deft_node_kernel (notebook 13's first region: yours will do).
-    # They are a region here too, so that this file does not give that exercise away.
-    ### BEGIN SOLUTION
-    member = tile * QUERIES_PER_TILE + rows // GROUP
-    head = kv_head * GROUP + rows % GROUP
-    valid = (rows < QUERIES_PER_TILE * GROUP) & (member < count)
-    query = tl.load(member_query + first + member, mask=valid, other=0).to(tl.int64)
-    q_tile = tl.load(q + query[:, None] * stride_q_row + head[:, None] * stride_q_head + cols[None, :],
-                     mask=valid[:, None], other=0.0)
-    ### END SOLUTION
     word = (tile * QUERIES_PER_TILE) // 64  # the bitmask word of this tile's members
     row_bit = tl.full([BLOCK_M], 1, tl.int64) << (member % 64).to(tl.int64)  # each row's bit in it
     # Most blocks of a speculative tree are prefix: every member sees every token, and the host
@@ -610,16 +480,7 @@ def deft_flatten_kernel(
             # A row may see nothing in this tile (or in none so far): the step keeps its max at -inf
             # and its sums at 0, without a NaN (it subtracts 0 instead of -inf).
             m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, visible, m, l, acc, qk_scale, PRECISION)
-    l = tl.where(l > 0, l, 1.0)  # every query of a block sees a token of it; padding rows saw none
-    out = acc / l[:, None]
-    lse = (m + tl.log2(l)) * 0.6931471805599453
-    # The partials' stores, as in deft_node_kernel (notebook 13's second region).
-    ### BEGIN SOLUTION
-    position = (first + member).to(tl.int64)
-    tl.store(out_part + (position[:, None] * HEADS_Q + head[:, None]) * D + cols[None, :], out,
-             mask=valid[:, None])
-    tl.store(lse_part + position * HEADS_Q + head, lse, mask=valid)
-    ### END SOLUTION
+    store_partials(out_part, lse_part, m, l, acc, first, member, head, valid, HEADS_Q, D)
 
 
 @triton.jit
@@ -668,59 +529,14 @@ def reduce_partials_kernel(
     tl.store(lse + where, m + tl.log(l), mask=real)
 
 
-interpreter.prepare(_work_item, _load_kv_tile, _attend_all, deft_node_kernel, deft_flatten_kernel,
-                    reduce_partials_kernel)
+interpreter.prepare(_work_item, _load_kv_tile, _attend_all, tile_rows, store_partials, deft_node_kernel,
+                    deft_flatten_kernel, reduce_partials_kernel)
 
 
 # --------------------------------------------------------------------------- launchers
 
 
-def _pow2_floor(x: int) -> int:
-    return 1 << (x.bit_length() - 1)
-
-
-@dataclass(frozen=True)
-class TileShape:
-    """Tile sizes of one phase-2 launch (fixed per head dim and GQA group: deterministic)."""
-
-    block_m: int  # rows of a tile: (query, query head) pairs
-    block_n: int  # tokens per K/V tile
-    queries_per_tile: int  # block_m // group rounded down to a power of two <= 64
-    num_warps: int
-    num_stages: int  # K/V tiles in flight for 16-bit inputs (float32: at most 2)
-
-
-def tile_shape(d: int, group: int, block_tokens: int | None = None, *, dtype: torch.dtype = torch.float16,
-               block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-               num_stages: int | None = None) -> TileShape:
-    """The tile sizes for head dim d, `group` query heads per KV head and inputs of `dtype`.
-
-    Rows: 64 on a GPU (32 in the interpreter, where every op costs a NumPy call), at least
-    the GQA group. A tile's members never straddle a 64-query bitmask word. K/V tiles of
-    64 tokens (32 in the interpreter), at most a Flatten block. 16-bit inputs: 4 warps (one
-    warpgroup: wgmma's 64 rows) and 3 stages, so that two programs fit on an SM (registers and
-    shared memory, read with Nsight Compute on an H100); with 8 warps only one fits
-    (`course.deft_bench`'s deft_flatten_tiles rows time the alternatives).
-    float32 (FMAs, no tensor cores): 8 warps at d = 128, and at most 2 stages. The keyword
-    arguments override the defaults, for benchmarks that time alternatives.
-    """
-    if group > MAX_GROUP:
-        raise ValueError(f"H_q / H_kv = {group} query heads per KV head is more than a tile holds "
-                         f"(at most {MAX_GROUP})")
-    block_m = block_m or max(runtime.pick(sim=32, gpu=64), triton.next_power_of_2(group))
-    block_n = block_n or runtime.pick(sim=32, gpu=64)
-    if block_tokens is not None:
-        block_n = min(block_n, block_tokens)
-    require_dot_block(block_m=block_m, block_n=block_n, d=d)
-    if block_m < group:
-        raise ValueError(f"block_m = {block_m} rows cannot hold the {group} query heads of one KV head")
-    wide = dtype == torch.float32
-    return TileShape(block_m, block_n, min(WORD_BITS, _pow2_floor(block_m // group)),
-                     num_warps=num_warps or (8 if wide and d > 64 else 4),
-                     num_stages=min(2, num_stages or 2) if wide else num_stages or 3)
-
-
-def _work_list(prepared: PreparedGroups, queries_per_tile: int) -> tuple[torch.Tensor, ...]:
+def _work_list(prepared: KVGroups, queries_per_tile: int) -> tuple[torch.Tensor, ...]:
     """(group, tile, dense) of every work item: group g has ceil(its queries / queries_per_tile) tiles.
 
     dense[w] is 1 when every member of item w sees every token of its group (always, for
@@ -740,10 +556,10 @@ def _work_list(prepared: PreparedGroups, queries_per_tile: int) -> tuple[torch.T
     return cached
 
 
-def _dense_items(prepared: PreparedGroups, groups: list[int], tiles: list[int], counts: list[int],
+def _dense_items(prepared: KVGroups, groups: list[int], tiles: list[int], counts: list[int],
                  queries_per_tile: int) -> list[int]:
     """1 for each work item (group, tile) whose members see every token of the group, else 0."""
-    if not isinstance(prepared, PreparedFlatten):
+    if not isinstance(prepared, FlattenBlocks):
         return [1] * len(groups)
     block_segments: dict[int, list[list[int]]] = {}
     for start, words in zip(prepared.segment_start.tolist(), prepared.segment_words.tolist(), strict=True):
@@ -758,46 +574,6 @@ def _dense_items(prepared: PreparedGroups, groups: list[int], tiles: list[int], 
     return dense
 
 
-def _check_inputs(q, k, v, prepared, slots, kind: type, prepare: str) -> tuple[int, int, int, int]:
-    """Check phase 2's inputs against the prepared tree; return (Q, H_q, H_kv, d)."""
-    if not isinstance(prepared, kind):
-        raise TypeError(f"prepared must be the result of {prepare}(...), got {type(prepared).__name__}")
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        require_tensor(tensor, name, ndim=3, dtypes=DTYPES)
-        require_interpretable_dtype(tensor, name)
-    for name, tensor in (("k", k), ("v", v)):
-        require_like_q(tensor, name, q)
-    n_queries, heads_q, d = q.shape
-    if n_queries != prepared.num_queries:
-        raise ValueError(f"q has {n_queries} queries (rows), but prepared was built for "
-                         f"{prepared.num_queries} query nodes")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"q's head dimension (last axis) must be one of {HEAD_DIMS}, got {d}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    rows, heads_kv, d_kv = k.shape
-    require_kv_heads(heads_q, d, "k", heads_kv, d_kv)
-    if prepared.device != q.device:
-        raise ValueError(f"prepared lives on {prepared.device}, but q on {q.device}: "
-                         f"build it with {prepare}(..., device=q.device)")
-    if slots is None:
-        if rows != prepared.num_tokens:
-            raise ValueError(f"k has {rows} rows, but the tree holds T = {prepared.num_tokens} tokens "
-                             "(contiguous KV is (T, H_kv, d); for a paged cache pass slots=)")
-    else:
-        require_tensor(slots, "slots", ndim=1, dtypes=(torch.int32,))
-        if slots.shape[0] != prepared.num_tokens:
-            raise ValueError(f"slots has {slots.shape[0]} entries, expected T = {prepared.num_tokens} "
-                             "(one cache row per token of the tree)")
-        if slots.device != q.device:
-            raise ValueError(f"slots must be on q's device {q.device}, got {slots.device}")
-        low, high = int(slots.min()), int(slots.max())
-        if low < 0 or high >= rows:
-            raise ValueError(f"slots must be rows of the cache, in [0, {rows}), got values in "
-                             f"[{low}, {high}]")
-    return n_queries, heads_q, heads_kv, d
-
-
 def _kv_descriptors(k, v, block_n: int, paged: bool):
     """(k_desc, v_desc, True): TMA tensor descriptors of whole (block_n, d) K and V tiles, where
     the hardware has the copy engine (compute capability 9.0 and later) and the KV is one
@@ -805,7 +581,7 @@ def _kv_descriptors(k, v, block_n: int, paged: bool):
     through pointers (the interpreter, older GPUs, a paged cache, whose rows are gathered one
     by one, and float32, whose FMAs rather than its loads set the pace).
     TMA wants 16-byte aligned rows; k and v are checked contiguous here, so the row stride
-    H_kv * d * itemsize is a multiple of 16 for every d in HEAD_DIMS."""
+    H_kv * d * itemsize is a multiple of 16 for every head dim the checks accept."""
     usable = (not paged and not runtime.SIMULATOR and k.is_cuda and k.dtype != torch.float32
               and torch.cuda.get_device_capability(k.device)[0] >= 9
               and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (k, v)))
@@ -818,12 +594,12 @@ def _kv_descriptors(k, v, block_n: int, paged: bool):
             TensorDescriptor.from_tensor(v.view(rows, heads_kv * d), [block_n, d]), True)
 
 
-def _partials_launch(q, k, v, prepared: PreparedGroups, slots, tiles: TileShape | None = None):
+def _partials_launch(q, k, v, prepared: KVGroups, slots, tiles: TileShape | None = None):
     """Allocate the partial buffers and return (a function launching phase 2's first kernel, buffers)."""
     n_queries, heads_q, d = q.shape
     heads_kv = k.shape[1]
     group = heads_q // heads_kv
-    flatten = isinstance(prepared, PreparedFlatten)
+    flatten = isinstance(prepared, FlattenBlocks)
     shape = tiles or tile_shape(d, group, prepared.block_tokens if flatten else None, dtype=q.dtype)
     work_group, work_tile, work_dense = _work_list(prepared, shape.queries_per_tile)
     out_part = torch.empty((prepared.num_partials, heads_q, d), dtype=torch.float32, device=q.device)
@@ -836,7 +612,7 @@ def _partials_launch(q, k, v, prepared: PreparedGroups, slots, tiles: TileShape 
                   PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=shape.num_warps,
                   num_stages=shape.num_stages)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
-    qk_scale = LOG2E / math.sqrt(d)
+    qk_scale = LOG2_E / math.sqrt(d)
     grid = (int(work_group.shape[0]), heads_kv)
     index = slots if paged else prepared.group_start  # an unused pointer when the KV is contiguous
     k_desc, v_desc, tma = _kv_descriptors(k, v, shape.block_n, paged)
@@ -869,22 +645,27 @@ def _reduce_launch(out_part, lse_part, query_ptr, query_parts, out_dtype):
 
 
 def _kernels_of(prepared) -> tuple:
-    """Phase 2's first kernel for `prepared` and the exercise helper it calls (notebook 12's step):
-    what `require_written` must see written before a launch."""
-    kernel = deft_flatten_kernel if isinstance(prepared, PreparedFlatten) else deft_node_kernel
-    return kernel, online_softmax_step
+    """Phase 2's first kernel for `prepared` and the exercise helpers it calls (its rows and stores,
+    notebook 12's step): what `require_written` must see written before a launch."""
+    kernel = deft_flatten_kernel if isinstance(prepared, FlattenBlocks) else deft_node_kernel
+    return kernel, tile_rows, store_partials, online_softmax_step
 
 
-def group_partials(q, k, v, prepared: PreparedGroups, *, slots=None) -> tuple[torch.Tensor, torch.Tensor]:
+def _check(q, k, v, prepared, slots, kind: type | None = None) -> None:
+    """Check phase 2's inputs against `prepared`, which must be of `kind` (default: either)."""
+    kind = kind or (FlattenBlocks if isinstance(prepared, FlattenBlocks) else NodeGroups)
+    check.attention_inputs(q, k, v, prepared, slots, kind,
+                           "flatten_blocks" if kind is FlattenBlocks else "node_groups")
+
+
+def group_partials(q, k, v, prepared: KVGroups, *, slots=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Phase 2, step 1 alone: (out_part (P, H_q, d) float32, lse_part (P, H_q) float32).
 
     Row p is the partial of the p-th (group, query) pair of `prepared` (query
     prepared.member_query[p]): attention over the tokens of its group that the query sees,
-    with their log-sum-exp (natural log). `prepared` from `prepare_node` or `prepare_flatten`.
+    with their log-sum-exp (natural log). `prepared` from `node_groups` or `flatten_blocks`.
     """
-    kind = PreparedFlatten if isinstance(prepared, PreparedFlatten) else PreparedNode
-    prepare = "prepare_flatten" if kind is PreparedFlatten else "prepare_node"
-    _check_inputs(q, k, v, prepared, slots, kind, prepare)
+    _check(q, k, v, prepared, slots)
     require_written(*_kernels_of(prepared))
     launch, out_part, lse_part = _partials_launch(q, k, v, prepared, slots)
     launch()
@@ -898,82 +679,59 @@ def reduce_partials(out_part, lse_part, query_ptr, query_parts, *, out_dtype=tor
     query_parts[query_ptr[i] : query_ptr[i + 1]] in that order. out is (Q, H_q, d) of
     `out_dtype`, lse (Q, H_q) float32 (natural log).
     """
-    require_tensor(out_part, "out_part", ndim=3, dtypes=(torch.float32,))
-    require_tensor(lse_part, "lse_part", ndim=2, dtypes=(torch.float32,))
-    require_tensor(query_ptr, "query_ptr", ndim=1, dtypes=(torch.int32,))
-    require_tensor(query_parts, "query_parts", ndim=1, dtypes=(torch.int32,))
-    n_parts, heads_q, d = out_part.shape
-    if tuple(lse_part.shape) != (n_parts, heads_q):
-        raise ValueError(f"lse_part must have shape (P, H_q) = {(n_parts, heads_q)} to match out_part, "
-                         f"got {tuple(lse_part.shape)}")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"out_part's head dimension (last axis) must be one of {HEAD_DIMS}, got {d}")
-    if out_dtype not in DTYPES:
-        raise TypeError(f"out_dtype must be one of float16, bfloat16, float32, got {out_dtype}")
-    if query_ptr.shape[0] < 2:
-        raise ValueError("query_ptr must hold Q + 1 >= 2 offsets")
-    steps = query_ptr[1:] - query_ptr[:-1]
-    if int(query_ptr[0]) != 0 or int(query_ptr[-1]) != query_parts.shape[0]:
-        raise ValueError(f"query_ptr must run from 0 to len(query_parts) = {query_parts.shape[0]}, got "
-                         f"{int(query_ptr[0])} .. {int(query_ptr[-1])}")
-    if bool((steps < 1).any()):
-        i = int(torch.nonzero(steps < 1)[0, 0])
-        raise ValueError(f"query_ptr must increase: query {i} has {int(steps[i])} partials "
-                         "(at least 1 needed)")
-    if int(query_parts.min()) < 0 or int(query_parts.max()) >= n_parts:
-        raise ValueError(f"query_parts must be rows of out_part, in [0, {n_parts}), got values in "
-                         f"[{int(query_parts.min())}, {int(query_parts.max())}]")
+    check.partials(out_part, lse_part, query_ptr, query_parts, out_dtype)
     require_written(reduce_partials_kernel)
     launch, out, lse = _reduce_launch(out_part, lse_part, query_ptr, query_parts, out_dtype)
     launch()
     return out, lse
 
 
-def make_runner(q, k, v, prepared: PreparedGroups, *, slots=None,
-                tiles: TileShape | None = None) -> Callable[[], torch.Tensor]:
+def _launch_both(q, k, v, prepared, slots, tiles: TileShape | None = None):
+    """A function that runs phase 2's two kernels and returns (out, lse), buffers it reuses."""
+    require_written(*_kernels_of(prepared), reduce_partials_kernel)
+    partials, out_part, lse_part = _partials_launch(q, k, v, prepared, slots, tiles)
+    reduce, out, lse = _reduce_launch(out_part, lse_part, prepared.query_ptr, prepared.query_parts, q.dtype)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        partials()
+        reduce()
+        return out, lse
+    return run
+
+
+def prepare_attention(q, k, v, prepared: KVGroups, *, slots=None,
+                      tiles: TileShape | None = None) -> Callable[[], torch.Tensor]:
     """Check the inputs once and return a function that runs only the two kernels.
 
     The attention functions check their inputs on every call (finite values, slot ranges:
     a pass over q, k and v and a wait for the GPU); a benchmark that wants the kernels' own
     time calls this once and times the function it returns. Each call returns the output
-    (Q, H_q, d), written into the same buffer every time. `tiles` (from `tile_shape`) overrides
-    the first kernel's launch settings, for benchmarks that time alternatives.
+    (Q, H_q, d), written into the same buffer every time. `tiles` (from
+    `course.topics.deft.tuning.tile_shape`) overrides the first kernel's launch settings, for
+    benchmarks that time alternatives.
     """
-    kind = PreparedFlatten if isinstance(prepared, PreparedFlatten) else PreparedNode
-    prepare = "prepare_flatten" if kind is PreparedFlatten else "prepare_node"
-    _check_inputs(q, k, v, prepared, slots, kind, prepare)
-    require_written(*_kernels_of(prepared), reduce_partials_kernel)
-    partials, out_part, lse_part = _partials_launch(q, k, v, prepared, slots, tiles)
-    reduce, out, _ = _reduce_launch(out_part, lse_part, prepared.query_ptr, prepared.query_parts, q.dtype)
-
-    def run() -> torch.Tensor:
-        partials()
-        reduce()
-        return out
-    return run
+    _check(q, k, v, prepared, slots)
+    run = _launch_both(q, k, v, prepared, slots, tiles)
+    return lambda: run()[0]
 
 
-def _attention(q, k, v, prepared, slots, return_lse, kind, prepare):
-    _check_inputs(q, k, v, prepared, slots, kind, prepare)
-    require_written(*_kernels_of(prepared), reduce_partials_kernel)
-    partials, out_part, lse_part = _partials_launch(q, k, v, prepared, slots)
-    reduce, out, lse = _reduce_launch(out_part, lse_part, prepared.query_ptr, prepared.query_parts, q.dtype)
-    partials()
-    reduce()
+def _attention(q, k, v, prepared, slots, return_lse, kind):
+    _check(q, k, v, prepared, slots, kind)
+    out, lse = _launch_both(q, k, v, prepared, slots)()
     return (out, lse) if return_lse else out
 
 
-def deft_node_attention(q, k, v, prepared: PreparedNode, *, slots=None, return_lse: bool = False):
-    """DeFT-Node attention: q (Q, H_q, d) over the KV tree of `prepared` (from `prepare_node`).
+def deft_node_attention(q, k, v, prepared: NodeGroups, *, slots=None, return_lse: bool = False):
+    """DeFT-Node attention: q (Q, H_q, d) over the KV tree of `prepared` (from `node_groups`).
 
     k, v: (T, H_kv, d) in the flattened DFS layout, or with `slots` (T,) int32 a paged cache
-    (S, H_kv, d). H_q a multiple of H_kv; d in HEAD_DIMS; float16, bfloat16 (GPU only) or
+    (S, H_kv, d). H_q a multiple of H_kv; d in 16, 32, 64, 128; float16, bfloat16 (GPU only) or
     float32, accumulated in float32. Returns out (Q, H_q, d) in q's dtype, and with
     return_lse=True also lse (Q, H_q) float32.
     """
-    return _attention(q, k, v, prepared, slots, return_lse, PreparedNode, "prepare_node")
+    return _attention(q, k, v, prepared, slots, return_lse, NodeGroups)
 
 
-def deft_flatten_attention(q, k, v, prepared: PreparedFlatten, *, slots=None, return_lse: bool = False):
-    """DeFT-Flatten attention: as `deft_node_attention`, over the blocks of `prepare_flatten`."""
-    return _attention(q, k, v, prepared, slots, return_lse, PreparedFlatten, "prepare_flatten")
+def deft_flatten_attention(q, k, v, prepared: FlattenBlocks, *, slots=None, return_lse: bool = False):
+    """DeFT-Flatten attention: as `deft_node_attention`, over the blocks of `flatten_blocks`."""
+    return _attention(q, k, v, prepared, slots, return_lse, FlattenBlocks)

@@ -36,13 +36,15 @@ bookkeeping is `pyspec_ref.kvcache` (`reroot`, `compact_plan`, `apply_moves`,
    (query head of a GQA group, query) rows, KV head, sample): the group's query heads share the
    KV head's loads. Full prefix blocks need no mask at all; a tree block that no row of the
    program sees is skipped before its K and V are loaded. FlashAttention-2's online softmax, fp32.
+
+Input checks live in `course.topics.kvcache.validate`, the attention's tile sizes and key split in
+`course.topics.kvcache.tuning`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 import triton
@@ -50,23 +52,12 @@ import triton.language as tl
 
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import (
-    require_dot_block,
-    require_interpretable_dtype,
-    require_kv_heads,
-    require_like_q,
-    require_scale,
-)
+from course.topics.kvcache import validate as check
+from course.topics.kvcache.tuning import AttentionConfig, attention_config, kv_splits
+from course.topics.kvcache.validate import CacheBatch, Moves, check_attention_inputs, check_moves
+from course.validate import require_dot_block, require_scale
 
-from .triton_attention import online_softmax_step
-
-HEAD_DIMS = (16, 32, 64, 128)
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-INDEX_DTYPES = (torch.int32, torch.int64)
-LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
-MAX_GRID_YZ = 65535  # CUDA's limit on the second and third grid dimensions
-INT32_MAX = 2**31 - 1
-
+from .triton_attention import LN2, LOG2_E, online_softmax_step
 
 # --------------------------------------------------------------------------- compaction
 
@@ -183,7 +174,7 @@ def tree_cache_attention_kernel(
     out = tl.where(sees[:, None], acc / l_safe[:, None], 0.0)
     o_rows = ((b64 * (tl.num_programs(1) * GROUP) + head.to(tl.int64)) * W + w.to(tl.int64))
     in_range = packed < GROUP * W
-    lse = tl.where(sees, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    lse = tl.where(sees, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
     if SPLIT_KV:  # a partial result: fp32, merged by LSE afterwards (Flash-Decoding)
         part = split * ROWS + o_rows
         tl.store(Part_out + part[:, None] * D + dims[None, :], out, mask=in_range[:, None])
@@ -228,117 +219,7 @@ def merge_splits_kernel(Part_out, Part_lse, Out, Lse, ROWS, SPLITS, D: tl.conste
 interpreter.prepare(compact_kernel, tree_cache_attention_kernel, merge_splits_kernel)
 
 
-# --------------------------------------------------------------------------- shared checks
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def _kernel_device_tensor(value, name: str) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    wanted = runtime.torch_device().type
-    if value.device.type != wanted:
-        where = "the simulator runs on CPU tensors" if runtime.SIMULATOR else "kernels run on the GPU"
-        raise ValueError(f"{name} must be on device '{wanted}' ({where}), got '{value.device}'")
-    return value
-
-
-def _index_tensor(value, name: str, shape: tuple[int, ...], device, note: str) -> torch.Tensor:
-    """An int32/int64 tensor (or, for 1-D, a list of ints) of `shape`, as contiguous int32 on device."""
-    if not isinstance(value, torch.Tensor):
-        if len(shape) == 1 and isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-            for i, x in enumerate(value):
-                if isinstance(x, bool) or not isinstance(x, int):
-                    raise TypeError(f"{name}[{i}] must be an int, got {x!r}")
-            value = torch.tensor(list(value), dtype=torch.int64, device=device)
-        else:
-            raise TypeError(f"{name} must be an int32 tensor of shape {shape} ({note}), "
-                            f"got {type(value).__name__}")
-    if value.dtype not in INDEX_DTYPES:
-        raise TypeError(f"{name} must be an int32 (or int64) tensor, got {_dtype_name(value.dtype)}")
-    if tuple(value.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)} ({note}), got {tuple(value.shape)}")
-    if value.device != torch.device(device) and value.device.type != torch.device(device).type:
-        raise ValueError(f"{name} must be on the cache's device {device}, got {value.device}")
-    if value.dtype == torch.int64 and value.numel() and (value.abs().max() > INT32_MAX):
-        raise ValueError(f"{name} has entries beyond the int32 range")
-    return value.to(device=device, dtype=torch.int32).contiguous()
-
-
-def _first(flags: torch.Tensor) -> tuple[int, ...]:
-    return tuple(int(i) for i in torch.nonzero(flags)[0])
-
-
 # --------------------------------------------------------------------------- compaction: launchers
-
-
-@dataclass(frozen=True)
-class Moves:
-    """Checked moves of one compaction: per sample, the first counts[b] (src, dst) pairs, sorted by dst."""
-
-    src: torch.Tensor  # (B, M) int32, sorted by dst within each sample's valid entries
-    dst: torch.Tensor  # (B, M) int32
-    counts: torch.Tensor  # (B,) int32
-    total: int  # sum(counts): rows moved per stacked row
-
-
-def check_moves(cache, src, dst, counts) -> Moves:
-    """Check a compaction's arguments (nothing is written); errors name the argument.
-
-    cache: a 4-D (B, R, C, d) float tensor on the kernel device (any strides); src, dst: int32/int64
-    (B, M); counts: (B,) with 0 <= counts[b] <= M. The first counts[b] moves of sample b must have
-    0 <= dst < src < C (every move shifts left) and distinct destinations.
-    """
-    _kernel_device_tensor(cache, "cache")
-    if cache.dim() != 4:
-        raise ValueError(f"cache must have 4 dimensions (B, R, C, d), got shape {tuple(cache.shape)}")
-    if not cache.is_floating_point():
-        raise TypeError(f"cache must be a floating-point tensor, got {_dtype_name(cache.dtype)}")
-    if cache.numel() == 0:
-        raise ValueError(f"cache must not be empty, got shape {tuple(cache.shape)}")
-    batch, rows, slots, d = cache.shape
-    if rows > 2**31 - 1 or batch > MAX_GRID_YZ:
-        raise ValueError(f"cache has B = {batch} samples; the launch grid allows at most {MAX_GRID_YZ}")
-    for name, value in (("src", src), ("dst", dst)):
-        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[0] == batch:
-            continue
-        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        raise ValueError(f"{name} must be a (B, M) = ({batch}, M) int tensor of slots, got {shape}")
-    width = src.shape[1]
-    device = cache.device
-    s = _index_tensor(src, "src", (batch, width), device, "B samples x M moves")
-    t = _index_tensor(dst, "dst", (batch, width), device, "like src")
-    c = _index_tensor(counts, "counts", (batch,), device, "one count of moves per sample")
-    bad = (c < 0) | (c > width)
-    if bool(bad.any()):
-        b = _first(bad)[0]
-        raise ValueError(f"counts[{b}] = {int(c[b])} must be in [0, M = {width}] (the moves src/dst "
-                         "hold per sample): counts inconsistent with src")
-    live = torch.arange(width, device=device)[None, :] < c[:, None]
-    for name, value in (("src", s), ("dst", t)):
-        bad = live & ((value < 0) | (value >= slots))
-        if bool(bad.any()):
-            b, m = _first(bad)
-            raise ValueError(f"{name}[{b}, {m}] = {int(value[b, m])} is out of range: the cache has "
-                             f"C = {slots} slots (KV position out of range)")
-    bad = live & (t >= s)
-    if bool(bad.any()):
-        b, m = _first(bad)
-        raise ValueError(f"dst[{b}, {m}] = {int(t[b, m])} >= src[{b}, {m}] = {int(s[b, m])}: every move "
-                         "of SwiftSpec's compaction shifts a row left (dst < src)")
-    key = torch.where(live, t, slots)  # padding sorts last
-    key, order = torch.sort(key, dim=1, stable=True)
-    clash = live[:, 1:] & (key[:, 1:] == key[:, :-1])
-    if bool(clash.any()):
-        b, m = _first(clash)
-        first, second = int(order[b, m]), int(order[b, m + 1])
-        raise ValueError(f"dst[{b}, {first}] and dst[{b}, {second}] are both slot {int(key[b, m])}: "
-                         "duplicate destinations (one row would be lost)")
-    s_sorted = torch.gather(s, 1, order).contiguous()
-    t_sorted = torch.where(live, key, 0).to(torch.int32).contiguous()
-    return Moves(s_sorted, t_sorted, c, int(c.sum()))
 
 
 def _compact_config(d: int) -> tuple[int, int]:
@@ -366,10 +247,10 @@ def compact(cache: torch.Tensor, src, dst, counts) -> torch.Tensor:
     left (dst < src) with distinct destinations; they may overlap each other's sources (applied as if
     simultaneously, `pyspec_ref.kvcache.apply_moves`). Bad input raises ValueError/TypeError before
     anything is written. Returns cache."""
-    return compact_runner(cache, src, dst, counts)()
+    return prepare_compact(cache, src, dst, counts)()
 
 
-def compact_runner(cache: torch.Tensor, src, dst, counts) -> Callable[[], torch.Tensor]:
+def prepare_compact(cache: torch.Tensor, src, dst, counts) -> Callable[[], torch.Tensor]:
     """Check once; return a function that only launches the compaction (for timing)."""
     moves = check_moves(cache, src, dst, counts)
     require_written(compact_kernel)
@@ -397,7 +278,7 @@ def naive_compact(cache: torch.Tensor, src, dst, counts) -> torch.Tensor:
     return _naive_launch(cache, check_moves(cache, src, dst, counts))()
 
 
-def naive_runner(cache: torch.Tensor, src, dst, counts) -> Callable[[], torch.Tensor]:
+def prepare_naive_compact(cache: torch.Tensor, src, dst, counts) -> Callable[[], torch.Tensor]:
     """Check once; return a function that only runs the gather-and-copy (for timing)."""
     return _naive_launch(cache, check_moves(cache, src, dst, counts))
 
@@ -406,24 +287,7 @@ def plan_tensors(plans, device=None, width: int | None = None):
     """`pyspec_ref.kvcache.compact_plan` outputs (one list of (src, dst) per sample) as the
     (src, dst, counts) tensors of `compact`: src/dst int32 (B, M) padded with 0, counts int32 (B,).
     M = the longest plan (at least 1), or `width`."""
-    if isinstance(plans, (str, bytes)) or not isinstance(plans, Sequence) or not plans:
-        raise ValueError("plans must be a non-empty list with one list of (src, dst) moves per sample")
-    rows = []
-    for b, plan in enumerate(plans):
-        if isinstance(plan, (str, bytes)) or not isinstance(plan, Sequence):
-            raise TypeError(f"plans[{b}] must be a list of (src, dst) pairs, got {type(plan).__name__}")
-        pairs = []
-        for m, pair in enumerate(plan):
-            if not isinstance(pair, Sequence) or len(pair) != 2 or any(
-                    isinstance(x, bool) or not isinstance(x, int) for x in pair):
-                raise TypeError(f"plans[{b}][{m}] must be a (src, dst) pair of ints, got {pair!r}")
-            pairs.append((int(pair[0]), int(pair[1])))
-        rows.append(pairs)
-    longest = max(1, max(len(r) for r in rows))
-    if width is None:
-        width = longest
-    elif isinstance(width, bool) or not isinstance(width, int) or width < longest:
-        raise ValueError(f"width must be an int >= the longest plan ({longest} moves), got {width!r}")
+    rows, width = check.compact_plans(plans, width)
     src = torch.zeros((len(rows), width), dtype=torch.int32)
     dst = torch.zeros((len(rows), width), dtype=torch.int32)
     for b, pairs in enumerate(rows):
@@ -435,140 +299,6 @@ def plan_tensors(plans, device=None, width: int | None = None):
 
 
 # --------------------------------------------------------------------------- attention: launchers
-
-
-@dataclass(frozen=True)
-class AttentionConfig:
-    block_m: int  # packed (query head, query) rows per program
-    block_n: int  # cache rows per step of the loop
-    num_warps: int
-    num_stages: int
-    splits: int | None = None  # key ranges per (row block, KV head, sample); None: `kv_splits`
-
-
-# Flash-Decoding (Dao et al., 2023): when W is small, (row blocks x KV heads x samples) programs
-# are too few to fill the GPU (4 samples x 8 KV heads = 32 programs on 132 SMs), and each streams
-# the whole prefix alone. Cutting the keys into ranges multiplies the programs; the partial results
-# are merged by their LSE. Ranges of at least MIN_SPLIT_BLOCKS blocks keep the merge's extra bytes
-# (one fp32 row of d per range) small next to the K and V each range reads.
-MIN_SPLIT_BLOCKS = 4
-MAX_SPLITS = 64
-
-
-def kv_splits(programs: int, slots: int, block_n: int, device) -> int:
-    """Key ranges per program so that about two programs run per SM (1: no split)."""
-    # The interpreter runs programs one after another: count it as 2 SMs, so only tiny grids split.
-    sms = 2 if runtime.SIMULATOR else torch.cuda.get_device_properties(device).multi_processor_count
-    wanted = -(-2 * sms // max(programs, 1))
-    return max(1, min(wanted, slots // (MIN_SPLIT_BLOCKS * block_n), MAX_SPLITS))
-
-
-def attention_config(rows: int, d: int, dtype: torch.dtype) -> AttentionConfig:
-    """Tiles for `rows` = GROUP * W packed query rows per (sample, KV head) and head dim d."""
-    if d not in HEAD_DIMS:
-        raise ValueError(f"d must be one of {HEAD_DIMS}, got {d!r}")
-    block_m = runtime.pick(sim=16, gpu=16 if rows <= 16 else 32 if rows <= 32 else 64)
-    block_n = runtime.pick(sim=16, gpu=32 if (dtype == torch.float32 and d >= 64) else 64)
-    require_dot_block(block_m=block_m, block_n=block_n, d=d)
-    return AttentionConfig(block_m, block_n, num_warps=4, num_stages=2)
-
-
-@dataclass(frozen=True)
-class CacheBatch:
-    """A checked call of `tree_cache_attention`: the index tensors as contiguous int32 on q's device."""
-
-    q_start: torch.Tensor
-    q_end: torch.Tensor
-    kv_start: torch.Tensor
-    kv_end: torch.Tensor
-    prefix_lengths: torch.Tensor
-    tree_lengths: torch.Tensor
-    query_counts: torch.Tensor
-
-
-def _check_cache_tensor(value, name: str, q: torch.Tensor) -> None:
-    _kernel_device_tensor(value, name)
-    if value.dim() != 4:
-        raise ValueError(f"{name} must have 4 dimensions (B, H_kv, C, d), got shape {tuple(value.shape)}")
-    require_like_q(value, name, q)
-    if value.numel() == 0:
-        raise ValueError(f"{name} must not be empty, got shape {tuple(value.shape)}")
-
-
-def check_attention_inputs(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths,
-                           tree_lengths, query_counts=None) -> CacheBatch:
-    """Check `tree_cache_attention`'s arguments; every error names the argument.
-
-    The caches are not scanned for NaN (unused capacity may hold anything; only rows [0, P + T) of a
-    sample are read). q is checked for NaN on its real (non-padding) queries only.
-    """
-    _kernel_device_tensor(q, "q")
-    if q.dim() != 4:
-        raise ValueError(f"q must have 4 dimensions (B, H, W, d), got shape {tuple(q.shape)}")
-    if q.dtype not in DTYPES:
-        raise TypeError(f"q must have dtype float16, bfloat16 or float32, got {_dtype_name(q.dtype)}")
-    require_interpretable_dtype(q, "q")
-    if q.numel() == 0:
-        raise ValueError(f"q must not be empty, got shape {tuple(q.shape)}")
-    _check_cache_tensor(k_cache, "k_cache", q)
-    _check_cache_tensor(v_cache, "v_cache", q)
-    batch, heads, width, d = q.shape
-    if d not in HEAD_DIMS:
-        raise ValueError(f"q's head dimension (last axis) must be one of {HEAD_DIMS}, got {d}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
-                         f"{tuple(v_cache.shape)}")
-    kb, heads_kv, slots, kd = k_cache.shape
-    if kb != batch:
-        raise ValueError(f"k_cache holds {kb} samples, but q holds B = {batch}")
-    require_kv_heads(heads, d, "k_cache", heads_kv, kd)
-    if heads_kv > MAX_GRID_YZ or batch > MAX_GRID_YZ:
-        raise ValueError(f"B = {batch} and H_kv = {heads_kv} must be at most {MAX_GRID_YZ} (launch grid)")
-    if slots * max(k_cache.stride(2), v_cache.stride(2), 1) >= 2**31:
-        raise ValueError(f"the cache's C = {slots} slots are too many for 32-bit row offsets")
-    for name, value in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if value.stride(3) != 1:
-            raise ValueError(f"{name}'s last dimension must be contiguous (stride 1), got stride "
-                             f"{value.stride(3)} (views data[:, a:b] of a (B, R, C, d) cache are fine)")
-    device = q.device
-    qs = _index_tensor(q_start, "q_start", (batch, width), device, "B x W: each query's DFS start")
-    qe = _index_tensor(q_end, "q_end", (batch, width), device, "B x W: each query's DFS end")
-    ks = _index_tensor(kv_start, "kv_start", (batch, slots), device, "B x C: each cache row's DFS start")
-    ke = _index_tensor(kv_end, "kv_end", (batch, slots), device, "B x C: each cache row's DFS end")
-    p = _index_tensor(prefix_lengths, "prefix_lengths", (batch,), device, "one prefix length per sample")
-    t = _index_tensor(tree_lengths, "tree_lengths", (batch,), device, "one tree length per sample")
-    if query_counts is None:
-        c = torch.full((batch,), width, dtype=torch.int32, device=device)
-    else:
-        c = _index_tensor(query_counts, "query_counts", (batch,), device, "real queries per sample")
-    queries = torch.arange(width, device=device)[None, :] < c[:, None]
-    rows = torch.arange(slots, device=device)[None, :]
-    tree = (rows >= p[:, None]) & (rows < (p + t)[:, None])
-    nan_q = (~torch.isfinite(q)).any(dim=3).any(dim=1) & queries
-    checks = [
-        ("prefix_lengths", p < 0, "must be >= 0"),
-        ("tree_lengths", t < 0, "must be >= 0"),
-        ("query_counts", (c < 0) | (c > width), f"must be in [0, W = {width}]"),
-        ("tree_lengths", (p + t) > slots,
-         f"plus prefix_lengths exceeds the cache's C = {slots} slots: cache overflow (KV position out of "
-         "range)"),
-        ("q_start", queries & (qs < 0), "must be >= 0 (a DFS time)"),
-        ("q_end", queries & (qe < qs), "must be >= q_start (a node's interval is [start, end])"),
-        ("kv_start", tree & (ks < 0), "must be >= 0 (a DFS time) on tree rows"),
-        ("kv_end", tree & (ke < ks), "must be >= kv_start on tree rows (a node's interval is [start, end])"),
-    ]
-    values = {"prefix_lengths": p, "tree_lengths": t, "query_counts": c, "q_start": qs, "q_end": qe,
-              "kv_start": ks, "kv_end": ke}
-    flags = torch.stack([bad.any() for _, bad, _ in checks] + [nan_q.any()]).tolist()  # one sync
-    for (name, bad, what), flagged in zip(checks, flags, strict=False):
-        if flagged:
-            where = _first(bad)
-            label = ", ".join(map(str, where))
-            raise ValueError(f"{name}[{label}] = {int(values[name][where])} {what}")
-    if flags[-1]:
-        b, i = _first(nan_q)
-        raise ValueError(f"q contains NaN or infinite values in a real query (sample {b}, query {i})")
-    return CacheBatch(qs, qe, ks, ke, p, t, c)
 
 
 def _attention_launch(q, k_cache, v_cache, checked: CacheBatch, scale, return_lse: bool,
@@ -617,8 +347,8 @@ def tree_cache_attention(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, 
     the query nodes' DFS times. Query i sees tree row j iff kv_start[j] <= q_start[i] and
     q_end[i] <= kv_end[j]. query_counts (B,) optional: queries >= count are padding (output 0, LSE
     -inf). A query that sees no row at all also gets 0 (LSE -inf). float16, bfloat16 (GPU only) or
-    float32, fp32 accumulation; d in HEAD_DIMS. Returns out (B, Hq, W, d) in q's dtype, and with
-    return_lse=True also the natural-log LSE (B, Hq, W) float32. Equals
+    float32, fp32 accumulation; d in 16, 32, 64, 128. Returns out (B, Hq, W, d) in q's dtype, and
+    with return_lse=True also the natural-log LSE (B, Hq, W) float32. Equals
     `pyspec_ref.kvcache.nonsquare_tree_attention` per (sample, head).
 
     checked: `check_attention_inputs`' result for this very layout, from an earlier call (a model
@@ -631,21 +361,15 @@ def tree_cache_attention(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, 
     if checked is None:
         checked = check_attention_inputs(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end,
                                          prefix_lengths, tree_lengths, query_counts)
-    elif not isinstance(checked, CacheBatch):
-        raise TypeError(f"checked must be a CacheBatch from check_attention_inputs, got "
-                        f"{type(checked).__name__}")
-    elif (tuple(checked.q_start.shape) != (q.shape[0], q.shape[2]) or k_cache.shape != v_cache.shape
-          or tuple(checked.kv_start.shape) != (k_cache.shape[0], k_cache.shape[2])):
-        raise ValueError(f"checked was made for queries {tuple(checked.q_start.shape)} and cache rows "
-                         f"{tuple(checked.kv_start.shape)}; q has {tuple(q.shape)}, k_cache "
-                         f"{tuple(k_cache.shape)}: call without checked=")
+    else:
+        checked = check.same_cache_layout(checked, q, k_cache, v_cache)
     require_written(online_softmax_step, tree_cache_attention_kernel)
     return _attention_launch(q, k_cache, v_cache, checked, scale, return_lse)()
 
 
-def attention_runner(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths, tree_lengths,
-                     *, query_counts=None, scale=None, return_lse: bool = False,
-                     config: AttentionConfig | None = None) -> Callable:
+def prepare_attention(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths, tree_lengths,
+                      *, query_counts=None, scale=None, return_lse: bool = False,
+                      config: AttentionConfig | None = None) -> Callable:
     """Check once; return a function that only launches `tree_cache_attention`'s kernel (for timing
     and for callers that reuse one checked layout). `config` overrides `attention_config`."""
     require_scale(scale)

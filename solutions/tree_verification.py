@@ -57,6 +57,8 @@ inverse-CDF search in float32, and its `tile_pass_kernel` the residual's partial
 This module keeps its own float64 helpers (`residual_tile`, `residual_mass`,
 `inverse_cdf_by_tiles`): the closed-form residual max(0, p - C q) with a float64 C, and no
 dependency on notebook 15's exercises (a student can do notebook 16 first).
+
+Input checks live in `course.topics.verification.validate`.
 """
 
 from __future__ import annotations
@@ -69,20 +71,8 @@ import triton.language as tl
 
 from course import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import (
-    require_interpretable_dtype,
-    require_same_shape,
-    require_tensor,
-    require_topological_trees,
-    require_tree_times,
-)
-from pyspec_ref.sampling import NORMALISATION_TOLERANCE
-from pyspec_ref.trees import validate_times
+from course.topics.verification import validate as check
 
-INDEX_DTYPES = (torch.int32,)
-PROBABILITY_DTYPES = (torch.float32,)  # float32 inputs, float64 arithmetic: see the docstring
-UNIFORM_DTYPES = (torch.float32, torch.float64)
-TARGET_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # greedy: logits or probabilities
 MAX_NODES = 1024  # the walk keeps a tree's parent array in one block of registers
 # One program walks a tree, so a residual pass is as fast as one SM can pull two rows in: the
 # loop is not software-pipelined, so each iteration waits for its loads, and a large tile keeps
@@ -331,23 +321,12 @@ def parents_from_times(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
     The times must be a real preorder of each tree (`pyspec_ref.validate_times`); the trees must
     be numbered parent-before-child (node 0 the root), as every tree of the course is.
     """
-    batch, n = require_tree_times(start, end)
-    if n > MAX_NODES:
-        raise ValueError(f"start must have at most {MAX_NODES} nodes per tree, got {n}")
-    for b, (s, e) in enumerate(zip(start.tolist(), end.tolist(), strict=True)):
-        try:
-            validate_times(s, e, f"start[{b}]/end[{b}]")
-        except ValueError as error:
-            raise ValueError(f"start/end are not the DFS times of a tree: {error}") from None
+    batch, n = check.tree_times(start, end, MAX_NODES)
     parents = torch.empty_like(start)
     grid = (batch, triton.cdiv(n, TIMES_BLOCK_ROWS))
     parents_from_times_kernel[grid](start, end, parents, n, BLOCK_ROWS=TIMES_BLOCK_ROWS,
                                     BLOCK_N=_block_nodes(n))
-    try:
-        require_topological_trees(parents, "parents")
-    except ValueError as error:
-        raise ValueError("start/end describe a tree that is not numbered parent-before-child "
-                         f"(node 0 the root), which the walk needs: {error}") from None
+    check.built_parents(parents)
     return parents
 
 
@@ -358,73 +337,8 @@ def _tree(tree, name: str = "tree") -> torch.Tensor:
             raise ValueError(f"{name} must be a (B, N) parents tensor or a (start, end) pair of DFS "
                              f"times, got a sequence of {len(tree)}")
         return parents_from_times(*tree)
-    require_tensor(tree, f"{name} (parents)", ndim=2, dtypes=INDEX_DTYPES)
-    if tree.shape[1] > MAX_NODES:
-        raise ValueError(f"{name} must have at most {MAX_NODES} nodes per tree, got {tree.shape[1]}")
-    require_topological_trees(tree, "parents")
+    check.parents_tensor(tree, name, MAX_NODES)
     return tree
-
-
-def _require_tokens(tokens: torch.Tensor, name: str, shape: tuple[int, int], vocabulary: int | None):
-    require_tensor(tokens, name, ndim=2, dtypes=INDEX_DTYPES)
-    if tuple(tokens.shape) != shape:
-        raise ValueError(f"{name} must have shape (B, N) = {shape} to match the tree, "
-                         f"got {tuple(tokens.shape)}")
-    if vocabulary is not None:
-        bad = torch.nonzero((tokens < 0) | (tokens >= vocabulary))
-        if len(bad):
-            b, i = (int(x) for x in bad[0])
-            raise ValueError(f"{name}[{b}, {i}] = {int(tokens[b, i])} is not a token id in "
-                             f"[0, {vocabulary})")
-
-
-def _require_distributions(x: torch.Tensor, name: str) -> None:
-    """Finite (require_tensor), non-negative, each row summing to 1 within the specification's
-    tolerance: probabilities, not logits."""
-    negative = torch.nonzero(x < 0)
-    if len(negative):
-        b, i, v = (int(t) for t in negative[0])
-        raise ValueError(f"{name}[{b}, {i}, {v}] = {float(x[b, i, v])} is negative: probabilities "
-                         "must be >= 0")
-    sums = x.sum(dim=-1, dtype=torch.float64)  # no float64 copy of the (B, N, V) tensor
-    off = torch.nonzero((sums - 1.0).abs() > NORMALISATION_TOLERANCE)
-    if len(off):
-        b, i = (int(t) for t in off[0])
-        raise ValueError(f"{name}[{b}, {i}] sums to {float(sums[b, i]):.6g}, not 1 (within "
-                         f"{NORMALISATION_TOLERANCE}): pass probabilities, not logits or weights")
-
-
-def _require_uniforms(u: torch.Tensor, name: str, shape: tuple[int, int], first: int) -> None:
-    require_tensor(u, name, ndim=2, dtypes=UNIFORM_DTYPES)
-    if tuple(u.shape) != shape:
-        raise ValueError(f"{name} must have shape (B, N) = {shape}, got {tuple(u.shape)}")
-    used = u[:, first:]
-    bad = torch.nonzero((used < 0) | (used >= 1))
-    if len(bad):
-        b, i = int(bad[0, 0]), int(bad[0, 1]) + first
-        raise ValueError(f"{name}[{b}, {i}] = {float(u[b, i])} must lie in [0, 1)")
-
-
-def _check_sampling_inputs(tree, tokens, q, p, accept_uniforms, sample_uniforms):
-    parents = _tree(tree)
-    batch, n = parents.shape
-    require_tensor(p, "p", ndim=3, dtypes=PROBABILITY_DTYPES)
-    require_tensor(q, "q", ndim=3, dtypes=PROBABILITY_DTYPES)
-    if tuple(p.shape[:2]) != (batch, n):
-        raise ValueError(f"p must have shape (B, N, V) with (B, N) = {(batch, n)} from the tree, "
-                         f"got {tuple(p.shape)}")
-    require_same_shape("p", p, "q", q)
-    vocabulary = p.shape[2]
-    _require_tokens(tokens, "tokens", (batch, n), vocabulary)
-    _require_distributions(p, "p")
-    _require_distributions(q, "q")
-    _require_uniforms(accept_uniforms, "accept_uniforms", (batch, n), first=1)  # entry 0 unused
-    _require_uniforms(sample_uniforms, "sample_uniforms", (batch, n), first=0)
-    for name, tensor in (("tokens", tokens), ("q", q), ("accept_uniforms", accept_uniforms),
-                         ("sample_uniforms", sample_uniforms), ("tree", parents)):
-        if tensor.device != p.device:
-            raise ValueError(f"{name} must be on p's device {p.device}, got {tensor.device}")
-    return parents, batch, n, vocabulary
 
 
 def prepare_sampling(tree, tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
@@ -433,8 +347,8 @@ def prepare_sampling(tree, tokens: torch.Tensor, q: torch.Tensor, p: torch.Tenso
     outputs and returns (path, next_token): what `tree_speculative_sampling` does, minus the
     checks (for timing the kernels alone)."""
     require_written(tree_walk_kernel)
-    parents, batch, n, vocabulary = _check_sampling_inputs(tree, tokens, q, p, accept_uniforms,
-                                                           sample_uniforms)
+    parents = _tree(tree)
+    batch, n, vocabulary = check.sampling_inputs(parents, tokens, q, p, accept_uniforms, sample_uniforms)
     device = p.device
     path = torch.empty((batch, n), dtype=torch.int32, device=device)
     final_node = torch.empty(batch, dtype=torch.int32, device=device)
@@ -477,8 +391,7 @@ def tree_speculative_sampling(tree, tokens: torch.Tensor, q: torch.Tensor, p: to
 def target_argmax(target: torch.Tensor) -> torch.Tensor:
     """(B, N) int32: the first index of the maximum of each row of a (B, N, V) float tensor
     (logits or probabilities; the same argmax either way)."""
-    require_tensor(target, "target", ndim=3, dtypes=TARGET_DTYPES)
-    require_interpretable_dtype(target, "target")
+    check.score_tensor(target)
     batch, n, vocabulary = target.shape
     best = torch.empty((batch, n), dtype=torch.int32, device=target.device)
     argmax_kernel[(batch * n,)](target, best, V=vocabulary, BLOCK_V=ARGMAX_BLOCK_V, num_warps=ARGMAX_WARPS)
@@ -491,27 +404,7 @@ def prepare_greedy(tree, tokens: torch.Tensor, target: torch.Tensor, lazy: bool 
     require_written(greedy_walk_kernel)
     parents = _tree(tree)
     batch, n = parents.shape
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
-    scores = target.dim() == 3
-    if scores:
-        require_tensor(target, "target", ndim=3, dtypes=TARGET_DTYPES)
-        require_interpretable_dtype(target, "target")
-        if tuple(target.shape[:2]) != (batch, n):
-            raise ValueError(f"target must have shape (B, N, V) with (B, N) = {(batch, n)} from the "
-                             f"tree, got {tuple(target.shape)}")
-        vocabulary = target.shape[2]
-    else:
-        _require_tokens(target, "target (argmax ids)", (batch, n), None)
-        if bool((target < 0).any()):
-            raise ValueError("target (argmax ids) must hold token ids >= 0")
-        vocabulary = None
-    _require_tokens(tokens, "tokens", (batch, n), vocabulary)
-    for name, tensor in (("tokens", tokens), ("tree", parents)):
-        if tensor.device != target.device:
-            raise ValueError(f"{name} must be on target's device {target.device}, got {tensor.device}")
-    if lazy is not None and not isinstance(lazy, bool):
-        raise ValueError(f"lazy must be True, False or None (choose by tree size), got {lazy!r}")
+    scores, vocabulary = check.greedy_inputs(parents, tokens, target, lazy)
     lazy = scores and (n >= LAZY_MIN_NODES if lazy is None else lazy)
     best = torch.empty((batch, n), dtype=torch.int32, device=target.device) if scores else target
     path = torch.empty((batch, n), dtype=torch.int32, device=target.device)

@@ -26,6 +26,8 @@ bf16 tl.dot is wrong) or float32, d in HEAD_DIMS; start, end int32 (B, N) DFS ti
 and the softmax are float32 (exp2, with log2(e)/sqrt(d) folded into one scale); P is cast to
 the input dtype for the second tl.dot; the output has the input dtype; the optional LSE is
 float32 (natural log), for merging partial results (DeFT, notebooks 13-14).
+
+Input checks live in `course.topics.triton_attention.validate`.
 """
 
 from __future__ import annotations
@@ -40,19 +42,12 @@ import triton.language as tl
 
 from course import interpreter
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import (
-    require_dot_block,
-    require_interpretable_dtype,
-    require_same_shape,
-    require_tensor,
-    require_times_of,
-    require_tree_times,
-)
+from course.topics.triton_attention import validate as check
+from course.topics.triton_attention.validate import DTYPES, HEAD_DIMS
+from course.validate import require_dot_block, require_tree_times
 
-HEAD_DIMS = (16, 32, 64, 128)
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
-MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension, which holds B * H
+LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the kernels' scores are in log2 units
+LN2 = tl.constexpr(0.6931471805599453)  # log(x) = log2(x) * ln(2): their LSEs back in natural log
 
 
 @dataclass(frozen=True)
@@ -189,33 +184,11 @@ def tree_attention_kernel(Q, K, V, start, end, kv_count, kv_list, Out, Lse, N, H
              mask=row_in[:, None])
     if RETURN_LSE:
         # log(sum exp(q.k / sqrt(d))) = ln(2) * (m + log2(l)), m and l in log2 units.
-        lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453
+        lse = (m_i + tl.math.log2(l_safe)) * LN2
         tl.store(Lse + bh.to(tl.int64) * N + rows, lse, mask=row_in)
 
 
 interpreter.prepare(visible_blocks_kernel, online_softmax_step, tree_attention_kernel)
-
-
-def _check_inputs(q, k, v, start, end, return_lse) -> tuple[int, int, int, int]:
-    """Every argument checked, each error naming it; returns (B, H, N, d)."""
-    require_tensor(q, "q", ndim=4, dtypes=DTYPES)
-    require_interpretable_dtype(q, "q")
-    for name, tensor in (("k", k), ("v", v)):
-        require_tensor(tensor, name, ndim=4, dtypes=(q.dtype,))  # one dtype for all three
-        require_same_shape("q", q, name, tensor)
-    batch, heads, n, d = q.shape
-    if d not in HEAD_DIMS:
-        raise ValueError(f"q's head dimension (last axis) must be one of {HEAD_DIMS}, got {d}")
-    require_times_of(q, start, end)
-    for name, tensor in (("k", k), ("v", v), ("start", start)):
-        if tensor.device != q.device:
-            raise ValueError(f"{name} must be on q's device {q.device}, got {tensor.device}")
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    if batch * heads > MAX_GRID_Y:
-        raise ValueError(f"q has B * H = {batch * heads} (batch entry, head) pairs; the launch grid allows "
-                         f"at most {MAX_GRID_Y}: split the batch")
-    return batch, heads, n, d
 
 
 def visible_blocks(start: torch.Tensor, end: torch.Tensor, block_m: int = 64,
@@ -233,8 +206,9 @@ def visible_blocks(start: torch.Tensor, end: torch.Tensor, block_m: int = 64,
     return kv_count, kv_list
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
-            *, return_lse: bool = False, config: Config | None = None) -> Callable:
+def prepare_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor,
+                      end: torch.Tensor, *, return_lse: bool = False,
+                      config: Config | None = None) -> Callable:
     """Check the inputs once and return a function that runs both kernels into preallocated
     outputs (what `tree_attention` does, minus the checks: for timing the kernels alone).
 
@@ -242,7 +216,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tens
     block lists of the last call (for timing it without the once-per-tree kernel). `config`
     replaces `config_for(d, q.dtype)`, to compare configs on a GPU."""
     require_written(online_softmax_step, tree_attention_kernel)
-    batch, heads, n, d = _check_inputs(q, k, v, start, end, return_lse)
+    batch, heads, n, d = check.attention_inputs(q, k, v, start, end, return_lse)
     if config is None:
         config = config_for(d, q.dtype)
     elif not isinstance(config, Config):
@@ -283,4 +257,4 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: tor
     """softmax(q k^T / sqrt(d), masked by the tree) v for (B, H, N, d) q, k, v (float16, bfloat16 or
     float32; bfloat16 only on a GPU) and (B, N) int32 DFS times. Returns out (B, H, N, d) in q's
     dtype, or (out, lse) with lse float32 (B, H, N) when return_lse=True."""
-    return prepare(q, k, v, start, end, return_lse=return_lse)()
+    return prepare_attention(q, k, v, start, end, return_lse=return_lse)()

@@ -20,6 +20,7 @@ from course import inputs
 from course.checks import deft as deft_checks
 from course.checks.deft import KVTreeCase, case_tensors
 from course.exercise import ExerciseNotImplemented
+from course.topics.deft import tuning
 from solutions import deft
 
 DEVICE = course.torch_device()
@@ -61,7 +62,7 @@ def _check_query_parts(prepared):
 @pytest.mark.parametrize("seed", range(12))
 def test_phase_1_equals_pyspec_ref(seed):
     parents, lengths, queries = _random_kv_tree(random.Random(seed))
-    node = deft.prepare_node(parents, lengths, queries, DEVICE)
+    node = deft.node_groups(parents, lengths, queries, DEVICE)
     groups = spec.node_groups(parents, lengths, queries)
     assert node.group_node.tolist() == [g[0] for g in groups]
     assert node.group_start.tolist() == [g[1] for g in groups]
@@ -70,7 +71,7 @@ def test_phase_1_equals_pyspec_ref(seed):
     _check_query_parts(node)
 
     block = random.Random(seed).choice([16, 32, 64])
-    flat = deft.prepare_flatten(parents, lengths, queries, block, DEVICE)
+    flat = deft.flatten_blocks(parents, lengths, queries, block, DEVICE)
     every_block = spec.flatten_blocks(parents, lengths, queries, block)
     blocks = [(b, x) for b, x in enumerate(every_block) if x["queries"]]
     assert flat.group_block.tolist() == [b for b, _ in blocks]
@@ -114,7 +115,7 @@ def test_a_work_item_is_dense_exactly_when_its_members_see_its_whole_block(seed)
     """The flag that lets a Flatten program skip its mask: never set when a member misses a token."""
     parents, lengths, queries = _random_kv_tree(random.Random(200 + seed))
     seen = [set(tokens) for tokens in spec.visible_tokens(parents, lengths, queries)]
-    flat = deft.prepare_flatten(parents, lengths, queries, random.Random(seed).choice([16, 32, 64]), DEVICE)
+    flat = deft.flatten_blocks(parents, lengths, queries, random.Random(seed).choice([16, 32, 64]), DEVICE)
     per_tile = random.Random(seed).choice([4, 16, 64])
     groups, tiles, dense = (x.tolist() for x in deft._work_list(flat, per_tile))
     assert set(dense) <= {0, 1}
@@ -122,12 +123,12 @@ def test_a_work_item_is_dense_exactly_when_its_members_see_its_whole_block(seed)
         members = _members(flat, g)[tile * per_tile : (tile + 1) * per_tile]
         block = range(flat.group_start[g].item(), flat.group_end[g].item())
         assert flag == all(token in seen[i] for i in members for token in block)
-    node = deft.prepare_node(parents, lengths, queries, DEVICE)
+    node = deft.node_groups(parents, lengths, queries, DEVICE)
     assert set(deft._work_list(node, per_tile)[2].tolist()) == {1}  # a node's queries see all of it
 
 
 def test_block_candidates_are_whole_tiles_equal_cuts_and_powers_of_two():
-    found = deft.block_candidates(4160)
+    found = tuning.block_candidates(4160)
     assert all(block % 64 == 0 for block in found) and found == sorted(set(found))
     assert {576, 640, 4160, 64, 512, 4096} <= set(found)  # 4160 / 8 -> 520 -> 576; / 7 -> 595 -> 640
     assert max(found) == 4160
@@ -138,21 +139,22 @@ def test_the_block_model_charges_masked_blocks_and_the_longest_program():
 
     w = workloads.speculative(4096, 64)  # 4096 prefix tokens, then the 64-token tree
     tree, dims = (w.parents, w.lengths, w.query_nodes), (32, 8, 128)
-    order, offsets = deft._layout(list(w.parents), list(w.lengths))
-    masks = [sum(1 << i for i in q) for q in deft._queries_by_node(list(w.parents), list(w.query_nodes))]
-    loads = deft._block_loads(order, offsets, list(w.lengths), masks, 4096)
+    offsets = spec.token_offsets(w.parents, w.lengths)
+    masks = tuning.seen_masks(list(w.parents), list(w.query_nodes))
+    loads = tuning.block_loads(offsets, list(w.lengths), masks, 4096)
     assert loads == [(4096, 64, False), (64, 64, True)]  # the prefix is dense, the tree's tips are not
     # One SM: the total work counts, so a block holding prefix and tips (masked throughout) costs more.
-    assert deft.modelled_launch_time(*tree, *dims, 4096, 1) < deft.modelled_launch_time(*tree, *dims, 4160, 1)
+    one_sm = [tuning.modelled_launch_time(*tree, *dims, block, 1) for block in (4096, 4160)]
+    assert one_sm[0] < one_sm[1]
     # Countless SMs: only the longest program counts, so short blocks win: 128 tokens, as long as the
     # masked 64-token block of the tips counts (each masked token costs MASKED_COST = 2), ties to the longer.
-    assert deft.suggest_block_tokens(*tree, *dims, sms=10**6) == 64 * deft.MASKED_COST
+    assert tuning.suggest_block_tokens(*tree, *dims, sms=10**6) == 64 * tuning.MASKED_COST
     with pytest.raises(ValueError, match="sms must be a positive int"):
-        deft.suggest_block_tokens(*tree, *dims, sms=0)
+        tuning.suggest_block_tokens(*tree, *dims, sms=0)
 
 
 def test_prepared_tensors_are_int32_and_on_the_device():
-    flat = deft.prepare_flatten([-1, 0], [3, 2], [1], 16, DEVICE)
+    flat = deft.flatten_blocks([-1, 0], [3, 2], [1], 16, DEVICE)
     for name in ("group_start", "group_end", "group_ptr", "member_query", "query_ptr", "query_parts",
                  "token_segment", "segment_node"):
         tensor = getattr(flat, name)
@@ -165,7 +167,7 @@ def test_prepared_tensors_are_int32_and_on_the_device():
 
 def _small(dtype=torch.float32, heads_q=2, heads_kv=1, d=16):
     parents, lengths, queries = [-1, 0, 0], [5, 3, 2], [1, 2]
-    prepared = deft.prepare_node(parents, lengths, queries, DEVICE)
+    prepared = deft.node_groups(parents, lengths, queries, DEVICE)
     q = inputs.random_tensor((2, heads_q, d), 0, dtype, DEVICE)
     k = inputs.random_tensor((10, heads_kv, d), 1, dtype, DEVICE)
     v = inputs.random_tensor((10, heads_kv, d), 2, dtype, DEVICE)
@@ -173,16 +175,16 @@ def _small(dtype=torch.float32, heads_q=2, heads_kv=1, d=16):
 
 
 @pytest.mark.parametrize("call, kind, message", [
-    (lambda: deft.prepare_node([0, 0], [1, 1], [0], "cpu"), ValueError, r"parents\[0\] = 0"),
-    (lambda: deft.prepare_node([-1, 1], [1, 1], [0], "cpu"), ValueError, r"parents\[1\] = 1"),
-    (lambda: deft.prepare_node([-1, 0], [1], [0], "cpu"), ValueError, "lengths has 1 entries"),
-    (lambda: deft.prepare_node([-1, 0], [1, 0], [0], "cpu"), ValueError, r"lengths\[1\] = 0"),
-    (lambda: deft.prepare_node([-1, 0], [1, 1], [2], "cpu"), ValueError, r"query_nodes\[0\] = 2"),
-    (lambda: deft.prepare_node([-1, 0], [1, 1], [], "cpu"), ValueError, "query_nodes must not be empty"),
-    (lambda: deft.prepare_node([-1, 0], [1, 1.5], [0], "cpu"), TypeError, r"lengths\[1\]"),
-    (lambda: deft.prepare_node("ab", [1, 1], [0], "cpu"), TypeError, "parents must be a list"),
-    (lambda: deft.prepare_node([-1], [1], [0], "gpu0"), ValueError, "device must be"),
-    (lambda: deft.prepare_flatten([-1], [4], [0], 24, "cpu"), ValueError, "positive multiple of 16"),
+    (lambda: deft.node_groups([0, 0], [1, 1], [0], "cpu"), ValueError, r"parents\[0\] = 0"),
+    (lambda: deft.node_groups([-1, 1], [1, 1], [0], "cpu"), ValueError, r"parents\[1\] = 1"),
+    (lambda: deft.node_groups([-1, 0], [1], [0], "cpu"), ValueError, "lengths has 1 entries"),
+    (lambda: deft.node_groups([-1, 0], [1, 0], [0], "cpu"), ValueError, r"lengths\[1\] = 0"),
+    (lambda: deft.node_groups([-1, 0], [1, 1], [2], "cpu"), ValueError, r"query_nodes\[0\] = 2"),
+    (lambda: deft.node_groups([-1, 0], [1, 1], [], "cpu"), ValueError, "query_nodes must not be empty"),
+    (lambda: deft.node_groups([-1, 0], [1, 1.5], [0], "cpu"), TypeError, r"lengths\[1\]"),
+    (lambda: deft.node_groups("ab", [1, 1], [0], "cpu"), TypeError, "parents must be a list"),
+    (lambda: deft.node_groups([-1], [1], [0], "gpu0"), ValueError, "device must be"),
+    (lambda: deft.flatten_blocks([-1], [4], [0], 24, "cpu"), ValueError, "positive multiple of 16"),
 ])
 def test_bad_trees_are_named(call, kind, message):
     with pytest.raises(kind, match=message):
@@ -208,8 +210,8 @@ def _replace(index, value):
     (lambda: [*_small(heads_q=128, heads_kv=1)], ValueError, "more than a tile holds"),
     (_replace(0, lambda a: a[0].masked_fill(torch.ones_like(a[0], dtype=torch.bool), float("nan"))),
      ValueError, "q contains NaN"),
-    (_replace(3, lambda a: deft.prepare_flatten([-1, 0, 0], [5, 3, 2], [1, 2], 16, DEVICE)), TypeError,
-     "prepared must be the result of prepare_node"),
+    (_replace(3, lambda a: deft.flatten_blocks([-1, 0, 0], [5, 3, 2], [1, 2], 16, DEVICE)), TypeError,
+     "prepared must be the result of node_groups"),
 ])
 def test_bad_attention_inputs_are_named(make, kind, message):
     q, k, v, prepared = make()
@@ -252,10 +254,11 @@ def test_a_stub_in_notebook_12s_softmax_step_stops_both_kernels(monkeypatch):
     lesson = importlib.import_module("lessons.triton_attention")
     monkeypatch.setattr(deft, "online_softmax_step", lesson.online_softmax_step)
     q, k, v, prepared = _small()
-    flat = deft.prepare_flatten([-1, 0, 0], [5, 3, 2], [1, 2], 16, DEVICE)
+    flat = deft.flatten_blocks([-1, 0, 0], [5, 3, 2], [1, 2], 16, DEVICE)
     for call in (lambda: deft.deft_node_attention(q, k, v, prepared),
                  lambda: deft.deft_flatten_attention(q, k, v, flat),
-                 lambda: deft.make_runner(q, k, v, prepared), lambda: deft.group_partials(q, k, v, flat)):
+                 lambda: deft.prepare_attention(q, k, v, prepared),
+                 lambda: deft.group_partials(q, k, v, flat)):
         with pytest.raises(ExerciseNotImplemented, match="exercise triton_attention.online_softmax_step"):
             call()
 
@@ -267,10 +270,10 @@ def test_runner_repeats_the_attention_bit_for_bit():
     case = KVTreeCase("few-shot", (-1, 0, 0, 0), (40, 7, 3, 12), (1, 2, 3, 0), 4, 2, 16, torch.float16,
                       True, 16)
     tensors = case_tensors(case, 5)
-    prepared = deft.prepare_flatten(case.parents, case.lengths, case.query_nodes, 16, DEVICE)
+    prepared = deft.flatten_blocks(case.parents, case.lengths, case.query_nodes, 16, DEVICE)
     args = (tensors.q, tensors.cache_k, tensors.cache_v, prepared)
     want = deft.deft_flatten_attention(*args, slots=tensors.slots)
-    run = deft.make_runner(*args, slots=tensors.slots)
+    run = deft.prepare_attention(*args, slots=tensors.slots)
     assert torch.equal(run(), want) and torch.equal(run(), want)
 
 
@@ -283,13 +286,13 @@ def _first_failure(cases) -> str:
 
 
 def test_a_flatten_kernel_that_ignores_the_bitmask_is_caught():
-    def prepare_flatten(*args):  # every query of a block sees all of it: the mask is lost
-        prepared = deft.prepare_flatten(*args)
+    def flatten_blocks(*args):  # every query of a block sees all of it: the mask is lost
+        prepared = deft.flatten_blocks(*args)
         return dataclasses.replace(prepared, segment_words=torch.full_like(prepared.segment_words, -1),
                                    token_words=torch.full_like(prepared.token_words, -1), work_lists={})
 
     module = SimpleNamespace(**{name: getattr(deft, name) for name in dir(deft) if not name.startswith("_")})
-    module.prepare_flatten = prepare_flatten
+    module.flatten_blocks = flatten_blocks
     detail = _first_failure(deft_checks.check_deft_flatten(module, 0))
     assert "partial lse" in detail and "block group" in detail
 
@@ -331,8 +334,8 @@ def test_every_tiny_workload_and_edge_case_equals_the_oracle(workload):
     k, v = workloads.kv_tensors(workload, 2, 16, torch.float32, DEVICE, seed=2)
     want, _ = oracle.tree_kv_attention(q, k, v, workload.parents, workload.lengths, workload.query_nodes)
     tree = (workload.parents, workload.lengths, workload.query_nodes)
-    flat = deft.deft_flatten_attention(q, k, v, deft.prepare_flatten(*tree, 16, DEVICE))
+    flat = deft.deft_flatten_attention(q, k, v, deft.flatten_blocks(*tree, 16, DEVICE))
     assert (flat.double() - want).abs().max() < 2e-5
     if workload.queries <= 64 or course.on_gpu():  # DeFT-Node's 130 one-token groups take ~15 s here
-        node = deft.deft_node_attention(q, k, v, deft.prepare_node(*tree, DEVICE))
+        node = deft.deft_node_attention(q, k, v, deft.node_groups(*tree, DEVICE))
         assert (node.double() - want).abs().max() < 2e-5

@@ -11,6 +11,7 @@ import course
 import pyspec_ref
 from course import deft_baselines, deft_bench, oracle, results, workloads
 from course.deft_baselines import BaselineUnavailable
+from course.topics.deft import tuning
 
 CASES = workloads.tiny() + workloads.edge_cases(16)
 IDS = [w.name for w in CASES]
@@ -173,11 +174,10 @@ def test_bench_rows_on_cpu_follow_the_results_schema():
 
 
 def test_the_bench_takes_the_kernels_block_rule_and_sweeps_its_candidates():
-    module = deft_bench._deft_module()
     for workload in (workloads.speculative(4096, 64), workloads.reasoning()):
         tree = (workload.parents, workload.lengths, workload.query_nodes)
         chosen = deft_bench.flatten_block_tokens(workload, sms=132)
-        assert chosen == module.suggest_block_tokens(*tree, 32, 8, 128, sms=132)
+        assert chosen == tuning.suggest_block_tokens(*tree, 32, 8, 128, sms=132)
         model = deft_bench.sweep_blocks(workload, sms=132)
         assert chosen in model and chosen == min(model, key=lambda block: (model[block], -block))
 

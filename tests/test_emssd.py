@@ -83,7 +83,7 @@ def test_a_stub_in_notebook_12s_softmax_step_stops_the_kernel(monkeypatch):
     monkeypatch.setattr(emssd, "online_softmax_step",
                         importlib.import_module("lessons.triton_attention").online_softmax_step)
     q, k, v, starts = _batch([2, 3], [4, 5])
-    for call in (emssd.unpadded_attention, emssd.make_runner):
+    for call in (emssd.unpadded_attention, emssd.prepare_attention):
         with pytest.raises(ExerciseNotImplemented, match="exercise triton_attention.online_softmax_step"):
             call(q, k, v, [2, 3], starts, [4, 5])
 

@@ -35,12 +35,30 @@ def test_every_region_becomes_a_named_stub():
     assert '"""Docstring stays."""' in stub and 'raise ValueError("w")' in stub
 
 
+def test_a_helper_region_may_belong_to_the_exercise_of_its_caller():
+    source = textwrap.dedent('''
+        from course.exercise import todo
+
+        def _rows(n):
+            ### BEGIN SOLUTION (shapes.kernel)
+            return list(range(n))
+            ### END SOLUTION
+
+        def kernel(n):
+            return _rows(n)
+    ''')
+    assert [r.exercise for r in release.find_regions(source, "shapes", "shapes.py")] == ["shapes.kernel"]
+    assert 'todo("shapes.kernel")' in release.stub_source(source, "shapes", "shapes.py")
+
+
 @pytest.mark.parametrize("broken, message", [
     ("def f():\n    ### BEGIN SOLUTION\n    pass\n", "never closed"),
     ("def f():\n    pass\n    ### END SOLUTION\n", "without"),
     ("def f():\n    ### BEGIN SOLUTION\n    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION\n",
      "inside another"),
     ("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "inside a function"),
+    ("def f():\n    ### BEGIN SOLUTION (other.g)\n    pass\n    ### END SOLUTION\n", "names its exercise"),
+    ("def f():\n    ### BEGIN SOLUTION g\n    pass\n    ### END SOLUTION\n", "names its exercise"),
 ])
 def test_malformed_regions_are_rejected(broken, message):
     source = "from course.exercise import todo\n" + broken

@@ -181,7 +181,7 @@ def test_bad_options_and_logits_get_clear_errors():
     with pytest.raises(ValueError, match="beta must be a finite number"):
         kernels.sigmoid_speculative_sampling(*arguments.values(), beta=float("nan"))
     with pytest.raises(ValueError, match="form must be one of"):
-        kernels.prepare(**arguments, form="softmax")
+        kernels.prepare_sampling(**arguments, form="softmax")
     with pytest.raises(ValueError, match=r"V = 70000 needs 4375 tiles of 16"):
         big = _inputs(1, 1, 70000)
         kernels.speculative_sampling(**big, tile=16)

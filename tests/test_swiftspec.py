@@ -12,6 +12,7 @@ import pyspec_ref.kvcache as spec
 from course import inputs, kv_plots, runtime, swiftspec_bench
 from course.checks import run_cases
 from course.checks import swiftspec as checks
+from course.topics.kvcache import tuning
 from solutions import swiftspec
 
 DEVICE = runtime.torch_device()
@@ -143,12 +144,12 @@ def test_key_ranges_merged_by_lse_equal_one_pass(splits):
     t1, t2 = _tree(20, 1), _tree(9, 2)
     samples = [(37, t1, (19, 3, 0, 12), None), (0, t2, (8, 5, 1, 2), None)]
     kwargs, _ = _attention(samples, counts=[4, 2], capacity=80)
-    one = swiftspec.attention_runner(**kwargs, return_lse=True)()
-    config = swiftspec.attention_config(2 * 4, 16, torch.float32)
-    split = swiftspec.attention_runner(**kwargs, return_lse=True,
-                                       config=swiftspec.AttentionConfig(config.block_m, config.block_n,
-                                                                        config.num_warps, config.num_stages,
-                                                                        splits=splits))()
+    one = swiftspec.prepare_attention(**kwargs, return_lse=True)()
+    config = tuning.attention_config(2 * 4, 16, torch.float32)
+    split = swiftspec.prepare_attention(**kwargs, return_lse=True,
+                                        config=tuning.AttentionConfig(config.block_m, config.block_n,
+                                                                      config.num_warps, config.num_stages,
+                                                                      splits=splits))()
     want, want_lse = checks.oracle_tree_cache(**kwargs)
     torch.testing.assert_close(split[0].double().cpu(), want.cpu(), atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(split[0], one[0], atol=1e-5, rtol=1e-5)

@@ -15,6 +15,7 @@ from course import inputs, oracle, results, triton_bench
 from course.checks import run_cases
 from course.checks.triton_attention import check_triton_tree_attention
 from course.exercise import ExerciseNotImplemented, kernel_stub_name
+from course.topics.triton_attention import validate as ta_checks
 from solutions import triton_attention as ta
 
 DEVICE = course.torch_device()
@@ -70,14 +71,14 @@ def test_unsupported_head_dims_and_configs_are_refused():
         ta.tree_attention(q, k, v, start, end)
     q, k, v, start, end = _inputs()
     with pytest.raises(ValueError, match="BLOCK_N must be a power of two >= 16"):
-        ta.prepare(q, k, v, start, end, config=ta.Config(64, 24, 4, 2))
+        ta.prepare_attention(q, k, v, start, end, config=ta.Config(64, 24, 4, 2))
     with pytest.raises(ValueError, match="config.num_warps must be a power of two"):
-        ta.prepare(q, k, v, start, end, config=ta.Config(64, 64, 3, 2))
+        ta.prepare_attention(q, k, v, start, end, config=ta.Config(64, 64, 3, 2))
     with pytest.raises(TypeError, match="config must be a Config"):
-        ta.prepare(q, k, v, start, end, config=(64, 64, 4, 2))
+        ta.prepare_attention(q, k, v, start, end, config=(64, 64, 4, 2))
     with pytest.raises(ValueError, match="d must be one of"):
         ta.config_for(48, torch.float16)
-    q = k = v = inputs.random_tensor((1, ta.MAX_GRID_Y + 1, 1, 16), 0, torch.float16, DEVICE)
+    q = k = v = inputs.random_tensor((1, ta_checks.MAX_GRID_Y + 1, 1, 16), 0, torch.float16, DEVICE)
     one = torch.zeros((1, 1), dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="q has B \\* H = 65536 .* split the batch"):
         ta.tree_attention(q, k, v, one, one)

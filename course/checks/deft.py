@@ -1,6 +1,6 @@
 """Checks for DeFT (notebooks 13 and 14): attention over a tree-structured KV cache.
 
-A DeFT module exposes `prepare_node` / `prepare_flatten` (phase 1), `group_partials`,
+A DeFT module exposes `node_groups` / `flatten_blocks` (phase 1), `group_partials`,
 `reduce_partials`, `deft_node_attention` and `deft_flatten_attention` (see solutions/deft.py).
 Every case is a small KV tree with a shape where DeFT goes wrong: a single node, a chain of
 nodes, nodes of one token, a block boundary inside a node, more than 64 queries in a block,
@@ -226,7 +226,7 @@ def check_deft_node(module, seed: int):
     for index, case in enumerate(kv_tree_cases(seed)):
         def run(case=case, index=index):
             tensors = case_tensors(case, seed + 11 * index)
-            prepared = module.prepare_node(*_tree(case), tensors.q.device)
+            prepared = module.node_groups(*_tree(case), tensors.q.device)
             problem = _partials_problem(module, prepared, case, tensors, "node group")
             if not problem:
                 _, problem = _attention_problem(module.deft_node_attention, prepared, case, tensors,
@@ -240,14 +240,14 @@ def check_deft_flatten(module, seed: int):
     for index, case in enumerate(kv_tree_cases(seed)):
         def run(case=case, index=index):
             tensors = case_tensors(case, seed + 11 * index)
-            prepared = module.prepare_flatten(*_tree(case), case.block_tokens, tensors.q.device)
+            prepared = module.flatten_blocks(*_tree(case), case.block_tokens, tensors.q.device)
             problem = _partials_problem(module, prepared, case, tensors, "block group")
             if not problem:
                 out, problem = _attention_problem(module.deft_flatten_attention, prepared, case, tensors,
                                                   seed + index)
             if not problem:
                 node = module.deft_node_attention(tensors.q, tensors.cache_k, tensors.cache_v,
-                                                  module.prepare_node(*_tree(case), tensors.q.device),
+                                                  module.node_groups(*_tree(case), tensors.q.device),
                                                   slots=tensors.slots)
                 atol, rtol = TOLERANCE[case.dtype]
                 problem = compare_floats(out, node, "out", ("query", "head", "column"), 2 * atol, 2 * rtol)

@@ -49,7 +49,7 @@ def rung_bench(rung_name: str) -> Callable[[str], Callable[[], None]]:
 
 
 def triton_bench(impl: str) -> Callable[[], object]:
-    """The hook of notebook 12's Triton kernel: `prepare(...)` (the kernel without the launcher's
+    """The hook of notebook 12's Triton kernel: `prepare_attention(...)` (the kernel without the launcher's
     input checks, as `course.triton_bench` times it) in fp16 at the benchmark's shape, BFS trees."""
     import torch
 
@@ -60,7 +60,7 @@ def triton_bench(impl: str) -> Callable[[], object]:
     batch, heads, n, d = ladder_bench.PAPER_SHAPE
     q, k, v = (t.to(torch.float16) for t in ladder_bench.random_qkv(batch, heads, n, d))
     start, end = ladder_bench.benchmark_times(batch, n, "bfs")
-    fn = module.prepare(q, k, v, start, end)
+    fn = module.prepare_attention(q, k, v, start, end)
     fn()  # compiles
     return fn
 
