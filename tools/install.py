@@ -208,6 +208,20 @@ def verify(venv_python: Path, gpu: bool) -> None:
             "the simulators (`make lab GPU=0`)")
 
 
+def strip_outputs_on_commit(venv_python: Path) -> None:
+    """Point the repository's nbstripout filter (.gitattributes) at the venv: running a notebook
+    then leaves `git status` clean, and a `git pull` meets no conflicts in outputs. Cell ids are
+    kept, and language_info goes (Jupyter rewrites it on every save)."""
+    inside = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--is-inside-work-tree"],
+                            capture_output=True, text=True)
+    if inside.returncode != 0:
+        return  # a copy without git (a hand-out as a zip, say): nothing to configure
+    clean = f"'{venv_python.resolve()}' -m nbstripout --keep-id --extra-keys metadata.language_info"
+    for key, value in (("clean", clean), ("smudge", "cat")):
+        run(["git", "-C", str(ROOT), "config", f"filter.nbstripout.{key}", value])
+    run(["git", "-C", str(ROOT), "config", "diff.ipynb.textconv", f"{clean} -t"])
+
+
 def install(args: argparse.Namespace) -> None:
     gpu = {"1": True, "0": False}.get(args.gpu, None)
     if gpu is None:
@@ -239,6 +253,7 @@ def install(args: argparse.Namespace) -> None:
     target = f"{ROOT}[{','.join(extras)}]" if extras else str(ROOT)
     run([str(venv_python), "-m", "pip", "install", "-e", target])
     verify(venv_python, gpu)
+    strip_outputs_on_commit(venv_python)
     (venv / f".installed-{mode}").write_text(mode + "\n")
     say(f"done: {args.venv} holds the '{mode}' set")
 
