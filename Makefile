@@ -19,10 +19,10 @@ STAMP        := $(VENV)/.installed-$(MODE)
 LAB_FLAGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # The server's root is the repository (lessons/ is one click away), notebook 00 opens first, and
-# the venv leads PATH so that a Lab terminal finds the course's Python.
+# the venv leads PATH so that a Lab terminal finds the course's Python. LAB_ARGS passes more.
 lab: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyter lab $(LAB_FLAGS) --ServerApp.root_dir="$(CURDIR)" \
-		--LabApp.default_url=/lab/tree/notebooks/00_setup_and_tour.ipynb
+		--LabApp.default_url=/lab/tree/notebooks/00_setup_and_tour.ipynb $(LAB_ARGS)
 
 # Notebooks run with the reference solutions (students' lessons/ are stubs until they write them).
 test: $(STAMP)
