@@ -216,7 +216,7 @@ def strip_outputs_on_commit(venv_python: Path) -> None:
                             capture_output=True, text=True)
     if inside.returncode != 0:
         return  # a copy without git (a hand-out as a zip, say): nothing to configure
-    clean = f"'{venv_python.resolve()}' -m nbstripout --keep-id --extra-keys metadata.language_info"
+    clean = f"'{os.path.abspath(venv_python)}' -m nbstripout --keep-id --extra-keys metadata.language_info"
     for key, value in (("clean", clean), ("smudge", "cat")):
         run(["git", "-C", str(ROOT), "config", f"filter.nbstripout.{key}", value])
     run(["git", "-C", str(ROOT), "config", "diff.ipynb.textconv", f"{clean} -t"])
@@ -253,7 +253,7 @@ def install(args: argparse.Namespace) -> None:
     target = f"{ROOT}[{','.join(extras)}]" if extras else str(ROOT)
     run([str(venv_python), "-m", "pip", "install", "-e", target])
     verify(venv_python, gpu)
-    strip_outputs_on_commit(venv_python)
+    strip_outputs_on_commit(venv_python)  # the path inside the venv, not the interpreter it links to
     (venv / f".installed-{mode}").write_text(mode + "\n")
     say(f"done: {args.venv} holds the '{mode}' set")
 
