@@ -87,15 +87,17 @@ class Page:
                 return result["result"].get("value")
 
 
-NOTEBOOK_PANEL = "(() => { const w = window.jupyterapp && jupyterapp.shell.currentWidget; " \
-                 "return w && w.context && w.context.path; })()"
-KERNEL_IDLE = "(() => { const s = jupyterapp.shell.currentWidget.sessionContext; " \
-              "return !!(s.session && s.session.kernel && s.session.kernel.status === 'idle'); })()"
-CELLS_DONE = "(() => { const cells = jupyterapp.shell.currentWidget.content.widgets;" \
-             " const code = cells.filter(c => c.model.type === 'code');" \
+# Headless, nothing has focus, so `shell.currentWidget` stays empty: find the notebook among the
+# main area's widgets instead.
+PANEL = ("Array.from(jupyterapp.shell.widgets('main'))"
+         f".find(w => w.context && w.context.path === '{NOTEBOOK}')")
+KERNEL_IDLE = f"(() => {{ const w = {PANEL}; const s = w && w.sessionContext.session;" \
+              " return !!(s && s.kernel && s.kernel.status === 'idle'); })()"
+CELLS_DONE = f"(() => {{ const w = {PANEL};" \
+             " const code = w.content.widgets.filter(c => c.model.type === 'code');" \
              " return code.length > 0 && code.every(c => c.model.executionCount !== null) &&" \
-             " jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'; })()"
-ERRORS = "jupyterapp.shell.currentWidget.content.widgets.filter(c => c.model.type === 'code')" \
+             " w.sessionContext.session.kernel.status === 'idle'; })()"
+ERRORS = f"{PANEL}.content.widgets.filter(c => c.model.type === 'code')" \
          ".flatMap(c => c.model.outputs.toJSON()).filter(o => o.output_type === 'error')" \
          ".map(o => o.ename + ': ' + o.evalue)"
 ROOT_LISTING = "Array.from(document.querySelectorAll('.jp-DirListing-itemText')).map(e => e.textContent)"
@@ -147,7 +149,8 @@ def page():
 
 def _server_path(server: subprocess.Popen) -> str:
     """PATH as the Jupyter server (and so every Lab terminal and kernel) sees it."""
-    children = subprocess.run(["pgrep", "-s", str(server.pid), "-f", "jupyter"], capture_output=True,
+    # The jupyter-lab process itself: `make` and its shell set PATH only for the command they run.
+    children = subprocess.run(["pgrep", "-s", str(server.pid), "-f", "jupyter-lab"], capture_output=True,
                               text=True)
     for pid in children.stdout.split():
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -162,9 +165,10 @@ def test_make_lab_opens_notebook_00_which_runs_and_lessons_is_one_click_away(lab
     notebook_before = (ROOT / NOTEBOOK).read_bytes()
     page.evaluate(f"window.location.href = 'http://127.0.0.1:{port}/?token={TOKEN}'; true")
 
-    assert _wait_for("notebook 00 to open", lambda: page.evaluate(NOTEBOOK_PANEL), 120) == NOTEBOOK
+    _wait_for("notebook 00 to open", lambda: page.evaluate(f"!!window.jupyterapp && !!{PANEL}"), 120)
     _wait_for("the notebook's kernel", lambda: page.evaluate(KERNEL_IDLE), 120)
-    page.evaluate("jupyterapp.commands.execute('notebook:run-all-cells').then(() => true)")
+    page.evaluate(f"(() => {{ jupyterapp.shell.activateById({PANEL}.id);"
+                  " return jupyterapp.commands.execute('notebook:run-all-cells').then(() => true); })()")
     _wait_for("every cell of notebook 00 to run", lambda: page.evaluate(CELLS_DONE), 600, every=2)
     assert page.evaluate(ERRORS) == []
 
