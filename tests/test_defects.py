@@ -113,8 +113,9 @@ def test_times_of_the_wrong_n_are_named_as_a_shape_error(module):
     kernels = load(module, "solutions")
     q = torch.zeros((1, 1, 8, 32), device=DEVICE)
     start = torch.tensor([[0, 1, 2, 3, 4, 5, 6]], dtype=torch.int32, device=DEVICE)
-    end = torch.tensor([[6, 6, 6, 6, 6, 5, 6]], dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match=r"start must have shape \(B, N\) = \(1, 8\) to match q"):
+    end = torch.full((1, 7), 7, dtype=torch.int32, device=DEVICE)  # a chain of 8 nodes, cut to 7
+    with pytest.raises(ValueError, match=r"start and end must have shape \(B, N\) = \(1, 8\) to match q, "
+                       r"got \(1, 7\)"):
         kernels.tree_attention(q, q.clone(), q.clone(), start, end)
 
 
