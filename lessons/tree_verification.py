@@ -10,7 +10,7 @@ token, so that the emitted tokens follow the target distribution exactly.
 
 Sampled verification, SpecInfer's multi-step speculative sampling (Miao et al., 2024, §4.3,
 Algorithm 2; `pyspec_ref.sampling.tree_speculative_sampling` is the specification): at node
-u the children s are tried in increasing id; s is accepted when r_s * q_u(x_s) <= p_u(x_s),
+u the children s are tried in increasing id; s is accepted when r_s * q_u(x_s) < p_u(x_s),
 and the walk moves to s; on a rejection p_u becomes max_norm(p_u - q_u) and the next child
 is tried; when every child is rejected (or u is a leaf) the next token is drawn from the
 current p_u by the inverse CDF with the uniform of node u.
@@ -46,7 +46,7 @@ of N, one after another instead of in parallel.
 
 Exactness: p and q are float32 and every product and difference is taken in float64, where
 r * q(x) of two float32 numbers is exact. So the first test at every node is exactly the
-specification's r * q(x) <= p(x). Later tests and the draw use sums over the vocabulary,
+specification's r * q(x) < p(x). Later tests and the draw use sums over the vocabulary,
 which the specification takes exactly (fsum, fractions) and the kernels by float64 tiles:
 they can differ only where a comparison lies within float64 rounding of its threshold
 (about V * 2^-53 relative); the checks detect and count such cases.

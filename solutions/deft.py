@@ -320,8 +320,8 @@ def prepare_flatten(parents, lengths, query_nodes, block_tokens, device) -> Prep
     # tl.dot compiles only powers of two: refuse here what only a GPU would refuse, at launch.
     if block_tokens < SUGGESTED_MULTIPLE and block_tokens & (block_tokens - 1):
         raise ValueError(f"block_tokens must be {BLOCK_MULTIPLE}, {2 * BLOCK_MULTIPLE} or a multiple of "
-                         f"{BLOCK_MULTIPLE} >= {SUGGESTED_MULTIPLE} (a GPU's K/V tile, min(64, block_tokens), "
-                         f"must be a power of two for tl.dot), got {block_tokens!r}")
+                         f"{BLOCK_MULTIPLE} >= {SUGGESTED_MULTIPLE} (a GPU's K/V tile, min(64, "
+                         f"block_tokens), must be a power of two for tl.dot), got {block_tokens!r}")
     device = _device(device)
     seen_by = _queries_by_node(p, nodes)
     total = sum(sizes)

@@ -144,7 +144,8 @@ class DraftTree:
             return value
 
         if not isinstance(committed, (list, tuple)) or not committed:
-            raise ValueError(f"committed must be a non-empty list of node ids from the root, got {committed!r}")
+            raise ValueError("committed must be a non-empty list of node ids from the root, "
+                             f"got {committed!r}")
         if node(committed[0], "committed[0]") != 0:
             raise ValueError(f"committed[0] = {committed[0]} is not the root (node 0)")
         for i in range(1, len(committed)):
