@@ -119,18 +119,26 @@ def accepts(r: float, p_x: float, q_x: float) -> bool:
 
 def residual(p: list[float], q: list[float]) -> list[float]:
     """max(0, p - q), the unnormalised residual distribution (Leviathan et al., §2.3; the seed
-    paper's f = p - q and a = max(0, f))."""
+    paper's f = p - q and a = max(0, f)). p and q: probability vectors of one length."""
+    p = validate_distribution(p, "p")
+    q = validate_distribution(q, "q", len(p))
     return [max(0.0, a - b) for a, b in zip(p, q, strict=True)]
 
 
 def inverse_cdf(weights: list[float], u: float) -> int:
     """The smallest i with w_0 + ... + w_i > u * sum(w), summed exactly: a draw from the
     distribution w / sum(w) by the uniform u (every draw of Leviathan et al.'s Algorithm 1:
-    the resample and the bonus token). Zero-weight tokens are never drawn."""
-    exact = [Fraction(w) for w in weights]
+    the resample and the bonus token). Zero-weight tokens are never drawn. weights: finite,
+    non-negative, with a positive sum (unnormalised is fine); u in [0, 1)."""
+    values = real_list(weights, "weights")
+    for i, w in enumerate(values):
+        if w < 0.0:
+            raise ValueError(f"weights[{i}] = {w} is negative: weights must be >= 0")
+    u = _uniform(u, "u")
+    exact = [Fraction(w) for w in values]
     threshold = Fraction(u) * sum(exact)
-    if threshold < 0 or not any(exact):
-        raise ValueError("weights must be non-negative with a positive sum")
+    if not any(exact):
+        raise ValueError("weights must have a positive sum, got all zeros")
     cumulative = Fraction(0)
     for i, w in enumerate(exact):
         cumulative += w
