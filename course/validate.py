@@ -154,11 +154,12 @@ def require_times_of(q, start, end) -> None:
     batch, _, n, _ = q.shape
     # The shapes first: times of another N are out of range for that reason, and the range
     # check would name the symptom instead.
-    for name, times in (("start", start), ("end", end)):
-        require_tensor(times, name, ndim=2, dtypes=(torch.int32,))
-        if tuple(times.shape) != (batch, n):
-            raise ValueError(f"start and end must have shape (B, N) = {(batch, n)} to match q, "
-                             f"got {tuple(times.shape)} for {name}")
+    require_tensor(start, "start", ndim=2, dtypes=(torch.int32,))
+    require_tensor(end, "end", ndim=2, dtypes=(torch.int32,))
+    require_same_shape("start", start, "end", end)
+    if tuple(start.shape) != (batch, n):
+        raise ValueError(f"start and end must have shape (B, N) = {(batch, n)} to match q, "
+                         f"got {tuple(start.shape)}")
     require_tree_times(start, end)
 
 

@@ -334,6 +334,10 @@ def parents_from_times(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
 def _tree(tree, name: str = "tree") -> torch.Tensor:
     """The (B, N) int32 parents of `tree`: a parents tensor, or a (start, end) pair of DFS times."""
     if isinstance(tree, (tuple, list)):
+        if len(tree) != 2 or not all(isinstance(t, torch.Tensor) for t in tree):
+            kinds = "tensors" if all(isinstance(t, torch.Tensor) for t in tree) else "non-tensors"
+            raise TypeError(f"{name} must be a (B, N) parents tensor or a (start, end) pair of DFS-time "
+                            f"tensors, got a {type(tree).__name__} of {len(tree)} {kinds}")
         if len(tree) != 2:
             raise ValueError(f"{name} must be a (B, N) parents tensor or a (start, end) pair of DFS "
                              f"times, got a sequence of {len(tree)}")

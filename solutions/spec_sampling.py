@@ -420,6 +420,8 @@ def sigmoid_speculative_sampling(draft_tokens: torch.Tensor, q_logits: torch.Ten
     (`course.sampling_bench.sigmoid_quality` measures how far). Same shapes and outputs as
     `speculative_sampling`, except that a row whose every weight underflows to 0 (beta far too
     negative) has no token to draw: its draw is emitted as PAD."""
+    for name, tensor in (("q_logits", q_logits), ("p_logits", p_logits)):  # by this function's names
+        require_tensor(tensor, name, ndim=3, dtypes=(torch.float32,))
     accepted, emitted = prepare(draft_tokens, q_logits, p_logits, accept_uniforms, sample_uniforms,
                                 form="sigmoid", alpha=alpha, beta=beta, tile=tile)()
     return accepted.clone(), emitted.clone()
