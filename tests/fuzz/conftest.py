@@ -1,7 +1,9 @@
-"""The fuzz suite's settings: seeded (derandomized) hypothesis runs, few examples in the simulator.
+"""The fuzz suite's settings: seeded (derandomized) hypothesis runs, 30 examples per target in the
+simulator and 100 on a GPU (FUZZ_EXAMPLES overrides both).
 
-`course` is imported first (tests/conftest.py does it too), so that numba and triton pick the GPU or
-the simulator before they load. FUZZ_EXAMPLES overrides the number of examples per target.
+`course` is imported before anything loads numba or triton (tests/conftest.py imports it first;
+hypothesis loads neither), so that they pick the GPU or the simulator. On a GPU:
+`COURSE_SIM=0 python -m pytest tests/fuzz` (the tensors then live on the GPU).
 """
 
 from __future__ import annotations
