@@ -42,7 +42,7 @@ gpu-test:
 	COURSE_SIM=0 COURSE_IMPL=solutions $(PYTHON) -m pytest -p no:cacheprovider $(PYTEST_FLAGS) --nbval-lax \
 		tests notebooks
 
-# compute-sanitizer (memcheck and racecheck) over every Numba kernel's check: 0 errors wanted.
+# compute-sanitizer (memcheck and racecheck) over every Numba and Triton kernel's check: 0 errors wanted.
 gpu-sanitize:
 	$(PYTHON) -m course.sanitize
 

@@ -79,7 +79,7 @@ def torch_speculative_sampling(draft_tokens, q, p, accept_uniforms, sample_unifo
     softmax of both tensors (written out whole), gather of q(x) and p(x), the test, the cumulative
     test (the first rejection), the residual max(0, p - q) of the row that needs it (p at the bonus
     position, or where the residual is empty), and the draw. Two differences, so that it computes
-    `pyspec_ref.sampling.speculative_sampling_batch`: the test is r * q(x) <= p(x) (Transformers
+    `pyspec_ref.sampling.speculative_sampling_batch`: the test is r * q(x) < p(x) (Transformers
     divides, p(x) / q(x) >= r), and the draw is the inverse CDF of the given uniform (cumsum and
     searchsorted) where Transformers calls torch.multinomial. No step waits for the host.
 
@@ -92,7 +92,7 @@ def torch_speculative_sampling(draft_tokens, q, p, accept_uniforms, sample_unifo
     x = draft_tokens.long().unsqueeze(-1)
     q_x = q_w.gather(-1, x).squeeze(-1)
     p_x = p_w[:, :gamma].gather(-1, x).squeeze(-1)
-    accept = accept_uniforms.double() * q_x.double() <= p_x.double()  # exact for float32 inputs
+    accept = accept_uniforms.double() * q_x.double() < p_x.double()  # exact for float32 inputs
     accepted = accept.int().cumprod(dim=1).sum(dim=1)  # draft tokens before the first rejection
     rows = torch.arange(batch, device=q.device)
     p_row = p_w[rows, accepted]

@@ -1,13 +1,19 @@
-"""compute-sanitizer over every Numba kernel's check: `python -m course.sanitize` on a GPU.
+"""compute-sanitizer over every kernel's check, Numba and Triton: `python -m course.sanitize` on a GPU.
 
 memcheck finds out-of-bounds and misaligned accesses; racecheck finds shared-memory
 hazards (a read and a write of one shared address by different threads with no barrier
 between them). Each (notebook, tool) pair runs `python -m course check NN --impl solutions`
-under the sanitizer in its own process, several at once (they share the GPU), with
-COURSE_SIZES=small: the simulator's problem sizes, which cover every edge-case tree
-(N = 1, ragged last tiles, batches of different trees, every head dimension) at a
-hundredth of the sanitizer's cost. Prints each run's command and summary, and exits 1
-unless every run reports 0 errors.
+under the sanitizer in its own process, several at once (they share the GPU). The Numba
+notebooks (01, 03-11c) run with COURSE_SIZES=small: the simulator's problem sizes, which
+cover every edge-case tree (N = 1, ragged last tiles, batches of different trees, every head
+dimension) at a hundredth of the sanitizer's cost. The Triton notebooks (12-18) pick their
+tile sizes, warps and vocabulary blocks from COURSE_SIZES too (`runtime.pick`), so by default
+they run at full sizes, with the tiles that ship (`--triton-sizes small` for a quick pass with
+the interpreter's tiles), and with `--target-processes all`. Every run sets
+PYTORCH_NO_CUDA_MEMORY_CACHING=1: with PyTorch's caching allocator a read past a tensor lands
+in the same pooled block and memcheck cannot see it. `python -m course.sanitize --triton`
+(or `--numba`) runs one family. Prints each run's command and summary, and exits 1 unless
+every run reports 0 errors.
 """
 
 from __future__ import annotations
@@ -25,7 +31,11 @@ from .ladder import RUNGS
 SANITIZER = Path("/usr/local/cuda/bin/compute-sanitizer")
 TOOLS = ("memcheck", "racecheck")
 # Every notebook whose exercises launch Numba kernels: the tree kernels and the ladder.
-NOTEBOOKS = ("01", *dict.fromkeys(rung.notebook.split("_")[0] for rung in RUNGS))
+NUMBA_NOTEBOOKS = ("01", *dict.fromkeys(rung.notebook.split("_")[0] for rung in RUNGS))
+# Every notebook whose exercises launch Triton kernels: tree attention, DeFT, sampling,
+# verification, EMS-SD and SwiftSpec.
+TRITON_NOTEBOOKS = ("12", "13", "14", "15", "16", "17", "18")
+NOTEBOOKS = (*NUMBA_NOTEBOOKS, *TRITON_NOTEBOOKS)
 # (--report-api-errors no: the CUDA Python bindings probe driver entry points this driver lacks.)
 TOOL_FLAGS = {"memcheck": ["--report-api-errors", "no"], "racecheck": []}
 CLEAN = {"memcheck": re.compile(r"ERROR SUMMARY: 0 errors"),
@@ -33,14 +43,24 @@ CLEAN = {"memcheck": re.compile(r"ERROR SUMMARY: 0 errors"),
 
 
 def command(sanitizer: Path, tool: str, notebook: str) -> list[str]:
-    return [str(sanitizer), "--tool", tool, *TOOL_FLAGS[tool], "--error-exitcode", "1",
+    # Triton compiles in the checked process (ptxas runs beside it): follow every process.
+    follow = ["--target-processes", "all"] if notebook in TRITON_NOTEBOOKS else []
+    return [str(sanitizer), "--tool", tool, *TOOL_FLAGS[tool], *follow, "--error-exitcode", "1",
             sys.executable, "-m", "course", "check", notebook, "--impl", "solutions"]
 
 
-def run_one(sanitizer: Path, tool: str, notebook: str, timeout_s: float) -> tuple[bool, str]:
+def environment(notebook: str, triton_sizes: str = "full") -> dict[str, str]:
+    """The variables a run sets: the GPU, the problem sizes, and no pooled allocations."""
+    sizes = triton_sizes if notebook in TRITON_NOTEBOOKS else "small"
+    return {"COURSE_SIM": "0", "COURSE_SIZES": sizes, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+
+
+def run_one(sanitizer: Path, tool: str, notebook: str, timeout_s: float,
+            triton_sizes: str = "full") -> tuple[bool, str]:
     """(clean, report) of one sanitizer run: its command, the checks' verdicts and its summary."""
     argv = command(sanitizer, tool, notebook)
-    env = {**os.environ, "COURSE_SIM": "0", "COURSE_SIZES": "small"}
+    variables = environment(notebook, triton_sizes)
+    env = {**os.environ, **variables}
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -49,17 +69,26 @@ def run_one(sanitizer: Path, tool: str, notebook: str, timeout_s: float) -> tupl
     clean = done.returncode == 0 and bool(CLEAN[tool].search(output))
     kept = [line for line in output.splitlines()
             if "passed" in line or "FAILED" in line or "SUMMARY" in line or "Error" in line]
-    return clean, "\n".join([f"$ COURSE_SIM=0 COURSE_SIZES=small {' '.join(argv)}", *kept, ""])
+    settings = " ".join(f"{k}={v}" for k, v in variables.items())
+    return clean, "\n".join([f"$ {settings} {' '.join(argv)}", *kept, ""])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", nargs="*", default=list(NOTEBOOKS))
+    parser.add_argument("notebooks", nargs="*", default=[])
+    family = parser.add_mutually_exclusive_group()
+    family.add_argument("--numba", action="store_true", help="the Numba notebooks only")
+    family.add_argument("--triton", action="store_true", help="the Triton notebooks only")
+    parser.add_argument("--triton-sizes", choices=("full", "small"), default="full",
+                        help="COURSE_SIZES of the Triton runs (full: the tiles that ship)")
     parser.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
     parser.add_argument("--jobs", type=int, default=8, help="sanitizer runs at once")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per run")
     parser.add_argument("--sanitizer", type=Path, default=SANITIZER)
     args = parser.parse_args(argv)
+    if not args.notebooks:
+        args.notebooks = list(NUMBA_NOTEBOOKS if args.numba else
+                              TRITON_NOTEBOOKS if args.triton else NOTEBOOKS)
     if not args.sanitizer.exists():
         parser.error(f"--sanitizer: {args.sanitizer} does not exist")
     unknown = sorted(set(args.notebooks) - set(NOTEBOOKS))
@@ -67,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"notebooks must be among {', '.join(NOTEBOOKS)}; got {', '.join(unknown)}")
     pairs = [(tool, notebook) for notebook in args.notebooks for tool in args.tools]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(lambda pair: run_one(args.sanitizer, *pair, args.timeout), pairs))
+        results = list(pool.map(lambda pair: run_one(args.sanitizer, *pair, args.timeout, args.triton_sizes),
+                                pairs))
     for (tool, notebook), (clean, report) in zip(pairs, results, strict=True):
         print(f"## notebook {notebook}, {tool}: {'0 errors' if clean else 'ERRORS'}\n{report}", flush=True)
     failed = [f"{notebook} {tool}" for (tool, notebook), (clean, _) in zip(pairs, results, strict=True)

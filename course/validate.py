@@ -152,9 +152,15 @@ def require_tree_attention_inputs(q, k, v, start, end, head_dims) -> tuple[int, 
 def require_times_of(q, start, end) -> None:
     """Check (B, N) int32 DFS times that belong to a (B, H, N, d) q."""
     batch, _, n, _ = q.shape
-    if require_tree_times(start, end) != (batch, n):
+    # The shapes first: times of another N are out of range for that reason, and the range
+    # check would name the symptom instead.
+    require_tensor(start, "start", ndim=2, dtypes=(torch.int32,))
+    require_tensor(end, "end", ndim=2, dtypes=(torch.int32,))
+    require_same_shape("start", start, "end", end)
+    if tuple(start.shape) != (batch, n):
         raise ValueError(f"start and end must have shape (B, N) = {(batch, n)} to match q, "
                          f"got {tuple(start.shape)}")
+    require_tree_times(start, end)
 
 
 def require_tree_times(start, end) -> tuple[int, int]:

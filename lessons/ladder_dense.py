@@ -159,6 +159,11 @@ def tree_attention_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if tuple(mask.shape) != (batch, n, n):
         raise ValueError(f"mask must have shape (B, N, N) = {(batch, n, n)} to match q, "
                          f"got {tuple(mask.shape)}")
+    blind = torch.nonzero(~mask.any(dim=-1))
+    if len(blind):  # softmax over no key is 0/0: refuse it, as notebook 02's flash_attention does
+        b, i = (int(x) for x in blind[0])
+        raise ValueError(f"mask[{b}, {i}, :] hides every key from query {i} of batch entry {b}; "
+                         "its attention is undefined (a tree mask always shows a node itself)")
     out = torch.empty_like(q)
     query_tiles = (n + TILE - 1) // TILE
     launch(build(d), (batch, heads, query_tiles), THREADS, q, k, v, mask, out, names=ARGUMENTS)

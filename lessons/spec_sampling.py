@@ -3,7 +3,7 @@
 """Notebook 15: speculative sampling in Triton, the seed paper's tiled kernel.
 
 Speculative sampling (Leviathan et al., 2023, Algorithm 1; Chen et al., 2023, Algorithm 2) checks
-gamma draft tokens x_c against the target model: x_c is accepted while r_c <= min(1, p_c(x_c) /
+gamma draft tokens x_c against the target model: x_c is accepted while r_c < min(1, p_c(x_c) /
 q_c(x_c)); at the first rejection the emitted token is drawn from the residual max(0, p_c - q_c)
 (normalised), and if every draft token is accepted a bonus token is drawn from p_gamma. The
 specification is `pyspec_ref.sampling.speculative_sampling`, and this module emits exactly its
@@ -21,8 +21,9 @@ the residual is sampled. Here:
    a = max(0, p - q) over the tile, and the target's partial sum sum(p) (used when the residual
    is empty: p <= q everywhere, as when p == q). Row c = gamma (the bonus position) has no q: its
    "residual" is p itself. The program of tile 0 also decides the acceptance test of position c.
-   tau is used only through the test r <= tau, written r * q(x) <= p(x): no division, and a
-   draft token with q(x) = 0 is accepted, as in the specification.
+   tau is used only through the test r < tau, written r * q(x) < p(x): no division, and a
+   draft token with q(x) = 0 < p(x) is accepted, as in the specification. Strict, because r lies
+   in [0, 1): r = 0 must not accept a token with p(x) = 0 (`pyspec_ref.sampling` says why).
 2. `resample_kernel`, one program per batch entry: the first rejected position c* (or gamma), then
    the inverse CDF of that row's weights by tiles: `first_crossing` on the T partial sums finds
    the tile where the cumulative sum crosses u * total, then `first_crossing` on that one tile's
@@ -163,8 +164,8 @@ def tile_pass_kernel(X, P, Q, R, accept, residual_sums, target_sums, p_max, p_su
 
     Writes residual_sums[row, k] = b_k = sum over tile k of a = max(0, f), f = p_c - q_c (for the
     bonus row c = gamma, q is 0 and a = p), target_sums[row, k] = sum over tile k of p_c, and, in
-    the program of tile 0 of a row c < gamma, accept[b, c] = 1 if r_c * q_c(x_c) <= p_c(x_c)
-    (the test r <= tau, tau = min(1, p/q)), computed in float64 (exact for float32 inputs).
+    the program of tile 0 of a row c < gamma, accept[b, c] = 1 if r_c * q_c(x_c) < p_c(x_c)
+    (the test r < tau, tau = min(1, p/q)), computed in float64 (exact for float32 inputs).
     """
     row = tl.program_id(0)
     k = tl.program_id(1)
@@ -324,7 +325,7 @@ def sigmoid_speculative_sampling(draft_tokens: torch.Tensor, q_logits: torch.Ten
         p~_i = sigmoid(alpha * z_i + beta) = 1 / (1 + exp(-(alpha * z_i + beta))),
 
     with the same alpha, beta for the draft logits (q~) and the target logits (p~). Then x_c is
-    accepted if r_c * q~_c(x_c) <= p~_c(x_c); the resample is the inverse CDF of max(0, p~_c - q~_c)
+    accepted if r_c * q~_c(x_c) < p~_c(x_c); the resample is the inverse CDF of max(0, p~_c - q~_c)
     (of p~_c if that is empty), normalised by its own sum; the bonus token is drawn from p~_gamma.
     No weight needs a row-wide max or sum, so the softmax statistics pass disappears. With
     beta = -log(sum_i exp(alpha * z_i)) a token of small probability gets about softmax's weight,
@@ -332,6 +333,7 @@ def sigmoid_speculative_sampling(draft_tokens: torch.Tensor, q_logits: torch.Ten
     (`course.sampling_bench.sigmoid_quality` measures how far). Same shapes and outputs as
     `speculative_sampling`, except that a row whose every weight underflows to 0 (beta far too
     negative) has no token to draw: its draw is emitted as PAD."""
+    check.logits_pair(q_logits, p_logits)  # named as this function names them
     accepted, emitted = prepare_sampling(draft_tokens, q_logits, p_logits, accept_uniforms, sample_uniforms,
                                          form="sigmoid", alpha=alpha, beta=beta, tile=tile)()
     return accepted.clone(), emitted.clone()

@@ -256,6 +256,8 @@ def _group_members(group: object, where: str, bits: int) -> tuple[list[int], lis
             if len(parts) != 4:
                 raise ValueError(f"{name} must be (node, token_start, token_end, mask_words)")
             s, e = int_list(parts[1:3], name)
+            if s > e:
+                raise ValueError(f"{name} has token_start {s} > token_end {e}")
             words = int_list(parts[3], f"{name} mask_words", allow_empty=True)
             for j in range(len(queries)):
                 if j // bits < len(words) and words[j // bits] >> (j % bits) & 1:
@@ -265,6 +267,8 @@ def _group_members(group: object, where: str, bits: int) -> tuple[list[int], lis
     if len(parts) != 4:
         raise ValueError(f"{where} must be (node, token_start, token_end, queries), got {len(parts)} items")
     s, e = int_list(parts[1:3], where)
+    if s > e:
+        raise ValueError(f"{where} has token_start {s} > token_end {e}")
     queries = int_list(parts[3], f"{where} queries")
     return queries, [list(range(s, e)) for _ in queries]
 
@@ -319,7 +323,13 @@ def reduce_partials(partials: object) -> tuple[list[list[float]], list[float]]:
         for n, item in enumerate(items):
             if len(as_sequence(item, f"partials[{i}][{n}]", "(group, out, lse)")) != 3:
                 raise ValueError(f"partials[{i}][{n}] must be (group, out, lse)")
-        out, lse = merge_attention([item[1] for item in items], [item[2] for item in items])
+        try:
+            out, lse = merge_attention([item[1] for item in items], [item[2] for item in items])
+        except (TypeError, ValueError) as error:  # name the argument: merge_attention says outs/lses
+            raise type(error)(f"partials[{i}]: {error}") from None
+        if outs and len(out) != len(outs[0]):
+            raise ValueError(f"partials[{i}] has output rows of {len(out)} values, partials[0] of "
+                             f"{len(outs[0])}: every query's partials must have one width")
         outs.append(out)
         lses.append(lse)
     return outs, lses

@@ -5,7 +5,7 @@ Speculative Decoding", Algorithm 1; Chen et al., 2023, "Accelerating Large Langu
 Decoding with Speculative Sampling", Algorithm 2; the seed paper "Optimized Speculative
 Sampling for GPU Hardware Accelerators", Eq. 1-4): a draft model proposes tokens
 x_1 .. x_gamma with distributions q_1 .. q_gamma; the target model scores all of them at
-once, giving p_1 .. p_{gamma+1}. Draft token x_c is accepted while r_c <= min(1,
+once, giving p_1 .. p_{gamma+1}. Draft token x_c is accepted while r_c < min(1,
 p_c(x_c) / q_c(x_c)); at the first rejection the emitted token is drawn from the residual
 max_norm(p_c - q_c) = max(0, p_c - q_c) / sum(max(0, p_c - q_c)); if every draft token
 is accepted, a bonus token is drawn from p_{gamma+1}. The emitted tokens then follow the
@@ -23,12 +23,18 @@ Why the inverse CDF (and not exponential noise for an argmax race): it needs one
 per position instead of V, and a kernel that already sums each vocabulary tile (the seed
 paper's partial sums b_k) finds the crossing tile from those sums and scans one tile.
 
-Exactness: the acceptance test is written r * q(x) <= p(x), which is r <= min(1, p/q)
-for r in [0, 1) and q > 0, needs no division, and accepts when q(x) = 0 (a token the
-draft gives no mass cannot be over-proposed). For float32 inputs every product and
-difference here is exact in double precision, and the CDF is summed exactly (as
-fractions), so a kernel can differ from this specification only where its own float32
-rounding crosses a threshold -- which a check can detect and count.
+Exactness: the acceptance test is written r * q(x) < p(x), which is r < min(1, p/q)
+for r in [0, 1) and q > 0, needs no division, and accepts when q(x) = 0 < p(x) (a token the
+draft gives no mass cannot be over-proposed). The comparison is strict because r lies in
+[0, 1): for r uniform on a grid of step 2^-k (a float32 torch.rand has k = 24), P(r < tau)
+is exactly tau for every tau on the grid, tau = 0 included, while P(r <= tau) is tau + 2^-k
+there. So r <= tau lets r = 0 accept a token with p(x) = 0, which the target forbids, once
+in 2^24 draws; top-k and top-p sampling rely on such tokens never being emitted. The papers
+write r <= tau (the seed paper's Eq. 1) for a continuous r ~ U(0, 1), where r = tau has
+probability 0 and the two tests agree. For float32 inputs every product and difference here
+is exact in double precision, and the CDF is summed exactly (as fractions), so a kernel can
+differ from this specification only where its own float32 rounding crosses a threshold --
+which a check can detect and count.
 
 Single samples take lists; the batch is a loop over samples (see `speculative_sampling_batch`).
 """
@@ -105,24 +111,34 @@ def _distributions(rows: object, name: str, count: int, vocabulary: int | None) 
 
 
 def accepts(r: float, p_x: float, q_x: float) -> bool:
-    """r <= min(1, p(x) / q(x)), written r * q(x) <= p(x) (Leviathan et al., Algorithm 1)."""
-    return r * q_x <= p_x
+    """r < min(1, p(x) / q(x)), written r * q(x) < p(x) (Leviathan et al., Algorithm 1). Strict:
+    for r uniform in [0, 1) it accepts with probability exactly min(1, p/q), and never a token
+    with p(x) = 0, even for r = 0 (see the module docstring)."""
+    return r * q_x < p_x
 
 
 def residual(p: list[float], q: list[float]) -> list[float]:
     """max(0, p - q), the unnormalised residual distribution (Leviathan et al., §2.3; the seed
-    paper's f = p - q and a = max(0, f))."""
+    paper's f = p - q and a = max(0, f)). p and q: probability vectors of one length."""
+    p = validate_distribution(p, "p")
+    q = validate_distribution(q, "q", len(p))
     return [max(0.0, a - b) for a, b in zip(p, q, strict=True)]
 
 
 def inverse_cdf(weights: list[float], u: float) -> int:
     """The smallest i with w_0 + ... + w_i > u * sum(w), summed exactly: a draw from the
     distribution w / sum(w) by the uniform u (every draw of Leviathan et al.'s Algorithm 1:
-    the resample and the bonus token). Zero-weight tokens are never drawn."""
-    exact = [Fraction(w) for w in weights]
+    the resample and the bonus token). Zero-weight tokens are never drawn. weights: finite,
+    non-negative, with a positive sum (unnormalised is fine); u in [0, 1)."""
+    values = real_list(weights, "weights")
+    for i, w in enumerate(values):
+        if w < 0.0:
+            raise ValueError(f"weights[{i}] = {w} is negative: weights must be >= 0")
+    u = _uniform(u, "u")
+    exact = [Fraction(w) for w in values]
     threshold = Fraction(u) * sum(exact)
-    if threshold < 0 or not any(exact):
-        raise ValueError("weights must be non-negative with a positive sum")
+    if not any(exact):
+        raise ValueError("weights must have a positive sum, got all zeros")
     cumulative = Fraction(0)
     for i, w in enumerate(exact):
         cumulative += w
@@ -213,7 +229,7 @@ def tree_speculative_sampling(parents: object, tokens: object, q: object, p: obj
     token that follows node i); accept_uniforms[i]: the test of node i (i >= 1) against its
     parent's distributions (entry 0 is unused); sample_uniforms[i]: the draw at node i if the
     walk stops there. At node u the children are tried in increasing id: child s is accepted if
-    r_s * q_u(x_s) <= p_u(x_s); on rejection p_u <- max_norm(p_u - q_u) and s is dropped; when
+    r_s * q_u(x_s) < p_u(x_s); on rejection p_u <- max_norm(p_u - q_u) and s is dropped; when
     every child is rejected (or u is a leaf) the next token is drawn from the current p_u.
     A chain gives exactly `speculative_sampling`.
     """

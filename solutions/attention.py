@@ -89,6 +89,11 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
     for name, value in (("out_a", out_a), ("out_b", out_b)):
         if not isinstance(value, torch.Tensor) or value.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be a float32 or float64 torch.Tensor")
+        if value.dim() == 0:
+            raise ValueError(f"{name} must have at least 1 dimension (..., d), got a 0-d tensor")
+    if out_a.shape != out_b.shape:  # before the LSE shapes, which are read from out_a
+        raise ValueError(f"out_a and out_b must have the same shape, got {tuple(out_a.shape)} "
+                         f"and {tuple(out_b.shape)}")
     for name, value, out in (("lse_a", lse_a, out_a), ("lse_b", lse_b, out_b)):
         _require_lse(value, name, out_a.shape[:-1])
         # A part that saw no key (lse = -inf) may hold anything, even 0/0 = NaN: it gets weight 0.

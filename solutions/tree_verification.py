@@ -8,7 +8,7 @@ token, so that the emitted tokens follow the target distribution exactly.
 
 Sampled verification, SpecInfer's multi-step speculative sampling (Miao et al., 2024, §4.3,
 Algorithm 2; `pyspec_ref.sampling.tree_speculative_sampling` is the specification): at node
-u the children s are tried in increasing id; s is accepted when r_s * q_u(x_s) <= p_u(x_s),
+u the children s are tried in increasing id; s is accepted when r_s * q_u(x_s) < p_u(x_s),
 and the walk moves to s; on a rejection p_u becomes max_norm(p_u - q_u) and the next child
 is tried; when every child is rejected (or u is a leaf) the next token is drawn from the
 current p_u by the inverse CDF with the uniform of node u.
@@ -44,7 +44,7 @@ of N, one after another instead of in parallel.
 
 Exactness: p and q are float32 and every product and difference is taken in float64, where
 r * q(x) of two float32 numbers is exact. So the first test at every node is exactly the
-specification's r * q(x) <= p(x). Later tests and the draw use sums over the vocabulary,
+specification's r * q(x) < p(x). Later tests and the draw use sums over the vocabulary,
 which the specification takes exactly (fsum, fractions) and the kernels by float64 tiles:
 they can differ only where a comparison lies within float64 rounding of its threshold
 (about V * 2^-53 relative); the checks detect and count such cases.
@@ -172,9 +172,10 @@ def tree_walk_kernel(parents, tokens, q, p, accept_uniforms, path, final_node, f
             p_x = tl.load(p + row + x).to(tl.float64)
             q_x = tl.load(q + row + x).to(tl.float64)
             ### BEGIN SOLUTION
-            # r <= min(1, p'(x) / q(x)) for p' = max(0, p - C q) / Z, without a division:
-            # with C = 0, Z = 1 (no rejection yet) this is exactly r * q(x) <= p(x).
-            accept = r * q_x * z <= tl.maximum(p_x - c * q_x, 0.0)
+            # r < min(1, p'(x) / q(x)) for p' = max(0, p - C q) / Z, without a division:
+            # with C = 0, Z = 1 (no rejection yet) this is exactly r * q(x) < p(x). Strict: r = 0
+            # must not accept a token the current p' forbids (p'(x) = 0).
+            accept = r * q_x * z < tl.maximum(p_x - c * q_x, 0.0)
             if accept:
                 depth += 1
                 tl.store(path + b * N + depth, child)
@@ -333,9 +334,10 @@ def parents_from_times(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
 def _tree(tree, name: str = "tree") -> torch.Tensor:
     """The (B, N) int32 parents of `tree`: a parents tensor, or a (start, end) pair of DFS times."""
     if isinstance(tree, (tuple, list)):
-        if len(tree) != 2:
-            raise ValueError(f"{name} must be a (B, N) parents tensor or a (start, end) pair of DFS "
-                             f"times, got a sequence of {len(tree)}")
+        if len(tree) != 2 or not all(isinstance(t, torch.Tensor) for t in tree):
+            kinds = "tensors" if all(isinstance(t, torch.Tensor) for t in tree) else "non-tensors"
+            raise TypeError(f"{name} must be a (B, N) parents tensor or a (start, end) pair of DFS-time "
+                            f"tensors, got a {type(tree).__name__} of {len(tree)} {kinds}")
         return parents_from_times(*tree)
     check.parents_tensor(tree, name, MAX_NODES)
     return tree

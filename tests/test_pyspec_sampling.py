@@ -37,7 +37,7 @@ def test_first_rejected_resamples_from_the_residual():
 def test_gamma_one_and_zero_draft_probability():
     q = [0.0, 1.0, 0.0, 0.0]
     accepted, emitted = S.speculative_sampling([0], [q], [P1, P1], [0.999], [0.0, 0.0])
-    assert accepted == 1 and emitted == [0, 0]  # q(x) = 0: r * 0 <= p(x) accepts
+    assert accepted == 1 and emitted == [0, 0]  # q(x) = 0 < p(x): r * 0 < p(x) accepts
 
 
 def test_equal_distributions_always_accept():

@@ -52,7 +52,9 @@ def test_edge_cases_exercise_what_their_names_say():
     accepted = {name: _spec(case)[0] for name, case in cases.items()}
     assert set(accepted["all accepted"]) == {gamma["all accepted"]}
     assert set(accepted["first rejected"]) == {0}
-    assert set(accepted["q(x) = 0 for the draft tokens"]) == {gamma["q(x) = 0 for the draft tokens"]}
+    # q(x) = 0 < p(x) accepts; in sample 0 p(x) = 0 too, and 0 < 0 rejects (the test is strict)
+    zero_q = accepted["q(x) = 0 for the draft tokens"]
+    assert zero_q[0] == 0 and set(zero_q[1:]) == {gamma["q(x) = 0 for the draft tokens"]}
     assert set(accepted["p = q"]) == {gamma["p = q"]}
     assert set(accepted["from logits, p = q"]) == {gamma["from logits, p = q"]}
     empty = cases["empty residual"]
@@ -63,9 +65,12 @@ def test_edge_cases_exercise_what_their_names_say():
 
 def test_ties_case_lands_exactly_on_its_thresholds():
     case = cs.ties_case()
-    assert _spec(case) == ([1, 2, 0, 1], [[20, 36, -1], [3, 33, 20], [3, -1, -1], [5, 36, -1]])
-    # r * q(x) == p(x) exactly at (0, 0) (accepted), u * total == the CDF at token 3 at (0, 1) and (1, 2).
-    assert 0.75 * float(case.q[0, 0, 20]) == float(case.p[0, 0, 20])
+    assert _spec(case) == ([1, 2, 0, 1, 0],
+                           [[20, 36, -1], [3, 33, 20], [3, -1, -1], [3, 36, -1], [3, -1, -1]])
+    # r * q(x) == p(x) exactly at (2, 0) (rejected: the test is strict), r = 0 with p(x) = 0 at (4, 0)
+    # (rejected), u * total == the CDF at token 3 at (0, 1) and (1, 2).
+    assert 0.75 * float(case.q[2, 0, 20]) == float(case.p[2, 0, 20])
+    assert float(case.accept_uniforms[4, 0]) == 0.0 and float(case.p[4, 0, 5]) == 0.0
     assert spec.inverse_cdf(spec.residual(case.p[0, 1].tolist(), case.q[0, 1].tolist()), 0.5) == 36
 
 
@@ -74,10 +79,10 @@ def test_resolution_case_needs_the_float64_test():
     x = case.draft_tokens[:, 0].long()
     rows = torch.arange(x.shape[0])
     r, q_x, p_x = case.accept_uniforms[:, 0], case.q[rows, 0, x], case.p[rows, 0, x]
-    assert bool((r * q_x <= p_x).all())  # float32 products round down to p(x): all would be accepted
-    assert set(_spec(case)[0]) == {0}  # exactly, every one is rejected
+    assert not bool((r * q_x < p_x).any())  # float32 products round up to p(x): all would be rejected
+    assert set(_spec(case)[0]) == {1}  # exactly, every one is accepted
     accepted, _ = kernels.speculative_sampling(*case.on(DEVICE))
-    assert set(accepted.tolist()) == {0}
+    assert set(accepted.tolist()) == {1}
 
 
 # --------------------------------------------------------------------------- the sigmoid variant
@@ -262,9 +267,9 @@ def _buggy_sampler(bug: str):
         x = draft_tokens.long().unsqueeze(-1)
         q_x, p_x = q.gather(-1, x).squeeze(-1), p[:, :gamma].gather(-1, x).squeeze(-1)
         if bug == "float32 test":
-            test = accept_uniforms * q_x <= p_x
+            test = accept_uniforms * q_x < p_x
         else:
-            test = accept_uniforms.double() * q_x.double() <= p_x.double()
+            test = accept_uniforms.double() * q_x.double() < p_x.double()
         accepted = test.int().cumprod(1).sum(1)
         rows = torch.arange(batch)
         p_row = p[rows, accepted].double()

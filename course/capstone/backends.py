@@ -107,7 +107,7 @@ class ReferenceBackend:
                 p_node = p[b, node]
                 for child in kids[node]:
                     x = tok[child]
-                    if float(accept_u[b, child]) * float(q[b, node, x]) <= float(p_node[x]):
+                    if float(accept_u[b, child]) * float(q[b, node, x]) < float(p_node[x]):
                         path.append(child)
                         node = child
                         break

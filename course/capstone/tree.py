@@ -132,6 +132,29 @@ class DraftTree:
 
     # ------------------------------------------------------------------ after verification
 
+    def _require_root_path(self, committed: list[int], new_root: int | None) -> None:
+        """committed is a root path [0, v1, ..., vk] of this tree and new_root None or a child of vk:
+        anything else would still give legal left shifts, and `swiftspec.compact` would move the
+        wrong KV rows without a word (SwiftSpec §3.2 keeps the accepted path and its subtree)."""
+        n = len(self)
+
+        def node(value, name: str) -> int:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+                raise ValueError(f"{name} = {value!r} is not a node of this {n}-node tree")
+            return value
+
+        if not isinstance(committed, (list, tuple)) or not committed:
+            raise ValueError("committed must be a non-empty list of node ids from the root, "
+                             f"got {committed!r}")
+        if node(committed[0], "committed[0]") != 0:
+            raise ValueError(f"committed[0] = {committed[0]} is not the root (node 0)")
+        for i in range(1, len(committed)):
+            if self.parents[node(committed[i], f"committed[{i}]")] != committed[i - 1]:
+                raise ValueError(f"committed[{i}] = {committed[i]} is not a child of committed[{i - 1}] = "
+                                 f"{committed[i - 1]}: committed must be a path from the root")
+        if new_root is not None and self.parents[node(new_root, "new_root")] != committed[-1]:
+            raise ValueError(f"new_root = {new_root} is not a child of committed[-1] = {committed[-1]}")
+
     def reroot(self, committed: list[int], new_root: int | None, next_token: int
                ) -> tuple[DraftTree, list[tuple[int, int]]]:
         """The tree after verification (SwiftSpec §3.2) and its cache moves.
@@ -148,6 +171,7 @@ class DraftTree:
         on the values of the children drawn in it, which the walk's exactness forbids (see the
         module docstring). The decoder draws new_root's children afresh from its q (`redraw`).
         """
+        self._require_root_path(committed, new_root)
         k1 = len(committed)
         moves = [(v, i) for i, v in enumerate(committed) if v != i]
         if new_root is None:

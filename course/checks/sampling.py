@@ -8,7 +8,7 @@ A kernel module exposes
 and TILE. Every case is compared with `pyspec_ref.sampling` on the same random numbers.
 
 Exact, and where it may not be. Given probabilities, the acceptance test must be pyspec's bit for
-bit (the kernel computes r * q(x) <= p(x) in float64, exact for float32 inputs). A draw sums
+bit (the kernel computes r * q(x) < p(x) in float64, exact for float32 inputs). A draw sums
 float32 weights in float32 where pyspec sums them exactly, so a drawn token may differ where
 u * total lies within float32 rounding of a CDF boundary: summed by tiles of TILE, the float32
 cumulative sums and the threshold are off by at most about (TILE + T + 4) * 2^-24 * total
@@ -105,7 +105,7 @@ def _renormalised(weights: torch.Tensor) -> torch.Tensor:
 
 def ties_case() -> SamplingCase:
     """Dyadic distributions (multiples of 1/64) over V = 37 in tiles of 16, and uniforms placed
-    exactly on thresholds: r * q(x) == p(x) (accepted: the test is <=) and u * total == a CDF
+    exactly on thresholds: r * q(x) == p(x) (rejected: the test is strict, <) and u * total == a CDF
     boundary (the next token of positive weight is drawn: the comparison is >). Every float32
     sum here is exact, so the kernel must agree with pyspec everywhere."""
     vocabulary, gamma = 37, 2
@@ -116,32 +116,38 @@ def ties_case() -> SamplingCase:
     for token, sixty_fourths in ((3, 8), (5, 8), (20, 32), (33, 16)):
         q_row[token] = sixty_fourths / 64
     # residual max(0, p - q): 8/64 at token 3, 8/64 at token 36 (the last tile), 0 elsewhere
-    batch = 4
+    batch = 5
     p = p_row.float().expand(batch, gamma + 1, vocabulary).contiguous()
     q = q_row.float().expand(batch, gamma, vocabulary).contiguous()
-    draft = torch.tensor([[20, 20], [3, 33], [20, 20], [5, 20]], dtype=torch.int32)
-    r = torch.tensor([[0.75, 0.75 + 2 ** -10], [0.999, 0.999], [0.9, 0.0], [0.0, 0.875]])
-    u = torch.tensor([[0.0, 0.5, 0.0], [0.0, 0.0, 0.25], [0.0, 0.0, 0.0], [0.0, LARGEST_BELOW_ONE, 0.0]])
+    # sample 2: r q(x) == p(x) at position 0 (rejected); sample 4: r = 0 and p(x) = 0 (rejected)
+    draft = torch.tensor([[20, 20], [3, 33], [20, 20], [3, 20], [5, 20]], dtype=torch.int32)
+    r = torch.tensor([[0.75 - 2 ** -10, 0.75 + 2 ** -10], [0.999, 0.999], [0.75, 0.0], [0.0, 0.875],
+                      [0.0, 0.0]])
+    u = torch.tensor([[0.0, 0.5, 0.0], [0.0, 0.0, 0.25], [0.0, 0.0, 0.0], [0.0, LARGEST_BELOW_ONE, 0.0],
+                      [0.0, 0.0, 0.0]])
     return SamplingCase("ties: r * q(x) == p(x) and u * total on a CDF boundary (dyadic, V = 37, tile 16)",
                         draft, q, p, r, u.float(), strict=True, tile=16)
 
 
 def resolution_case() -> SamplingCase:
-    """The acceptance test at float32's resolution: q(x) is the float32 just above p(x) and
-    r = 1 - 2^-24, so r * q(x) exceeds p(x) by less than half an ulp: exactly (and in float64) the
-    draft token is rejected, while the float32 product rounds to p(x) and would accept it."""
+    """The acceptance test at float32's resolution: p(x) = 0.3 (significand 1.2), q(x) the float32
+    just above it and r = 1 - 2^-23, so r * q(x) falls short of p(x) by less than half an ulp:
+    exactly (and in float64) the draft token is accepted, while the float32 product rounds up to
+    p(x) and the strict test would reject it."""
     case = random_case("", 18, 3, 1, 37)
-    q = case.q.clone()
+    q, p = case.q.clone(), case.p.clone()
+    p_x = torch.tensor(0.3, dtype=torch.float32)
+    q_x = torch.nextafter(p_x, torch.tensor(1.0))
     for b in range(q.shape[0]):
         x = int(case.draft_tokens[b, 0])
-        q_x = torch.nextafter(case.p[b, 0, x], torch.tensor(1.0))
-        others = q[b, 0].double()
-        others[x] = 0.0
-        q[b, 0] = (others * (1 - float(q_x)) / others.sum()).float()  # the row still sums to 1
-        q[b, 0, x] = q_x
-    r = torch.full_like(case.accept_uniforms, LARGEST_BELOW_ONE)
-    return replace(case, name="acceptance at float32 resolution: r * q(x) > p(x) by less than half an ulp",
-                 q=q, accept_uniforms=r)
+        for rows, value in ((q, q_x), (p, p_x)):
+            others = rows[b, 0].double()
+            others[x] = 0.0
+            rows[b, 0] = (others * (1 - float(value)) / others.sum()).float()  # the row still sums to 1
+            rows[b, 0, x] = value
+    r = torch.full_like(case.accept_uniforms, 1 - 2 ** -23)
+    return replace(case, name="acceptance at float32 resolution: r * q(x) < p(x) by less than half an ulp",
+                 q=q, p=p, accept_uniforms=r)
 
 
 def edge_cases(seed: int) -> list[SamplingCase]:
@@ -158,7 +164,8 @@ def edge_cases(seed: int) -> list[SamplingCase]:
     r[:, 0] = 0.5
     cases.append(replace(base, name="first rejected: p(x) = 0 at position 0", p=_renormalised(p),
                          accept_uniforms=r))
-    # q(x) = 0 at every draft token (and p(x) = 0 too in sample 0): r * 0 <= p(x) always accepts.
+    # q(x) = 0 at every draft token: r * 0 < p(x) accepts, except in sample 0, where p(x) = 0 too
+    # (0 < 0 is false: the target forbids the token, whatever r).
     q, p = base.q.clone(), base.p.clone()
     for b in range(q.shape[0]):
         for c in range(q.shape[1]):

@@ -6,7 +6,7 @@ sample_uniforms) -> (path, next_token)` and `greedy_tree_verification(tree, toke
 `pyspec_ref.sampling` on the same random numbers.
 
 Exactness. The kernels take float32 probabilities and compute in float64; the specification
-sums the vocabulary exactly. The first test at a node, r * q(x) <= p(x), is a product of two
+sums the vocabulary exactly. The first test at a node, r * q(x) < p(x), is a product of two
 float32 numbers (exact in float64) against a float32 number, so it must agree bit for bit.
 Tests after a rejection and the final draw use sums over the vocabulary, so a tree may come
 out differently where such a comparison lies within float64 rounding of its threshold:
@@ -216,7 +216,7 @@ def reference_walk(parents, tokens, q, p, accept, sample) -> ReferenceWalk:
 
 def explain_walk(parents, tokens, q, p, accept, sample) -> list[str]:
     """The specification's walk on one tree in words, one line per decision (for notebook 16):
-    each child's test r * q(x) <= p'(x) with its numbers, each residual, and the draw."""
+    each child's test r * q(x) < p'(x) with its numbers, each residual, and the draw."""
     lines, node, n = [], 0, len(parents)
     children = [[c for c in range(n) if parents[c] == u] for u in range(n)]
     while True:
@@ -225,10 +225,10 @@ def explain_walk(parents, tokens, q, p, accept, sample) -> list[str]:
             x = tokens[child]
             lhs, rhs = accept[child] * q[node][x], p_node[x]
             mark = "p(x)" if not rejected else "p'(x)"
-            verdict = "accept" if lhs <= rhs else "reject"
+            verdict = "accept" if lhs < rhs else "reject"
             lines.append(f"node {node}: child {child} (token {x}): r q(x) = {accept[child]:.3f} x "
                          f"{q[node][x]:.3f} = {lhs:.3f} vs {mark} = {rhs:.3f} -> {verdict}")
-            if lhs <= rhs:
+            if lhs < rhs:
                 node, moved = child, True
                 break
             weights = spec.residual(p_node, q[node])
@@ -268,7 +268,7 @@ def torch_reference(parents: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor
             moved = False
             for child in children[node]:
                 x = rows_tokens[b][child]
-                if rows_accept[b][child] * float(q_node[x]) <= float(p_node[x]):
+                if rows_accept[b][child] * float(q_node[x]) < float(p_node[x]):
                     nodes.append(child)
                     node, moved = child, True
                     break
@@ -337,7 +337,7 @@ def _divergence(got_path, got_token, want_path, want_token, parents, tokens, q, 
     if first is not None:
         x = tokens[first]
         hint = (f"; its first child {first} has token {x}: r = {accept[first]:.9g}, q(x) = "
-                f"{q[node][x]:.9g}, p(x) = {p[node][x]:.9g}, accepted iff r q(x) <= p(x)")
+                f"{q[node][x]:.9g}, p(x) = {p[node][x]:.9g}, accepted iff r q(x) < p(x)")
     return f"at node {node} the kernel {took}, the specification would {should}{hint}"
 
 
@@ -401,7 +401,7 @@ def _special_cases(vocabulary: int, seed: int) -> list[SamplingCase]:
     case = sampling_case("random tree N=12, r = 0: all accepted down to a leaf", trees, vocabulary, seed + 11)
     case.accept.zero_()
     cases.append(case)
-    # q(x) = 0 for the draft token: r * 0 <= p(x) accepts, whatever r.
+    # q(x) = 0 for the draft token: r * 0 < p(x) accepts, whatever r (p(x) > 0 here).
     case = sampling_case("chain N=5, q(x) = 0 for every draft token: all accepted",
                          [inputs.chain(5)] * 2, vocabulary, seed + 12)
     q = case.q.double()
@@ -444,20 +444,20 @@ def _special_cases(vocabulary: int, seed: int) -> list[SamplingCase]:
 
 
 def _exact_test_case(vocabulary: int) -> SamplingCase:
-    """The test r q(x) <= p(x) at its boundary, with dyadic inputs (every sum exact): tree 0 has
-    r q(x) = p(x) exactly (accepted: the test is <=); tree 1 has r q(x) above p(x) by 2^-46
-    relative, which float32 products would round away (rejected); tree 2 has q(x) = p(x) = 0
-    (accepted: 0 <= 0)."""
+    """The test r q(x) < p(x) at its boundary, with dyadic inputs (every sum exact): tree 0 has
+    r q(x) = p(x) exactly (rejected: the test is strict); tree 1 has r q(x) below p(x) by less
+    than half a float32 ulp, which a float32 product would round up to p(x) (accepted); tree 2
+    has q(x) = p(x) = 0 (rejected: 0 < 0 is false, the target forbids the token even for r = 0)."""
     p = torch.zeros((3, 2, vocabulary), dtype=torch.float64)
     q = torch.zeros((3, 2, vocabulary), dtype=torch.float64)
     p[:, :, :16] = 1 / 16
     q[:, :, :8] = 1 / 8
     x = 3
-    p[1, 0, x] = (1 + 2.0 ** -22) / 16
-    q[1, 0, x] = (1 + 2.0 ** -23) / 8
+    p[1, 0, x] = (1 + 2.0 ** -23) / 16  # r q(x) = (1 + 2^-23 - 2^-45) / 16
+    q[1, 0, x] = (1 + 2.0 ** -22) / 8
     tokens = torch.tensor([[0, x], [0, x], [0, 20]], dtype=torch.int32)
-    accept = torch.tensor([[0.0, 0.5], [0.0, 0.5 * (1 + 2.0 ** -23)], [0.0, 0.9]], dtype=torch.float32)
-    return SamplingCase("chain N=2: r q(x) = p(x) exactly, above it by 2^-46, and q(x) = p(x) = 0",
+    accept = torch.tensor([[0.0, 0.5], [0.0, 0.5 * (1 - 2.0 ** -23)], [0.0, 0.0]], dtype=torch.float32)
+    return SamplingCase("chain N=2: r q(x) = p(x) exactly, below it by 2^-45 relative, and q(x) = p(x) = 0",
                         [inputs.chain(2)] * 3, tokens, q.to(torch.float32), p.to(torch.float32), accept,
                         torch.full((3, 2), 0.3), exact=True)
 

@@ -17,6 +17,7 @@ from course.validate import require_interpretable_dtype, require_kv_heads, requi
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_MULTIPLE = 16  # a Flatten block's length is a multiple of this (the smallest tl.dot tile)
+GPU_TILE_TOKENS = 64  # the longest K/V tile a GPU takes from one block (`tuning.tile_shape`)
 
 
 def _int_sequence(value, name: str) -> list[int]:
@@ -73,6 +74,13 @@ def block_tokens(value) -> int:
             or value % BLOCK_MULTIPLE:
         raise ValueError(f"block_tokens must be a positive multiple of {BLOCK_MULTIPLE} tokens, "
                          f"got {value!r}")
+    # A K/V tile is min(GPU_TILE_TOKENS, block_tokens) tokens on a GPU (32 in the interpreter,
+    # `tuning.tile_shape`), and tl.dot compiles only powers of two: refuse here, in the interpreter
+    # too, what only a GPU would refuse at launch.
+    if value < GPU_TILE_TOKENS and value & (value - 1):
+        raise ValueError(f"block_tokens must be {BLOCK_MULTIPLE}, {2 * BLOCK_MULTIPLE} or a multiple of "
+                         f"{BLOCK_MULTIPLE} >= {GPU_TILE_TOKENS} (a GPU's K/V tile, min({GPU_TILE_TOKENS}, "
+                         f"block_tokens), must be a power of two for tl.dot), got {value!r}")
     return value
 
 

@@ -246,6 +246,11 @@ def check_attention_inputs(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end
         ("q_end", queries & (qe < qs), "must be >= q_start (a node's interval is [start, end])"),
         ("kv_start", tree & (ks < 0), "must be >= 0 (a DFS time) on tree rows"),
         ("kv_end", tree & (ke < ks), "must be >= kv_start on tree rows (a node's interval is [start, end])"),
+        # DFS times of a tree of T nodes lie in [0, T): a larger one would silently change what a
+        # query sees, since the kernel only compares times (T = 0: a prefix-only sample, no tree).
+        ("q_end", queries & (t[:, None] > 0) & (qe >= t[:, None]),
+         "must be < tree_lengths (a DFS time of the sample's tree)"),
+        ("kv_end", tree & (ke >= t[:, None]), "must be < tree_lengths on tree rows (a DFS time)"),
     ]
     values = {"prefix_lengths": p, "tree_lengths": t, "query_counts": c, "q_start": qs, "q_end": qe,
               "kv_start": ks, "kv_end": ke}

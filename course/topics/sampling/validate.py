@@ -46,6 +46,12 @@ def _require_probabilities(t: torch.Tensor, name: str) -> None:
                          f"{NORMALISATION_TOLERANCE}): pass probabilities, or logits with from_logits=True")
 
 
+def logits_pair(q_logits, p_logits) -> None:
+    """The sigmoid form's (B, gamma + 1, V) float32 logits, named as its caller names them."""
+    for name, tensor in (("q_logits", q_logits), ("p_logits", p_logits)):
+        require_tensor(tensor, name, ndim=3, dtypes=(torch.float32,))
+
+
 def sampling_inputs(draft_tokens, q, p, accept_uniforms, sample_uniforms, form: str, tile: int, alpha=1.0,
                     beta=0.0) -> tuple[int, int, int, int]:
     """Check every argument of `prepare_sampling`, each error naming it; return (B, gamma, V, tile).
