@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import runtime  # noqa: F401  (choose GPU or simulator before anything imports numba)
+from course.core import runtime  # noqa: F401  (choose GPU or simulator before anything imports numba)
 
 
 def _info(args) -> int:
-    from .runtime import describe
+    from course.core.runtime import describe
 
     print(describe())
     return 0
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     generate.add_argument("--no-progress", action="store_true", help="no progress bar")
     generate.set_defaults(run=_generate)
     args = parser.parse_args(argv)
-    from .impl import SolutionsMissing
+    from course.core.impl import SolutionsMissing
 
     try:
         return args.run(args)

@@ -5,19 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import impl as implementations
+from course.core import impl as implementations
+from course.topics.attention import check as attention_checks
+from course.topics.deft import check as deft_checks
+from course.topics.kvcache import check as swiftspec_checks
+from course.topics.kvcache import emssd_check as emssd_checks
+from course.topics.ladder.check import check_tile_visibility, check_tree_attention
+from course.topics.ladder.rungs import RUNGS
+from course.topics.sampling import check as sampling_checks
+from course.topics.trees import check as tree_checks
+from course.topics.triton_attention.check import check_triton_tree_attention
+from course.topics.verification import check as verification_checks
+
 from .checks import Report, run_cases
-from .checks import attention as attention_checks
-from .checks import deft as deft_checks
-from .checks import emssd as emssd_checks
-from .checks import sampling as sampling_checks
-from .checks import swiftspec as swiftspec_checks
-from .checks import tree_verification as verification_checks
-from .checks import trees as tree_checks
-from .checks.tree_attention import check_tile_visibility, check_tree_attention
-from .checks.triton_attention import check_triton_tree_attention
 from .grading import speed
-from .ladder import RUNGS
 
 
 @dataclass(frozen=True)

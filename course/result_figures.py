@@ -1,6 +1,6 @@
 """Figures of the committed measurements, as PNGs next to their JSON: `python -m course.result_figures`.
 
-The ladder has its own (`course.ladder_report`), SwiftSpec's and the capstone's benches draw theirs
+The ladder has its own (`course.topics.ladder.figures`), SwiftSpec's and the capstone's benches draw theirs
 when they run; this module draws those of the other suites from `results/<device>/*.json`, so
 that every committed measurement has its picture (the notebooks draw the same data in their cells):
 
@@ -24,8 +24,9 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from . import benchcli, kv_plots, plots, results  # noqa: E402
-from .sampling_bench import HEADLINE  # noqa: E402
+from course.measure import benchcli, plots, results  # noqa: E402
+from course.topics.kvcache import figures as kv_plots
+from course.topics.sampling.bench import HEADLINE  # noqa: E402
 
 COLOURS = [plots.BLUE, plots.ORANGE, plots.GREEN, plots.VERMILLION, plots.SKY, plots.GREY, plots.INK]
 
@@ -106,7 +107,8 @@ def triton_figure(rows: list[dict], device: str):
 
 
 def emssd_figure(rows: list[dict], device: str):
-    """EMS-SD's Figure 1, our way: `course.kv_plots.emssd_figure` (notebook 17 draws the same)."""
+    """EMS-SD's Figure 1, our way: `course.topics.kvcache.figures.emssd_figure` (notebook 17 draws the
+    same)."""
     return kv_plots.emssd_figure(rows, note=f"measured on {device}")
 
 

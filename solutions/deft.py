@@ -28,7 +28,7 @@ the kernels gather K and V rows through it. Contiguous KV is the case slots = No
 of shape (T, H_kv, d).
 
 The token loops are `for` loops over run-time bounds, which Triton pipelines on a GPU (the
-K/V loads of the next tiles in flight while one computes); `course.interpreter` makes such
+K/V loads of the next tiles in flight while one computes); `course.core.interpreter` makes such
 bounds work in Triton 3.6's interpreter too. The step of the token loop is notebook 12's
 `online_softmax_step`, with DeFT's masks; `_load_kv_tile` loads one K/V tile, contiguous or
 paged, for both kernels, and `_attend_all` is the loop over tokens every row sees (DeFT-Node's, and
@@ -46,15 +46,15 @@ import torch
 import triton
 import triton.language as tl
 
-from course import interpreter, runtime
-from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import (
+from course.core import interpreter, runtime
+from course.core.validate import (
     require_dot_block,
     require_interpretable_dtype,
     require_kv_heads,
     require_like_q,
     require_tensor,
 )
+from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 
 from .triton_attention import online_softmax_step
 
@@ -700,7 +700,7 @@ def tile_shape(d: int, group: int, block_tokens: int | None = None, *, dtype: to
     64 tokens (32 in the interpreter), at most a Flatten block. 16-bit inputs: 4 warps (one
     warpgroup: wgmma's 64 rows) and 3 stages, so that two programs fit on an SM (registers and
     shared memory, read with Nsight Compute on an H100); with 8 warps only one fits
-    (`course.deft_bench`'s deft_flatten_tiles rows time the alternatives).
+    (`course.topics.deft.bench`'s deft_flatten_tiles rows time the alternatives).
     float32 (FMAs, no tensor cores): 8 warps at d = 128, and at most 2 stages. The keyword
     arguments override the defaults, for benchmarks that time alternatives.
     """

@@ -48,15 +48,15 @@ import torch
 import triton
 import triton.language as tl
 
-from course import interpreter, runtime
-from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import (
+from course.core import interpreter, runtime
+from course.core.validate import (
     require_dot_block,
     require_interpretable_dtype,
     require_kv_heads,
     require_like_q,
     require_scale,
 )
+from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 
 from .triton_attention import online_softmax_step
 

@@ -67,15 +67,15 @@ import torch
 import triton
 import triton.language as tl
 
-from course import interpreter, runtime
-from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.validate import (
+from course.core import interpreter, runtime
+from course.core.validate import (
     require_interpretable_dtype,
     require_same_shape,
     require_tensor,
     require_topological_trees,
     require_tree_times,
 )
+from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from pyspec_ref.sampling import NORMALISATION_TOLERANCE
 from pyspec_ref.trees import validate_times
 

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from course import benchcli
+from course.measure import benchcli
 
 SECTIONS = ("timing", "quality")
 

@@ -1,5 +1,5 @@
-"""course.deft_baselines against the float64 oracle (itself checked against pyspec_ref), and
-course.deft_bench's rows and targets, all on CPU with tiny workloads."""
+"""course.topics.deft.baselines against the float64 oracle (itself checked against pyspec_ref), and
+course.topics.deft.bench's rows and targets, all on CPU with tiny workloads."""
 
 import importlib
 import math
@@ -9,8 +9,12 @@ import torch
 
 import course
 import pyspec_ref
-from course import deft_baselines, deft_bench, oracle, results, workloads
-from course.deft_baselines import BaselineUnavailable
+from course import oracle
+from course.measure import results
+from course.topics.deft import baselines as deft_baselines
+from course.topics.deft import bench as deft_bench
+from course.topics.deft import workloads
+from course.topics.deft.baselines import BaselineUnavailable
 
 CASES = workloads.tiny() + workloads.edge_cases(16)
 IDS = [w.name for w in CASES]
@@ -123,7 +127,7 @@ def test_bad_inputs_are_named():
         deft_baselines.sequence_based(q, k.double(), v.double(), workload)
     with pytest.raises(ValueError, match="q contains NaN"):
         deft_baselines.sequence_based(q * math.nan, k, v, workload)
-    with pytest.raises(TypeError, match="workload must be a course.workloads.Workload"):
+    with pytest.raises(TypeError, match="workload must be a course.topics.deft.workloads.Workload"):
         deft_baselines.sequence_based(q, k, v, "tree")
     twice = workloads.Workload("two queries at one node", "edge", (-1, 0), (3, 2), (1, 1))
     with pytest.raises(BaselineUnavailable, match="distinct nodes"):
@@ -222,7 +226,7 @@ def test_targets_are_computed_from_rows():
 
 
 def test_the_bench_refuses_to_time_the_simulator():
-    if course.runtime.on_gpu():
+    if course.core.runtime.on_gpu():
         pytest.skip("on a GPU the bench would run")
     with pytest.raises(SystemExit, match="measures a GPU"):
         deft_bench.main([])

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 import pyspec_ref.kvcache as spec
-from course import emssd_bench, oracle, runtime
-from course.checks import emssd as checks
+from course import oracle
 from course.checks import run_cases
+from course.core import runtime
 from course.exercise import ExerciseNotImplemented
+from course.topics.kvcache import emssd_bench
+from course.topics.kvcache import emssd_check as checks
 from solutions import emssd
 
 

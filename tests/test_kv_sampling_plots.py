@@ -1,4 +1,5 @@
-"""course.kv_plots.emssd_figure and course.sampling_plots draw a Figure and refuse bad rows by name."""
+"""course.topics.kvcache.figures.emssd_figure and course.topics.sampling.figures draw a Figure and
+refuse bad rows by name."""
 
 import matplotlib
 
@@ -10,7 +11,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from course import kv_plots, result_figures, sampling_plots  # noqa: E402
+from course import result_figures
+from course.topics.kvcache import figures as kv_plots  # noqa: E402
+from course.topics.sampling import figures as sampling_plots
 from pyspec_ref import sampling as spec  # noqa: E402
 
 

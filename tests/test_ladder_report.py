@@ -1,4 +1,4 @@
-"""course.ladder_report: targets and figures from a ladder document; missing data is named."""
+"""course.topics.ladder.figures: targets and figures from a ladder document; missing data is named."""
 
 import copy
 import json
@@ -11,7 +11,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 import course  # noqa: E402, F401  (picks GPU or simulator first)
-from course import ladder, ladder_bench, ladder_report, results, runtime  # noqa: E402
+from course.core import runtime
+from course.measure import results
+from course.topics.ladder import bench as ladder_bench
+from course.topics.ladder import figures as ladder_report
+from course.topics.ladder import rungs as ladder  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""course.plots: every figure draws on random trees and chains, and refuses bad input by name."""
+"""course.measure.plots: every figure draws on random trees and chains, and refuses bad input by name."""
 
 import matplotlib
 
@@ -12,7 +12,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.collections import LineCollection, PathCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from course import plots  # noqa: E402
+from course.measure import plots  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -459,7 +459,7 @@ def _sweep_rows():
 
 
 def test_block_sweep_draws_the_clock_the_scaled_model_and_the_choice():
-    from course import deft_plots
+    from course.topics.deft import figures as deft_plots
 
     ax = deft_plots.block_sweep(_sweep_rows(), "w")
     measured, model, chosen = ax.get_lines()
@@ -470,7 +470,7 @@ def test_block_sweep_draws_the_clock_the_scaled_model_and_the_choice():
 
 
 def test_block_sweep_names_a_workload_without_rows():
-    from course import deft_plots
+    from course.topics.deft import figures as deft_plots
 
     with pytest.raises(ValueError, match="for workload 'other'"):
         deft_plots.block_sweep(_sweep_rows(), "other")

@@ -7,7 +7,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from course import result_figures, results  # noqa: E402
+from course import result_figures  # noqa: E402
+from course.measure import results
 
 
 @pytest.mark.parametrize("suite", sorted(result_figures.FIGURES))

@@ -13,10 +13,10 @@ import math
 import pytest
 import torch
 
-from course import runtime
-from course import sampling_bench as bench
-from course.checks import sampling as cs
-from course.stats import chi_square_p_value
+from course.core import runtime
+from course.measure.stats import chi_square_p_value
+from course.topics.sampling import bench
+from course.topics.sampling import check as cs
 from pyspec_ref import sampling as spec
 from solutions import spec_sampling as kernels
 

@@ -9,9 +9,11 @@ import torch
 import course
 import pyspec_ref
 import pyspec_ref.kvcache as spec
-from course import inputs, kv_plots, runtime, swiftspec_bench
 from course.checks import run_cases
-from course.checks import swiftspec as checks
+from course.core import inputs, runtime
+from course.topics.kvcache import bench as swiftspec_bench
+from course.topics.kvcache import check as checks
+from course.topics.kvcache import figures as kv_plots
 from solutions import swiftspec
 
 DEVICE = runtime.torch_device()

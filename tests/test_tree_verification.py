@@ -7,10 +7,12 @@ import random
 import pytest
 import torch
 
-from course import inputs, runtime, timing, verification_bench
 from course.checks import run_cases
-from course.checks import tree_verification as checks
+from course.core import inputs, runtime
 from course.exercises import EXERCISES
+from course.measure import timing
+from course.topics.verification import bench as verification_bench
+from course.topics.verification import check as checks
 from pyspec_ref import sampling as spec
 from solutions import tree_verification as tv
 

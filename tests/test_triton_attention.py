@@ -11,10 +11,13 @@ import pytest
 import torch
 
 import course
-from course import inputs, oracle, results, triton_bench
+from course import oracle
 from course.checks import run_cases
-from course.checks.triton_attention import check_triton_tree_attention
+from course.core import inputs
 from course.exercise import ExerciseNotImplemented, kernel_stub_name
+from course.measure import results
+from course.topics.triton_attention import bench as triton_bench
+from course.topics.triton_attention.check import check_triton_tree_attention
 from solutions import triton_attention as ta
 
 DEVICE = course.torch_device()
@@ -141,7 +144,7 @@ def test_runtimes_report_missing_measurements(monkeypatch):
         raise FileNotFoundError(suite)
 
     monkeypatch.setattr(results, "load", missing)
-    with pytest.raises(results.NotMeasuredYet, match="python -m course.triton_bench"):
+    with pytest.raises(results.NotMeasuredYet, match="python -m course.topics.triton_attention.bench"):
         triton_bench.runtimes(["triton_fp16"])
     document = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-01-01T00:00:00+00:00",
                 "rows": [{"name": "triton_fp16", "figure": "paper", "order": "bfs", "median_ms": 0.05,

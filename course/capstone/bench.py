@@ -3,7 +3,7 @@ results/<device>/capstone.json and the figure capstone.png next to it.
 
 The small pair (`weights.load_pair("small")`), target and draft in float16, decodes BATCH held-out
 prompts (`prompts`) for MAX_NEW tokens each, greedy, with the course's kernels (solutions/; in a
-hand-out without solutions/, the student's lessons/: `course.impl.bench_impl`):
+hand-out without solutions/, the student's lessons/: `course.core.impl.bench_impl`):
 
   figure "speed"    plain autoregressive decoding with the target alone (`decoder.autoregressive`,
                     `emssd.unpadded_attention` with counts = 1) and tree speculative decoding
@@ -33,8 +33,9 @@ import json
 
 import torch
 
-from course import impl as course_impl
-from course import results, runtime
+from course.core import impl as course_impl
+from course.core import runtime
+from course.measure import results
 
 SUITE = "capstone"
 PAIR = "small"
@@ -291,7 +292,7 @@ def round_figure(entry: dict, ax=None, title: str | None = None):
     accepted path (green), the other nodes sent to the target (blue), draft-only nodes (grey)."""
     import matplotlib.pyplot as plt
 
-    from course.plots import tree_layout
+    from course.measure.plots import tree_layout
 
     from .text import VOCAB
 
