@@ -12,7 +12,7 @@ from course import oracle
 from course.checks import run_cases
 from course.core import runtime
 from course.exercise import ExerciseNotImplemented
-from course.topics.kvcache import emssd_bench
+from course.topics.kvcache import bench as kv_bench
 from course.topics.kvcache import emssd_check as checks
 from solutions import emssd
 
@@ -110,12 +110,12 @@ def test_check_catches_a_kernel_that_is_not_causal():
 
 def test_bench_simulation_is_realistic():
     rng = random.Random(0)
-    draws = [emssd_bench.accept_length(8, rng) for _ in range(2000)]
+    draws = [kv_bench.accept_length(8, rng) for _ in range(2000)]
     assert min(draws) == 1 and max(draws) <= 8
     assert 3.3 < sum(draws) / len(draws) < 3.9  # 1 + alpha + ... + alpha^7 = 3.6 for alpha = 0.75
-    sim = emssd_bench.simulate(16)
+    sim = kv_bench.simulate(16)
     assert sim["padded_length"] >= max(sim["kv_lengths"])
-    assert all(2 <= c <= emssd_bench.MAX_DRAFT + 1 for c in sim["counts"])
+    assert all(2 <= c <= kv_bench.MAX_DRAFT + 1 for c in sim["counts"])
 
 
 def test_a_checked_layout_is_reused_and_a_mismatch_refused():

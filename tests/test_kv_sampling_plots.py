@@ -11,7 +11,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from course import result_figures
 from course.topics.kvcache import figures as kv_plots  # noqa: E402
 from course.topics.sampling import figures as sampling_plots
 from pyspec_ref import sampling as spec  # noqa: E402
@@ -74,8 +73,9 @@ def test_emssd_figure_refuses_bad_rows(rows, match):
         kv_plots.emssd_figure(rows)
 
 
-def test_result_figures_draws_emssd_with_the_shared_function():
-    fig = result_figures.emssd_figure(emssd_rows(), "NVIDIA Test GPU")
+def test_the_emssd_png_draws_with_the_shared_function():
+    document = {"device": "NVIDIA Test GPU", "date": "2026-01-01T00:00:00+00:00", "rows": emssd_rows()}
+    fig = kv_plots.FIGURES["emssd"](document)
     assert len(fig.axes) == 3 and drawn(fig) > 0
     assert "NVIDIA Test GPU" in fig._suptitle.get_text()
 

@@ -11,8 +11,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 import course  # noqa: E402, F401  (picks GPU or simulator first)
+from course.__main__ import main
 from course.core import runtime
-from course.measure import results
+from course.measure import benchcli, results
 from course.topics.ladder import bench as ladder_bench
 from course.topics.ladder import figures as ladder_report
 from course.topics.ladder import rungs as ladder  # noqa: E402
@@ -141,8 +142,8 @@ def test_figures_build():
 
 
 def test_save_figures_writes_the_pngs(tmp_path):
-    paths = ladder_report.save_figures(synthetic(), tmp_path)
-    assert sorted(p.name for p in paths) == sorted(ladder_report.FIGURE_FILES.values())
+    paths = benchcli.save_figures(ladder_report, synthetic(), tmp_path)
+    assert sorted(p.name for p in paths) == sorted(f"{name}.png" for name in ladder_report.FIGURES)
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
@@ -203,8 +204,9 @@ def test_the_cli_saves_next_to_the_json(tmp_path, capsys):
     path = tmp_path / "h100" / "ladder.json"
     path.parent.mkdir()
     path.write_text(json.dumps(synthetic()))
-    assert ladder_report.main([str(path)]) == 0
-    assert sorted(p.name for p in path.parent.glob("*.png")) == sorted(ladder_report.FIGURE_FILES.values())
+    assert main(["figures", "ladder", "--results", str(path)]) == 0
+    pngs = sorted(p.name for p in path.parent.glob("*.png"))
+    assert pngs == sorted(f"{name}.png" for name in ladder_report.FIGURES)
     assert "met" in capsys.readouterr().out
 
 

@@ -55,6 +55,7 @@ HIDDEN = "#EEF1F5"  # mask: a key the query must not see (light)
 NODE = "#DCE8F3"  # tree: an ordinary node
 HIGHLIGHT = ORANGE  # tree, mask, times: the chosen query and what it sees
 WRONG = VERMILLION  # mask: an entry the student got wrong
+SERIES = (BLUE, ORANGE, GREEN, VERMILLION, SKY, GREY, INK)  # one colour per measured method, in turn
 
 LABEL_LIMIT = 40  # above this many nodes (or rows), per-item labels become unreadable
 TILE_SKIP, TILE_PARTIAL, TILE_FULL = 0, 1, 2
@@ -63,7 +64,7 @@ TILE_SKIP, TILE_PARTIAL, TILE_FULL = 0, 1, 2
 # ----------------------------------------------------------------------------- inputs
 
 
-def _to_numpy(x) -> np.ndarray:
+def to_numpy(x) -> np.ndarray:
     """A NumPy copy of a list, array or torch tensor (torch is never imported here)."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, on any device
         x = x.detach().cpu()
@@ -75,7 +76,7 @@ def _to_numpy(x) -> np.ndarray:
 
 
 def _int_vector(x, name: str) -> np.ndarray:
-    arr = _to_numpy(x)
+    arr = to_numpy(x)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
     if arr.dtype == bool or not (
@@ -95,8 +96,8 @@ def _as_parents(parents, name: str = "parents") -> np.ndarray:
     return arr
 
 
-def _as_mask(mask, name: str = "mask", square: bool = True) -> np.ndarray:
-    arr = _to_numpy(mask)
+def as_mask(mask, name: str = "mask", square: bool = True) -> np.ndarray:
+    arr = to_numpy(mask)
     if arr.ndim != 2:
         raise ValueError(f"{name} must be 2-D (queries x keys), got shape {arr.shape}")
     if square and arr.shape[0] != arr.shape[1]:
@@ -113,7 +114,7 @@ def _as_mask(mask, name: str = "mask", square: bool = True) -> np.ndarray:
 
 def _as_index(value, n: int, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        value = _to_numpy(value)
+        value = to_numpy(value)
         if value.ndim != 0 or not np.issubdtype(value.dtype, np.integer):
             raise ValueError(f"{name} must be an int node id, got {value!r}")
     value = int(value)
@@ -146,13 +147,14 @@ def _positive_int(value, name: str) -> int:
 # ----------------------------------------------------------------------------- style
 
 
-def _new_ax(ax, figsize):
+def new_ax(ax, figsize):
+    """`ax`, or the Axes of a new figure of `figsize` when it is None."""
     if ax is None:
         _, ax = plt.subplots(figsize=figsize, layout="constrained")
     return ax
 
 
-def _style(ax, title=None, grid_axis=None):
+def style_ax(ax, title=None, grid_axis=None):
     """The shared look: no top/right frame, quiet ticks, a left-aligned bold title."""
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
@@ -168,7 +170,7 @@ def _style(ax, title=None, grid_axis=None):
         ax.set_title(title, loc="left", fontsize=11, fontweight="bold", color=INK)
 
 
-def _legend_below(ax, handles, ncol=None, gap_pt=30):
+def legend_below(ax, handles, ncol=None, gap_pt=30):
     """A frameless legend a fixed distance under the axes, clear of the tick and axis labels.
 
     The gap is in points, not axes fractions, so it is right for short and tall axes alike.
@@ -249,7 +251,7 @@ def draw_tree(parents, start=None, end=None, ax=None, highlight=None, title=None
     pos = tree_layout(p)
     xy = np.array([pos[v] for v in range(n)])
     width, height = xy[:, 0].max() + 1, -xy[:, 1].min() + 1
-    ax = _new_ax(ax, (min(14, max(4.5, 0.8 * width + 1.5)), min(10, max(3, 1.1 * height + 1))))
+    ax = new_ax(ax, (min(14, max(4.5, 0.8 * width + 1.5)), min(10, max(3, 1.1 * height + 1))))
     look = _tree_sizes(ax, n, width, height, times is not None)
 
     # Edges first so the nodes cover their ends; the query's path to the root is lit.
@@ -291,7 +293,7 @@ def draw_tree(parents, start=None, end=None, ax=None, highlight=None, title=None
             title += ": id"
     if highlight is not None:
         title += f"\nquery {highlight} sees its ancestors-or-self"
-    _style(ax, title)
+    style_ax(ax, title)
     return ax
 
 
@@ -307,7 +309,7 @@ def _index_ticks(ax, rows: int, cols: int):
             axis.set_major_locator(MaxNLocator(nbins=8, integer=True))
 
 
-def _cell_grid(ax, rows: int, cols: int, color="white", width=0.6):
+def cell_grid(ax, rows: int, cols: int, color="white", width=0.6):
     """Thin lines between cells, so single cells of a small mask can be counted."""
     if max(rows, cols) <= 64:
         ax.set_xticks(np.arange(-0.5, cols, 1), minor=True)
@@ -322,20 +324,20 @@ def draw_mask(mask, ax=None, title=None, highlight_row=None, wrong=None):
     `highlight_row` outlines one query's row; `wrong` (same shape) marks a student's
     wrong entries in vermillion with a cross, and the title counts them.
     """
-    m = _as_mask(mask)
+    m = as_mask(mask)
     rows, cols = m.shape
     w = None
     if wrong is not None:
-        w = _as_mask(wrong, "wrong")
+        w = as_mask(wrong, "wrong")
         if w.shape != m.shape:
             raise ValueError(f"wrong must have the mask's shape {m.shape}, got {w.shape}")
     row = _as_index(highlight_row, rows, "highlight_row") if highlight_row is not None else None
     side = min(7.0, max(3.5, 0.28 * rows + 1.5))
-    ax = _new_ax(ax, (side + 0.3, side + 0.6))
+    ax = new_ax(ax, (side + 0.3, side + 0.6))
 
     ax.imshow(m, cmap=ListedColormap([HIDDEN, VISIBLE]), vmin=0, vmax=1,
               interpolation="nearest", origin="upper", zorder=1)
-    _cell_grid(ax, rows, cols)
+    cell_grid(ax, rows, cols)
     handles = [Patch(fc=VISIBLE, label="visible"),
                Patch(fc=HIDDEN, ec=GREY, lw=0.5, label="hidden")]
     count = None
@@ -356,11 +358,11 @@ def draw_mask(mask, ax=None, title=None, highlight_row=None, wrong=None):
     _index_ticks(ax, rows, cols)
     ax.set_xlabel("key j")
     ax.set_ylabel("query i")
-    _legend_below(ax, handles)
+    legend_below(ax, handles)
     title = "tree causal mask" if title is None else title
     if count is not None:
         title += f"  ({count} wrong)" if count else "  (all correct)"
-    _style(ax, title)
+    style_ax(ax, title)
     for spine in ax.spines.values():  # an image needs its whole frame
         spine.set_visible(True)
         spine.set_color(GREY)
@@ -371,7 +373,7 @@ def tree_and_mask(parents, start, end, mask, highlight=None, title=None):
     """One figure: the tree with its DFS times beside its mask, the highlighted query's row lit."""
     p = _as_parents(parents)
     n = len(p)
-    m = _as_mask(mask)
+    m = as_mask(mask)
     if m.shape[0] != n:
         raise ValueError(f"mask must be {n} x {n} to match parents, got {m.shape}")
     if highlight is not None:
@@ -398,7 +400,7 @@ def draw_times(start, end, ax=None, highlight=None):
     n = len(s)
     q = _as_index(highlight, n, "highlight") if highlight is not None else None
     order = np.argsort(s, kind="stable")
-    ax = _new_ax(ax, (7.5, min(9.0, max(2.8, 0.3 * n + 1.2))))
+    ax = new_ax(ax, (7.5, min(9.0, max(2.8, 0.3 * n + 1.2))))
 
     lit = (s <= s[q]) & (s[q] <= e) if q is not None else np.zeros(n, dtype=bool)
     colors = [HIGHLIGHT if lit[v] else (SKY if s[v] == e[v] else BLUE) for v in order]
@@ -420,8 +422,8 @@ def draw_times(start, end, ax=None, highlight=None):
     if q is not None:
         handles.append(Patch(fc=HIGHLIGHT, label=f"interval holds start[{q}]={s[q]}"))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    _legend_below(ax, handles)
-    _style(ax, "DFS intervals [start, end]: each subtree is one contiguous range", grid_axis="x")
+    legend_below(ax, handles)
+    style_ax(ax, "DFS intervals [start, end]: each subtree is one contiguous range", grid_axis="x")
     return ax
 
 
@@ -433,7 +435,7 @@ def classify_tiles(mask, block_q, block_k) -> np.ndarray:
 
     Ragged last tiles are classified on the cells they hold.
     """
-    m = _as_mask(mask, square=False)
+    m = as_mask(mask, square=False)
     bq, bk = _positive_int(block_q, "block_q"), _positive_int(block_k, "block_k")
     tq, tk = math.ceil(m.shape[0] / bq), math.ceil(m.shape[1] / bk)
     classes = np.empty((tq, tk), dtype=np.int64)
@@ -446,12 +448,12 @@ def classify_tiles(mask, block_q, block_k) -> np.ndarray:
 
 def draw_tiles(mask, block_q, block_k, ax=None, title=None):
     """The mask under its tile grid, each tile tinted by class; the legend counts each class."""
-    m = _as_mask(mask, square=False)
+    m = as_mask(mask, square=False)
     classes = classify_tiles(m, block_q, block_k)
     bq, bk = int(block_q), int(block_k)
     rows, cols = m.shape
     side = min(7.0, max(3.8, 0.2 * max(rows, cols) + 2))
-    ax = _new_ax(ax, (side + 0.3, side + 0.8))
+    ax = new_ax(ax, (side + 0.3, side + 0.8))
 
     tints = {TILE_SKIP: "#F4F5F7", TILE_PARTIAL: "#F6D58E", TILE_FULL: "#9CC7E6"}
     cell_class = np.repeat(np.repeat(classes, bq, axis=0), bk, axis=1)[:rows, :cols]
@@ -461,7 +463,7 @@ def draw_tiles(mask, block_q, block_k, ax=None, title=None):
     ink = np.zeros((rows, cols, 4))
     ink[m] = to_rgba(VISIBLE, 0.85)
     ax.imshow(ink, interpolation="nearest", zorder=2)
-    _cell_grid(ax, rows, cols, color="white", width=0.4)
+    cell_grid(ax, rows, cols, color="white", width=0.4)
     for r in range(0, rows + 1, bq):
         ax.axhline(r - 0.5, color=INK, linewidth=1.4, zorder=3)
     for c in range(0, cols + 1, bk):
@@ -474,13 +476,13 @@ def draw_tiles(mask, block_q, block_k, ax=None, title=None):
              TILE_FULL: "all visible: no mask"}
     handles = [Patch(fc=tints[c], ec=GREY, lw=0.5, label=f"{names[c]} ({counts[c]})")
                for c in (TILE_SKIP, TILE_PARTIAL, TILE_FULL)]
-    _legend_below(ax, handles)
+    legend_below(ax, handles)
     _index_ticks(ax, rows, cols)
     ax.set_xlabel("key j")
     ax.set_ylabel("query i")
     if title is None:
         title = f"{bq}x{bk} tiles: {counts[TILE_SKIP]} of {classes.size} skipped"
-    _style(ax, title)
+    style_ax(ax, title)
     for spine in ax.spines.values():
         spine.set_visible(True)
         spine.set_color(INK)
@@ -495,7 +497,7 @@ _BIT_UNITS = ("bit", "Kbit", "Mbit", "Gbit", "Tbit", "Pbit", "Ebit")
 
 def format_bits(bits) -> str:
     """A bit count in binary units: 2**31 -> "2.0 Gbit", 2**25 -> "32.0 Mbit", 12 -> "12 bit"."""
-    value = float(_to_numpy(bits))
+    value = float(to_numpy(bits))
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"bits must be a finite non-negative number, got {bits!r}")
     if value < 1024:
@@ -515,7 +517,7 @@ def _pairs(rows, name: str) -> tuple[list[str], np.ndarray]:
         if not isinstance(row, (tuple, list)) or len(row) != 2:
             raise ValueError(f"{name}[{i}] must be a (label, value) pair, got {row!r}")
         labels.append(str(row[0]))
-        values.append(float(_to_numpy(row[1])))
+        values.append(float(to_numpy(row[1])))
     return labels, np.array(values)
 
 
@@ -525,7 +527,7 @@ def memory_bars(rows, ax=None, title=None):
     if not np.all(np.isfinite(bits)) or np.any(bits <= 0):
         raise ValueError("rows must hold positive finite bit counts (the axis is logarithmic)")
     n = len(bits)
-    ax = _new_ax(ax, (7.5, max(2.2, 0.5 * n + 1.2)))
+    ax = new_ax(ax, (7.5, max(2.2, 0.5 * n + 1.2)))
     y = np.arange(n)
     palette = [BLUE, ORANGE, GREEN, SKY, VERMILLION, "#CC79A7"]
     ax.barh(y, bits, color=[palette[i % len(palette)] for i in range(n)], height=0.6, zorder=2)
@@ -541,7 +543,7 @@ def memory_bars(rows, ax=None, title=None):
     ax.set_xticks(ticks, [format_bits(t).replace(".0 ", " ") for t in ticks])
     ax.minorticks_off()
     ax.set_xlabel("size (log scale)")
-    _style(ax, title or "memory", grid_axis="x")
+    style_ax(ax, title or "memory", grid_axis="x")
     return ax
 
 
@@ -569,7 +571,7 @@ def online_softmax_trace(row, block, ax=None):
     The scores are grey dots; dashed lines are the exact max(row) and sum(exp(row - max)),
     which the last block reaches. l drops whenever m grows: that is the rescale.
     """
-    r = _to_numpy(row).astype(np.float64)
+    r = to_numpy(row).astype(np.float64)
     if r.ndim != 1 or r.size == 0:
         raise ValueError(f"row must be a non-empty 1-D array of scores, got shape {r.shape}")
     if np.any(np.isnan(r)) or np.any(r == np.inf):
@@ -581,7 +583,7 @@ def online_softmax_trace(row, block, ax=None):
     ms, ls = _online_softmax_states(r, b)
     m_exact = float(r.max())
     l_exact = float(np.exp(r - m_exact).sum())
-    ax = _new_ax(ax, (8, 4))
+    ax = new_ax(ax, (8, 4))
 
     edges = np.minimum(np.arange(len(ms) + 1) * b, len(r))
     seen = np.isfinite(r)
@@ -612,9 +614,9 @@ def online_softmax_trace(row, block, ax=None):
     l_step, l_line = right.get_legend_handles_labels()[0]
     # Legends fill column by column: this order reads "m | max | scores" over "l | sum".
     handles = [m_step, l_step, m_line, l_line, scores]
-    _legend_below(ax, handles, ncol=3)
-    _style(ax, "online softmax: what each block leaves behind")
-    ax.tick_params(axis="y", labelcolor=BLUE)  # after _style, which inks all ticks
+    legend_below(ax, handles, ncol=3)
+    style_ax(ax, "online softmax: what each block leaves behind")
+    ax.tick_params(axis="y", labelcolor=BLUE)  # after style_ax, which inks all ticks
     return ax
 
 
@@ -664,7 +666,7 @@ def results_bar(rows, ax=None, title=None, label_key="name", value_key="median_m
             raise ValueError(f"baseline {baseline!r} must have a positive {value_key!r}")
 
     n = len(v)
-    ax = _new_ax(ax, (8, max(2.2, 0.5 * n + 1.3)))
+    ax = new_ax(ax, (8, max(2.2, 0.5 * n + 1.3)))
     colors = [GREY if labels[i] == str(baseline) else BLUE for i in range(n)]
     ax.barh(np.arange(n), v, color=colors, height=0.6, zorder=2, gid="results")
     unit = _unit_of(value_key)
@@ -678,7 +680,7 @@ def results_bar(rows, ax=None, title=None, label_key="name", value_key="median_m
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_xlim(0, v.max() * 1.45 if v.max() > 0 else 1)
     ax.set_xlabel(value_key.replace("_", " ") + " (lower is faster)")
-    _style(ax, title or "measured times", grid_axis="x")
+    style_ax(ax, title or "measured times", grid_axis="x")
     return ax
 
 
@@ -698,7 +700,7 @@ def draw_bank_access(word_addresses, ax=None, title=None):
         if word not in distinct:
             distinct.append(word)
     depth = max(len(distinct) for distinct in passes.values())
-    ax = _new_ax(ax, (9, 0.25 * depth + 1.2))
+    ax = new_ax(ax, (9, 0.25 * depth + 1.2))
     for bank in range(32):
         for level, word in enumerate(passes.get(bank, [])):
             threads = [t for t, w in enumerate(words) if w == word]
@@ -711,5 +713,5 @@ def draw_bank_access(word_addresses, ax=None, title=None):
     ax.set_xlabel("bank")
     ax.set_ylabel("pass")
     ax.set_yticks([i + 0.44 for i in range(depth)], [str(i + 1) for i in range(depth)])
-    _style(ax, title or (f"{depth}-way bank conflict" if depth > 1 else "one pass: no bank conflict"))
+    style_ax(ax, title or (f"{depth}-way bank conflict" if depth > 1 else "one pass: no bank conflict"))
     return ax

@@ -102,15 +102,15 @@ class NotMeasuredYet(LookupError):
     """A suite's committed results do not exist yet, or lack the rows asked for."""
 
 
-# The commands that write each suite (two benches share kvcache.json, and sampling.json holds
-# notebook 16's rows through the sampling bench).
+# The commands that write each suite (sampling.json also holds notebook 16's rows, section
+# "verification").
 MEASURED_BY = {
-    "ladder": "python -m course.topics.ladder.bench",
-    "triton": "python -m course.topics.triton_attention.bench",
-    "deft": "python -m course.topics.deft.bench",
-    "sampling": "python -m course.topics.sampling.bench",
-    "kvcache": "python -m course.topics.kvcache.emssd_bench` and `python -m course.topics.kvcache.bench",
-    "capstone": "python -m course.capstone.bench",
+    "ladder": "python -m course bench ladder",
+    "triton": "python -m course bench triton_attention",
+    "deft": "python -m course bench deft",
+    "sampling": "python -m course bench sampling` and `python -m course bench verification",
+    "kvcache": "python -m course bench kvcache",
+    "capstone": "python -m course bench capstone",
 }
 
 
@@ -119,7 +119,7 @@ def load_measured(suite: str) -> dict:
     try:
         return load(suite)
     except FileNotFoundError:
-        command = MEASURED_BY.get(suite, f"python -m course.{suite}_bench")
+        command = MEASURED_BY.get(suite, f"python -m course bench {suite}")
         raise NotMeasuredYet(f"no committed results/<device>/{suite}.json yet: run `{command}` "
                              "on a GPU") from None
 

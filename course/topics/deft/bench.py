@@ -1,4 +1,5 @@
-"""DeFT's measurements (notebook 14): `python -m course bench deft` on a GPU writes results/<device>/deft.json
+"""DeFT's measurements (notebook 14): `python -m course bench deft [sections]` on a GPU writes
+results/<device>/deft.json
 
 Every workload of `course.topics.deft.workloads.benchmark()` (speculative decoding P in {4096, 16384} x t in
 {32, 64, 128, 256}, few-shot b in {20, 30, 50} at decoding step 256, one tree-of-thoughts
@@ -41,21 +42,20 @@ block lists, masks, per-query KV copies) is outside every timing, as it is for t
 Every method is timed as a CUDA graph, as decoders run their steps: launched from Python, the
 small trees' calls timed the host (`course.measure.timing.bench_graphed` says by how much;
 results/h100/deft_bench_launches.log is a whole run timed without graphs).
-`targets(rows)` computes the issue's targets; `main` prints them after the run.
+`targets(rows)` computes the issue's targets; `python -m course figures deft` prints them.
 
 Budget: per workload about 80 measurements (the block sweep's 60-odd, the tile sweep's 6), each
 timed for ~0.2 s, plus FlexAttention's compile per shape (tens of seconds the first time, seconds
-after): about 3.5 minutes in all on the H100. To split a run: `python -m course.topics.deft.bench
---workloads speculative`, then `... --workloads few-shot reasoning --keep` on a checkout that
-holds the first run's deft.json (--keep keeps the rows of the file it finds).
+after): about 3.5 minutes in all on the H100. Sections: "rates" (the copy and matmul rows) and one
+per workload family of `workloads.benchmark()`; a run of some sections keeps the committed rows of
+the others. A family's floors use the copy and matmul rates measured in the same process.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
+import functools
 import random
-import sys
 import time
 
 import torch
@@ -442,57 +442,46 @@ def dry_run_document(rows) -> dict:
                              "software": runtime.software_versions(), "rows": rows}, f"suite {SUITE!r}")
 
 
-def _select(names) -> list[Workload]:
-    found = workloads.benchmark()
-    if not names:
-        return found
-    chosen = [w for w in found if any(name in w.name for name in names)]
-    if not chosen:
-        raise SystemExit(f"no workload matches {names}; the workloads are: {[w.name for w in found]}")
-    return chosen
+# --------------------------------------------------------------------------- the sections
+
+# While Triton and FlexAttention compile, the GPU idles and drops its clock (345 MHz seen on the
+# H100); with a 25 ms warm-up the first measurement after a compile came out up to 2.7x slow.
+WARMUP_MS = 100
+REP_MS = 200  # timing budget per measurement
+FAMILIES = ("speculative", "few_shot", "reasoning")  # those of workloads.benchmark()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="*", default=[],
-                        help="measure only workloads whose name contains one of these strings")
-    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--rep-ms", type=float, default=200, help="timing budget per measurement")
-    # While Triton and FlexAttention compile, the GPU idles and drops its clock (345 MHz seen on the
-    # H100); with a 25 ms warm-up the first measurement after a compile came out up to 2.7x slow.
-    parser.add_argument("--warmup-ms", type=float, default=100, help="warm-up before each measurement")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep this device's committed rows of the (workload, method) pairs not "
-                             "measured now")
-    args = parser.parse_args(argv)
-    if runtime.SIMULATOR:
-        raise SystemExit("course.topics.deft.bench measures a GPU; the simulator has no timings (see "
-                         "notebook 14 "
-                         "for the committed results)")
-    torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape
-    chosen = _select(args.workloads)
-    now = {(w.name, m) for w in chosen for m in (*args.methods, "read_once", "compute_floor")}
-    kept = results.kept_rows(SUITE, lambda row: row["name"] not in ("copy", "matmul")
-                             and (row["workload"], row["name"])
-                             not in now) if args.keep else []
-    stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    started = time.perf_counter()
-
-    def save(rows):  # after every workload, so that partial results survive a timeout
-        path = results.save(SUITE, kept + [dict(row, run=stamp) for row in rows])
-        print(f"saved {path} ({time.perf_counter() - started:.0f} s so far)", flush=True)
-
-    def rate_timer(fn):
-        return timing.bench(fn, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
-
-    def timer(fn):  # a CUDA graph: one launch per run, whatever the method's kernel count (docstring)
-        return timing.bench_graphed(fn, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
-
-    rows = run(chosen, args.methods, timer=timer, rate_timer=rate_timer, on_workload=save,
-               log=lambda line: print(line, flush=True))
-    print(format_targets(targets(kept + rows)))
-    return 0
+def _rate_timer(fn) -> float:  # the copy and the matmul, launched plainly (`run`'s docstring)
+    return timing.bench(fn, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def _graph_timer(fn) -> float:  # a CUDA graph: one launch per run, whatever the method's kernel count
+    return timing.bench_graphed(fn, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+
+
+@functools.cache
+def rate_rows() -> tuple[dict, dict]:
+    """The copy and matmul rows, measured once per process: every family's floors use them."""
+    return copy_row(_rate_timer), matmul_row(_rate_timer)
+
+
+def family_rows(family: str):
+    """The section of one workload family: every method on each of its benchmark workloads."""
+    def rows() -> list[dict]:
+        copy, matmul = rate_rows()
+        return [row for workload in workloads.benchmark() if workload.family == family
+                for row in measure_workload(workload, METHODS, timer=_graph_timer, copy_gbps=copy["gbps"],
+                                            tflops=matmul["tflops"], log=_log)]
+    return rows
+
+
+SECTIONS = {"rates": lambda: list(rate_rows()), **{family: family_rows(family) for family in FAMILIES}}
+
+
+def section_of(row: dict) -> str:
+    """The section that measures a row of deft.json."""
+    return "rates" if row["name"] in ("copy", "matmul") else row["family"]

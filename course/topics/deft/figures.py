@@ -21,12 +21,13 @@ from course.measure.plots import (
     HIDDEN,
     INK,
     ORANGE,
+    SERIES,
     SKY,
     VERMILLION,
     VISIBLE,
-    _legend_below,
-    _new_ax,
-    _style,
+    legend_below,
+    new_ax,
+    style_ax,
     tree_layout,
 )
 
@@ -47,7 +48,7 @@ def draw_kv_tree(parents, lengths, query_nodes, ax=None, title=None):
     pos = tree_layout(p)
     xy = np.array([pos[v] for v in range(len(p))])
     width, height = xy[:, 0].max() + 1, -xy[:, 1].min() + 1
-    ax = _new_ax(ax, (min(13, max(4.5, 1.1 * width + 1.5)), min(9, max(2.6, 1.3 * height + 1.2))))
+    ax = new_ax(ax, (min(13, max(4.5, 1.1 * width + 1.5)), min(9, max(2.6, 1.3 * height + 1.2))))
     for v in range(1, len(p)):
         (x0, y0), (x1, y1) = pos[p[v]], pos[v]
         ax.plot([x0, x1], [y0, y1], color=GREY, linewidth=1.2, zorder=1)
@@ -67,7 +68,7 @@ def draw_kv_tree(parents, lengths, query_nodes, ax=None, title=None):
     ax.set_xlim(xy[:, 0].min() - 0.7, xy[:, 0].max() + 0.7)
     ax.set_ylim(xy[:, 1].min() - 0.75, xy[:, 1].max() + 0.4)
     ax.set_axis_off()
-    _style(ax, title or f"KV tree: {len(p)} nodes, {sum(sizes)} tokens, {len(queries)} queries (red)")
+    style_ax(ax, title or f"KV tree: {len(p)} nodes, {sum(sizes)} tokens, {len(queries)} queries (red)")
     return ax
 
 
@@ -83,7 +84,7 @@ def draw_flatten(parents, lengths, query_nodes, block_tokens, ax=None, title=Non
     blocks = spec.flatten_blocks(p, sizes, queries, block_tokens)
     visible = spec.visible_tokens(p, sizes, queries)
     total, n_q = sum(sizes), len(queries)
-    ax = _new_ax(ax, (min(14, max(6.0, 0.32 * total + 2)), 1.9 + 0.32 * n_q))
+    ax = new_ax(ax, (min(14, max(6.0, 0.32 * total + 2)), 1.9 + 0.32 * n_q))
     for b in blocks:
         for v, s, e, _ in b["segments"]:
             ax.add_patch(Rectangle((s, -1.4), e - s, 1, facecolor=NODE_COLORS[v % len(NODE_COLORS)],
@@ -109,7 +110,7 @@ def draw_flatten(parents, lengths, query_nodes, block_tokens, ax=None, title=Non
     ax.set_xlim(-2.2, total + 0.5)
     ax.set_ylim(n_q + 1.6, -2.6)
     ax.set_axis_off()
-    _style(ax, title or f"DeFT-Flatten: {total} tokens in DFS order, blocks of {block_tokens}")
+    style_ax(ax, title or f"DeFT-Flatten: {total} tokens in DFS order, blocks of {block_tokens}")
     return ax
 
 
@@ -135,7 +136,7 @@ def group_loads(loads: dict[str, list[int]], ax=None, title=None, unit="tokens s
         ratio = values.max() / values.mean()
         axis.set_xlabel(f"{len(values)} {items}, largest first")
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-        _style(axis, f"{name}: max / mean = {ratio:.1f}", grid_axis="y")
+        style_ax(axis, f"{name}: max / mean = {ratio:.1f}", grid_axis="y")
     for axis in axes:
         axis.set_ylabel(unit)
     if title:
@@ -148,7 +149,7 @@ def io_bars(io_by_method: dict[str, dict], ax=None, title=None, scale=1e6, unit=
     if not io_by_method:
         raise ValueError("io_by_method must hold at least one method's io_bytes dict")
     names = list(io_by_method)
-    ax = _new_ax(ax, (9, 0.55 * len(names) + 1.6))
+    ax = new_ax(ax, (9, 0.55 * len(names) + 1.6))
     left = np.zeros(len(names))
     for key, color, label in IO_PARTS:
         values = np.array([io_by_method[n][key] for n in names], dtype=float) / scale
@@ -160,8 +161,8 @@ def io_bars(io_by_method: dict[str, dict], ax=None, title=None, scale=1e6, unit=
     ax.set_ylim(len(names) - 0.5, -0.5)
     ax.set_xlim(0, left.max() * 1.18)
     ax.set_xlabel(f"modelled bytes moved ({unit})")
-    _style(ax, title or "IO model", grid_axis="x")
-    _legend_below(ax, [Patch(color=c, label=label) for _, c, label in IO_PARTS])
+    style_ax(ax, title or "IO model", grid_axis="x")
+    legend_below(ax, [Patch(color=c, label=label) for _, c, label in IO_PARTS])
     return ax
 
 
@@ -179,7 +180,7 @@ def block_sweep(rows, workload: str, ax=None, title=None):
     if not sweep or chosen is None:
         raise ValueError(f"rows hold no deft_flatten_sweep rows with modelled_time, or no deft_flatten row, "
                          f"for workload {workload!r}")
-    ax = _new_ax(ax, (6.4, 3.2))
+    ax = new_ax(ax, (6.4, 3.2))
     blocks = [r["block_tokens"] for r in sweep]
     measured = [r["median_ms"] * 1e3 for r in sweep]
     at_chosen = {r["block_tokens"]: r for r in sweep}.get(chosen["block_tokens"])
@@ -192,5 +193,47 @@ def block_sweep(rows, workload: str, ax=None, title=None):
             label=f"chosen: {chosen['block_tokens']} tokens")
     ax.set(xscale="log", xlabel="block length (tokens)", ylabel="time (µs)")
     ax.legend(fontsize=7)
-    _style(ax, title or workload, grid_axis="y")
+    style_ax(ax, title or workload, grid_axis="y")
     return ax
+
+
+def measured_figure(document: dict):
+    """deft.png, per workload: each method's time relative to the read-once floor (log scale), and the
+    compute floor (the attention's FLOPs at the measured matmul rate) as a black tick."""
+    rows, device = document["rows"], document["device"]
+    left_out = ("copy", "matmul", "deft_flatten_sweep", "deft_flatten_tiles")  # not methods of a workload
+    timed = [r for r in rows if r["name"] not in left_out and r.get("median_ms")]
+    names = list(dict.fromkeys(r["workload"] for r in timed))
+    methods = [m for m in dict.fromkeys(r["name"] for r in timed) if m not in ("read_once", "compute_floor")]
+    fig, ax = plt.subplots(figsize=(max(10, 1.1 * len(names)), 4.5))
+    width = 0.8 / len(methods)
+    for i, (colour, method) in enumerate(zip(SERIES * 2, methods, strict=False)):
+        values = []
+        for w in names:
+            at = {r["name"]: r["median_ms"] for r in timed if r["workload"] == w}
+            floor, mine = at.get("read_once"), at.get(method)
+            values.append(mine / floor if mine and floor else 0.0)
+        ax.bar([j + i * width for j in range(len(names))], values, width, color=colour, label=method)
+    for j, w in enumerate(names):
+        at = {r["name"]: r["median_ms"] for r in timed if r["workload"] == w}
+        if at.get("compute_floor") and at.get("read_once"):
+            ax.hlines(at["compute_floor"] / at["read_once"], j - width / 2, j + 0.8 - width / 2,
+                      color=INK, linewidth=2, label="compute floor" if j == 0 else None)
+    ax.axhline(1.0, color=INK, linewidth=0.8)
+    ax.set(xticks=[j + 0.4 - width / 2 for j in range(len(names))], yscale="log",
+           ylabel="time / KV read-once floor",
+           title=f"DeFT workloads (fp16, 32/8 heads, d = 128) on {device}")
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, not over them
+    fig.tight_layout()
+    return fig
+
+
+FIGURES = {"deft": measured_figure}
+
+
+def summary(document: dict) -> str:
+    """DeFT's targets, met or not, from the rows of deft.json."""
+    from course.topics.deft.bench import format_targets, targets
+
+    return format_targets(targets(document["rows"]))

@@ -1,8 +1,29 @@
-"""SwiftSpec's measurements (notebook 18): `python -m course.topics.kvcache.bench` on a GPU adds rows with
-"study": "swiftspec" (and "section": "swiftspec") to results/<device>/kvcache.json, keeping the rows
-of the other studies of that suite (EMS-SD, notebook 17), and draws results/<device>/swiftspec_*.png.
+"""The KV cache's measurements (notebooks 17 and 18): `python -m course bench kvcache [sections]` on a
+GPU writes results/<device>/kvcache.json.
 
-Two figures:
+EMS-SD (notebook 17), section "emssd" (rows with "study": "emssd").
+For each batch size B in BATCHES, a batch is simulated the way EMS-SD §3 / Appendix B describes:
+every sample starts from a prompt of PROMPT_MIN..PROMPT_MAX tokens and decodes STEPS speculative
+steps; at each step sample b proposes k_b drafts (k_b uniform in 1..MAX_DRAFT: counts = k_b + 1
+new tokens) and accepts a_b of its counts, a truncated geometric law with per-token acceptance
+rate ALPHA (Leviathan et al. §3.5: P(a >= i + 1) = alpha^i), the realistic shape of accept
+lengths. The unpadded cache grows by each sample's own a_b; the vanilla cache by max_b a_b
+(`pyspec_ref.kvcache.vanilla_kv_growth`). Then one verification step is timed, at Llama-2-7B's
+attention shape (32 heads, d = 128, fp16), by two methods:
+
+  unpadded   `solutions.emssd.make_runner`: the Triton kernel, no input checks in the timing
+  padded     the vanilla step: one masked SDPA over the padded rectangle (inputs padded to
+             W = max counts, cache to the common padded length); padding built outside the timing
+
+Row fields: name, study, B, H, N (the padded cache width), d, dtype, median_ms
+(`course.measure.timing.bench`), max_abs_err (vs float64
+`course.topics.kvcache.emssd_check.oracle_unpadded` on
+ERROR_SAMPLES samples), real_tokens, padded_tokens (input slots), real_kv_slots, padded_kv_slots,
+kv_bytes (the bytes its cache occupies), peak_bytes (torch peak allocation during one call,
+outputs included).
+
+SwiftSpec (notebook 18), sections "compaction" and "attention" (rows with "study": "swiftspec"
+and "section": "swiftspec", "figure" the section's name):
 
 * "compaction": SwiftSpec §3.2's compaction after one verification, `solutions.swiftspec.compact`
   (in place: each moved row read once and written once) against `naive_compact` (gather every
@@ -30,26 +51,131 @@ attention: vs the float64 oracle of `course.topics.kvcache.check` on the first s
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 
 import torch
 
 from course.core import impl, runtime
-from course.measure import results, timing
+from course.measure import timing
 
 SUITE = "kvcache"
-STUDY = "swiftspec"
+ALPHA = 0.75  # per-token acceptance rate of the simulated drafts (both studies)
+SEED = 2025
+
+# --------------------------------------------------------------------------- EMS-SD (notebook 17)
+
+EMSSD = "emssd"
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+HEADS, D, DTYPE = 32, 128, torch.float16
+PROMPT_MIN, PROMPT_MAX = 256, 1024
+STEPS = 64
+MAX_DRAFT = 7
+ERROR_SAMPLES = 4
+
+
+def accept_length(count: int, rng: random.Random, alpha: float = ALPHA) -> int:
+    """Accepted tokens of a step with `count` inputs: 1 + (drafts accepted before the first reject)."""
+    accepted = 1
+    while accepted < count and rng.random() < alpha:
+        accepted += 1
+    return accepted
+
+
+def simulate(batch: int, seed: int = SEED) -> dict:
+    """One batch after STEPS steps: counts of the timed step, real and vanilla cache lengths."""
+    rng = random.Random(seed * 1000 + batch)
+    prompts = [rng.randint(PROMPT_MIN, PROMPT_MAX) for _ in range(batch)]
+    real, padded = list(prompts), max(prompts)
+    for _ in range(STEPS):
+        counts = [1 + rng.randint(1, MAX_DRAFT) for _ in range(batch)]
+        accepted = [accept_length(c, rng) for c in counts]
+        real = [n + a for n, a in zip(real, accepted, strict=True)]
+        padded += max(accepted)
+    counts = [1 + rng.randint(1, MAX_DRAFT) for _ in range(batch)]
+    return {"counts": counts, "kv_lengths": real, "padded_length": padded}
+
+
+def _peak(fn) -> int:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated() - before)
+
+
+def measure_unpadded(batch: int) -> list[dict]:
+    """EMS-SD's unpadded against the vanilla padded verification step, at batch size `batch`."""
+    from course.core.impl import bench_impl, load
+    from course.core.inputs import random_tensor
+    from course.topics.kvcache.emssd_check import oracle_unpadded
+
+    emssd = load("emssd", bench_impl())
+    sim = simulate(batch)
+    counts, lengths, padded_len = sim["counts"], sim["kv_lengths"], sim["padded_length"]
+    starts, row = [], 0
+    for n, c in zip(lengths, counts, strict=True):
+        starts.append(row)
+        row += n + c
+    device = runtime.torch_device()
+    q = random_tensor((sum(counts), HEADS, D), 1, DTYPE, device)
+    k = random_tensor((row, HEADS, D), 2, DTYPE, device)
+    v = random_tensor((row, HEADS, D), 3, DTYPE, device)
+    # Errors on the first few samples (the oracle is float64 on the CPU).
+    few = min(ERROR_SAMPLES, batch)
+    t_few, s_few = sum(counts[:few]), starts[few - 1] + lengths[few - 1] + counts[few - 1]
+    want, _ = oracle_unpadded(q[:t_few].cpu(), k[:s_few].cpu(), v[:s_few].cpu(), counts[:few], starts[:few],
+                              lengths[:few])
+    width = max(counts)
+    base = dict(study=EMSSD, B=batch, H=HEADS, d=D, dtype="float16", real_tokens=sum(counts),
+                padded_tokens=batch * width, real_kv_slots=sum(lengths) + sum(counts),
+                padded_kv_slots=batch * (padded_len + width), accept_alpha=ALPHA, max_draft=MAX_DRAFT)
+    rows = []
+
+    run = emssd.make_runner(q, k, v, counts, starts, lengths)
+    err = float((run()[:t_few].double().cpu() - want).abs().max())
+    rows.append(dict(base, name="unpadded", N=max(n + c for n, c in zip(lengths, counts, strict=True)),
+                     median_ms=timing.bench(run), max_abs_err=err, kv_bytes=2 * k.numel() * k.element_size(),
+                     peak_bytes=_peak(run)))
+    del run
+    try:
+        # The vanilla cache: every sample padded to the common length padded_len (>= max real).
+        layout = emssd.pad_batch(q, k, v, counts, starts, lengths)
+        extra = padded_len - max(lengths)
+        pad = torch.zeros((batch, HEADS, extra, D), dtype=DTYPE, device=device)
+        cached = max(lengths)
+        kp = torch.cat([layout.k[:, :, :cached], pad, layout.k[:, :, cached:]], dim=2)
+        vp = torch.cat([layout.v[:, :, :cached], pad, layout.v[:, :, cached:]], dim=2)
+        mask = torch.cat([layout.mask[..., :cached],
+                          torch.zeros((batch, 1, width, extra), dtype=torch.bool, device=device),
+                          layout.mask[..., cached:]], dim=3)
+        vanilla = emssd.PaddedBatch(layout.q, kp, vp, mask, layout.counts)
+        del layout, pad
+
+        def padded():
+            return emssd.padded_forward(vanilla)
+        out = emssd.unpad(padded(), counts)
+        err = float((out[:t_few].double().cpu() - want).abs().max())
+        rows.append(dict(base, name="padded", N=padded_len + width, median_ms=timing.bench(padded),
+                         max_abs_err=err, kv_bytes=2 * kp.numel() * kp.element_size(),
+                         peak_bytes=_peak(padded)))
+    except torch.cuda.OutOfMemoryError as error:
+        rows.append(dict(base, name="padded", N=padded_len + width, median_ms=None, max_abs_err=None,
+                         error=f"out of memory: {error}"[:200]))
+    torch.cuda.empty_cache()
+    return rows
+
+
+# --------------------------------------------------------------------------- SwiftSpec (notebook 18)
+
+SWIFTSPEC = "swiftspec"
 MODELS = {"llama-3.2-1b draft": (16, 8, 64), "llama-3-8b": (32, 8, 128)}  # layers, KV heads, d
 BATCH = 4
 PREFIX = 1024
 TREES = (16, 64, 256)
 CACHES = (2048, 8192)
-ALPHA = 0.75
 ATTN_HEADS, ATTN_KV_HEADS, ATTN_D = 32, 8, 128
 ATTN_WORKLOADS = ((1024, 64, 8), (1024, 256, 32), (4096, 64, 8), (4096, 256, 32), (4096, 256, 256))  # P, N, w
-SEED = 2025
 
 
 def random_verification(n: int, rng: random.Random) -> tuple[list[int], list[int]]:
@@ -90,7 +216,7 @@ def measure_compaction(model: str, n: int, capacity: int) -> list[dict]:
     width = PREFIX + n
     want = reference_compaction(cache[:, :, :width].clone(), [s[:width] for s in sources])
     element = cache.element_size()
-    base = dict(study=STUDY, section=STUDY, figure="compaction", model=model,
+    base = dict(study=SWIFTSPEC, section=SWIFTSPEC, figure="compaction", model=model,
                 workload=f"{model}, N={n}, C={capacity}", B=BATCH, H=rows_r, N=n, P=PREFIX, C=capacity,
                 d=d, moves=moves, dtype="float16",
                 cache_bytes=cache.numel() * element)
@@ -149,7 +275,7 @@ def measure_attention(prefix: int, n: int, w: int) -> list[dict]:
     want, _ = oracle_tree_cache(**first)
     workload = f"P={prefix}, N={n}, w={w}"
     element = 2
-    base = dict(study=STUDY, section=STUDY, figure="attention", workload=workload,
+    base = dict(study=SWIFTSPEC, section=SWIFTSPEC, figure="attention", workload=workload,
                 model="llama-3-8b attention", B=BATCH, H=ATTN_HEADS, N=n, P=prefix,
                 C=kwargs["k_cache"].shape[2], d=ATTN_D, w=w, dtype="float16")
     kv_bytes = 2 * BATCH * ATTN_KV_HEADS * used * ATTN_D * element
@@ -189,52 +315,25 @@ def measure_attention(prefix: int, n: int, w: int) -> list[dict]:
     return out
 
 
-def save_rows(rows: list[dict], figures=("compaction", "attention")):
-    """Merge into results/<device>/kvcache.json: keep every other study's rows (EMS-SD's) and this
-    study's rows of figures not measured now; replace this study's rows of `figures`."""
-    def ours(row):
-        return STUDY in (row.get("study"), row.get("section")) and row.get("figure") in figures
-    return results.save(SUITE, results.kept_rows(SUITE, lambda row: not ours(row)) + rows)
+# --------------------------------------------------------------------------- the sections
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("compaction", "attention"), default=None)
-    parser.add_argument("--no-figures", action="store_true")
-    args = parser.parse_args(argv)
-    if runtime.SIMULATOR:
-        raise SystemExit("course.topics.kvcache.bench measures a GPU; the simulator has no times to record")
-    rows = []
-    if args.only in (None, "compaction"):
-        for model in MODELS:
-            for capacity in CACHES:
-                for n in TREES:
-                    for row in measure_compaction(model, n, capacity):
-                        print(json.dumps({k: row.get(k) for k in ("name", "workload", "moves", "median_ms",
-                                                                  "max_abs_err")}), flush=True)
-                        rows.append(row)
-    if args.only in (None, "attention"):
-        for prefix, n, w in ATTN_WORKLOADS:
-            for row in measure_attention(prefix, n, w):
-                print(json.dumps({k: row.get(k) for k in ("name", "workload", "median_ms", "max_abs_err")}),
-                      flush=True)
-                rows.append(row)
-    path = save_rows(rows, ("compaction", "attention") if args.only is None else (args.only,))
-    print("wrote", path)
-    if not args.no_figures:
-        from course.topics.kvcache import figures as kv_plots
-
-        measured = results.load(SUITE, path.parent.name)
-        label = f"{measured['device']}, {measured['date'][:10]}"
-        figures = (("compaction", kv_plots.compaction_figure), ("attention", kv_plots.attention_figure))
-        for figure, draw in figures:
-            try:
-                fig = draw(measured["rows"], note=label)
-            except ValueError:
-                continue
-            fig.savefig(path.parent / f"swiftspec_{figure}.png", dpi=120, bbox_inches="tight")
-            print("wrote", path.parent / f"swiftspec_{figure}.png")
+def emssd_rows() -> list[dict]:
+    return [row for batch in BATCHES for row in measure_unpadded(batch)]
 
 
-if __name__ == "__main__":
-    main()
+def compaction_rows() -> list[dict]:
+    return [row for model in MODELS for capacity in CACHES for n in TREES
+            for row in measure_compaction(model, n, capacity)]
+
+
+def attention_rows() -> list[dict]:
+    return [row for prefix, n, w in ATTN_WORKLOADS for row in measure_attention(prefix, n, w)]
+
+
+SECTIONS = {"emssd": emssd_rows, "compaction": compaction_rows, "attention": attention_rows}
+
+
+def section_of(row: dict) -> str:
+    """The section that measures a row of kvcache.json."""
+    return EMSSD if row.get("study") == EMSSD else row["figure"]

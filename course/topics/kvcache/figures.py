@@ -1,8 +1,8 @@
 """Figures of notebooks 17 and 18 (KV-cache management): EMS-SD's padded vs unpadded batch as
-measured by `course.topics.kvcache.emssd_bench` (notebook 17);
-SwiftSpec's [prefix | tree] cache before and after
-re-rooting, the non-square w x (P + N) mask, and the measured times of `course.topics.kvcache.bench`
-(notebook 18).
+measured by `python -m course bench kvcache emssd` (notebook 17); SwiftSpec's [prefix | tree] cache
+before and after re-rooting, the non-square w x (P + N) mask, and the measured times of its
+sections "compaction" and "attention" (notebook 18). `python -m course figures kvcache` writes
+emssd.png, swiftspec_compaction.png and swiftspec_attention.png beside kvcache.json.
 
 Plotting only: the moves and masks are computed by `pyspec_ref.kvcache` and passed in. Colours
 are course.measure.plots' Okabe-Ito palette. Every function takes an optional ``ax`` and returns it
@@ -31,9 +31,9 @@ from course.measure.plots import (
     SKY,
     VERMILLION,
     VISIBLE,
-    _as_mask,
-    _cell_grid,
-    _new_ax,
+    as_mask,
+    cell_grid,
+    new_ax,
 )
 
 __all__ = [
@@ -65,7 +65,7 @@ def draw_cache_reroot(prefix_len: int, parents, verified_path, ax=None, title=No
     committed, kept = set(r["prefix_nodes"]), set(r["kept"])
     moves = spec.compact_plan(prefix_len, parents, path)
     new_used = prefix_len + len(committed) + len(kept)
-    ax = _new_ax(ax, (min(16, max(6, 0.42 * used + 1.5)), 3.4))
+    ax = new_ax(ax, (min(16, max(6, 0.42 * used + 1.5)), 3.4))
     label = used <= 40
 
     def colour(slot):
@@ -113,13 +113,13 @@ def draw_cache_reroot(prefix_len: int, parents, verified_path, ax=None, title=No
 def draw_nonsquare_mask(mask, prefix_len: int, query_labels: Sequence | None = None, ax=None, title=None):
     """A w x (P + N) mask (`pyspec_ref.kvcache.nonsquare_tree_mask`): visible dark, hidden light,
     the prefix columns tinted and separated from the tree columns by a line."""
-    m = _as_mask(mask, square=False)
+    m = as_mask(mask, square=False)
     rows, cols = m.shape
-    ax = _new_ax(ax, (min(16, max(5, 0.3 * cols + 1.5)), max(2.2, 0.35 * rows + 1.4)))
+    ax = new_ax(ax, (min(16, max(5, 0.3 * cols + 1.5)), max(2.2, 0.35 * rows + 1.4)))
     image = m.astype(int) + 2 * ((np.arange(cols) < prefix_len)[None, :] & m)
     ax.imshow(image, cmap=ListedColormap([HIDDEN, VISIBLE, SKY, BLUE]), vmin=0, vmax=3,
               interpolation="nearest", aspect="auto")
-    _cell_grid(ax, rows, cols)
+    cell_grid(ax, rows, cols)
     ax.axvline(prefix_len - 0.5, color=VERMILLION, lw=1.5)
     if query_labels is not None:
         ax.set_yticks(range(rows), [str(x) for x in query_labels])
@@ -215,7 +215,7 @@ def _emssd_rows(rows) -> dict[tuple[str, int], dict]:
 
 
 def emssd_figure(rows, title: str | None = None, note: str | None = None):
-    """EMS-SD's padded vs unpadded batch from `course.topics.kvcache.emssd_bench` rows (study "emssd"), in the
+    """EMS-SD's padded vs unpadded batch from `course.topics.kvcache.bench` rows (study "emssd"), in the
     manner of the paper's Figure 1: against the batch size B, the attention step's median time
     both ways (left), the speed-up padded / unpadded (middle) and the KV cache held (right).
 
@@ -247,3 +247,14 @@ def emssd_figure(rows, title: str | None = None, note: str | None = None):
     times.legend(fontsize=8)
     memory.legend(fontsize=8)
     return _titled(fig, title or "EMS-SD: padded vs unpadded multi-sample batches", note)
+
+
+def _measured(draw):
+    """`draw(rows, note=...)` as a function of a kvcache.json document, labelled with its device."""
+    def drawn(document: dict):
+        return draw(document["rows"], note=f"measured on {document['device']}, {document['date'][:10]}")
+    return drawn
+
+
+FIGURES = {"emssd": _measured(emssd_figure), "swiftspec_compaction": _measured(compaction_figure),
+           "swiftspec_attention": _measured(attention_figure)}

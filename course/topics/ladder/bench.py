@@ -1,4 +1,4 @@
-"""The ladder's measurements (notebook 11): `python -m course.topics.ladder.bench` on a GPU.
+"""The ladder's measurements (notebook 11): `python -m course bench ladder [sections]` on a GPU.
 
 Writes results/<device>/ladder.json in the shared results schema. Every row times
 one kernel on one benchmark tree with `course.measure.timing.bench` (warm-up, then the
@@ -16,10 +16,7 @@ starts from its previous state, which does the same work) and launcher_ms for th
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import random
-import sys
 
 import torch
 
@@ -27,7 +24,7 @@ from course import oracle
 from course.core import inputs, runtime
 from course.core.impl import bench_impl, load
 from course.core.launch import kernels_of
-from course.measure import benchcli, results, timing
+from course.measure import results, timing
 from course.topics.ladder import rungs as ladder
 
 PAPER_SHAPE = (10, 10, 1024, 64)  # (B, H, N, d) of FlashSpecInfer's Figure 3
@@ -213,13 +210,19 @@ def runtimes_if_measured(names, order: str = "bfs") -> list[dict]:
 
 
 FIGURES_OF = {"ladder": ("ladder",), "sweeps": ("dense", "pytorch"), "memory": ("memory",)}
+SUITE = "ladder"
+
+
+def section_of(row: dict) -> str:
+    """The section that measures a row of ladder.json."""
+    return next(section for section, figures in FIGURES_OF.items() if row["figure"] in figures)
 
 
 def measurements(sections=None) -> tuple[dict, str]:
     """A ladder.json document for `sections` (all by default), and where its numbers come from.
 
     On a GPU the sections are measured now (minutes: every rung, both baselines, the sweeps and
-    the memory run), and the document is returned unsaved; `python -m course.topics.ladder.bench` saves
+    the memory run), and the document is returned unsaved; `python -m course bench ladder` saves
     one. In the simulator it is the committed results/<device>/ladder.json, reduced to the rows
     of those sections, and the second value names the device and the date it was measured on.
     """
@@ -240,29 +243,3 @@ def measurements(sections=None) -> tuple[dict, str]:
     document = dict(document, rows=[row for row in document["rows"] if row.get("figure") in figures])
     return document, (f"simulator: these are the committed measurements from {document['device']} "
                       f"({document['date'][:10]}), not timings of this machine")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    benchcli.add_sections(parser, SECTIONS)
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the committed rows of the sections not measured now (each row "
-                             "records the run that measured it)")
-    args = parser.parse_args(argv)
-    sections = benchcli.chosen_sections(parser, args, SECTIONS)
-    torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape
-    measured_now = {figure for section in sections for figure in FIGURES_OF[section]}
-    kept = results.kept_rows("ladder", lambda row: row["figure"] not in measured_now) if args.keep else []
-    rows = []
-    run = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    for section in sections:
-        rows += [dict(row, run=run) for row in SECTIONS[section]()]
-        # Saved after every section, so that partial results survive a timeout.
-        print("saved", results.save("ladder", kept + rows), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-

@@ -1,7 +1,7 @@
 """FlashSpecInfer §6 from our own measurements: the targets and the figures of a ladder.json document.
 
 Pure functions of a results document (the shared schema of `course.measure.results`, written by
-`course.topics.ladder.bench`): no GPU is needed, so a student without one plots the committed
+`python -m course bench ladder`): no GPU is needed, so a student without one plots the committed
 measurements. Rows are picked by their `figure` field:
 
   ladder   every rung and both baselines at (B, H, N, d) = (10, 10, 1024, 64)   Figures 3 and 8
@@ -9,31 +9,27 @@ measurements. Rows are picked by their `figure` field:
   pytorch  rungs 8 and up against SDPA and FlexAttention, across N and B        Figures 6 and 7
   memory   the interval kernels at a size whose dense mask cannot be allocated  §6.1
 
-`python -m course.topics.ladder.figures [results/h100/ladder.json]` saves ladder_fig3.png,
-ladder_fig5.png, ladder_fig67.png and ladder_fig8.png next to the JSON file.
+`python -m course figures ladder` saves ladder_fig3.png, ladder_fig5.png, ladder_fig67.png and
+ladder_fig8.png next to the committed ladder.json (`--results PATH` for another one).
 A document that lacks the rows or fields a function needs gives a ValueError naming them.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 
 from course.measure import plots, results
-from course.measure.plots import BLUE, GREEN, GREY, INK, ORANGE, SKY, VERMILLION, _style
+from course.measure.plots import BLUE, GREEN, GREY, INK, ORANGE, SKY, VERMILLION, style_ax
 from course.topics.ladder import rungs as ladder
 from course.topics.ladder.bench import BASELINES, PAPER_SHAPE
 
 SDPA, FLEX = "sdpa_dense_fp32", "flex_fp32"
 DENSE = "k8_dense"  # rung 8 reading a dense mask: the ablation of Figure 5, not a step of the ladder
 PAPER_LAST = "k8"  # FlashSpecInfer's ladder ends here; the rungs after it go beyond the paper
-FIGURES = ("ladder", "dense", "pytorch", "memory")
+ROW_FIGURES = ("ladder", "dense", "pytorch", "memory")  # the rows' "figure" field
 ROW_FIELDS = ("name", "figure", "B", "H", "N", "d", "order", "median_ms")
 MEMORY_FIELDS = ("dense_mask_bytes", "dense_mask_allocated", "gpu_bytes")
 INT32 = 4  # bytes of one DFS time
@@ -45,10 +41,6 @@ BEYOND_VS_SDPA = 0.5  # the best rung beyond the paper: at most this fraction of
 SMALL_N = 256  # at B = 1 and N up to this, rung 8 faster than both baselines
 
 assert set(BASELINES) == {SDPA, FLEX} and DENSE in ladder.BY_NAME and PAPER_LAST in ladder.BY_NAME
-
-FIGURE_FILES = {"fig3": "ladder_fig3.png", "fig5": "ladder_fig5.png", "fig67": "ladder_fig67.png",
-                "fig8": "ladder_fig8.png"}
-
 
 # ----------------------------------------------------------------------------- rows
 
@@ -73,8 +65,8 @@ def _check(document) -> dict:
         if missing:
             raise ValueError(f"ladder document: rows[{index}] ({row.get('name')!r}) has no "
                              f"{', '.join(map(repr, missing))}")
-        if row["figure"] not in FIGURES:
-            raise ValueError(f"ladder document: rows[{index}].figure must be one of {FIGURES}, "
+        if row["figure"] not in ROW_FIGURES:
+            raise ValueError(f"ladder document: rows[{index}].figure must be one of {ROW_FIGURES}, "
                              f"got {row['figure']!r}")
     return document
 
@@ -326,7 +318,7 @@ def fig5(document):
     left.set_xlabel("tree size N")
     left.set_ylabel("median ms (log)")
     left.legend(frameon=False, fontsize=8.5)
-    _style(left, _title(document, f"interval test vs dense mask, B={rows[0]['B']}, H={rows[0]['H']}"),
+    style_ax(left, _title(document, f"interval test vs dense mask, B={rows[0]['B']}, H={rows[0]['H']}"),
            grid_axis="y")
     ratios = [row["dense_over_interval"] for row in rows]
     right.bar(range(len(n)), ratios, color=VERMILLION, width=0.6, zorder=2)
@@ -337,7 +329,7 @@ def fig5(document):
     right.set_ylim(0, max(ratios) * 1.2)
     right.set_xlabel("tree size N")
     right.set_ylabel("dense time / interval time")
-    _style(right, "what the dense mask costs", grid_axis="y")
+    style_ax(right, "what the dense mask costs", grid_axis="y")
     return fig
 
 
@@ -379,7 +371,7 @@ def fig67(document):
         ax.minorticks_off()
         ax.set_xlabel("batch size B" if panel == "B" else "tree size N")
         ax.set_ylabel("median ms (log)")
-        _style(ax, title, grid_axis="y")
+        style_ax(ax, title, grid_axis="y")
     fig.suptitle(f"tree attention vs PyTorch, H={heads}, d={d}: {describe(document)}", x=0.01,
                  ha="left", fontsize=11, fontweight="bold", color=INK)
     fig.legend(handles=list(handles.values()), loc="outside lower center", ncol=len(handles),
@@ -426,49 +418,28 @@ def fig8(document):
         ax.set_ylim(min(y) / 1.4, max(y) * 1.4)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("median ms (log)")
-        _style(ax, None, grid_axis="y")
+        style_ax(ax, None, grid_axis="y")
         _label_points(ax, list(x), y, names)
     batch, heads, n, d = PAPER_SHAPE
-    _style(axes[0], _title(document, f"shared memory per block vs runtime, B={batch}, H={heads}, N={n}, "
+    style_ax(axes[0], _title(document, f"shared memory per block vs runtime, B={batch}, H={heads}, N={n}, "
                                      f"d={d}"))
-    _style(axes[1], "registers per thread vs runtime")
+    style_ax(axes[1], "registers per thread vs runtime")
     return fig
 
 
-def save_figures(document, directory: Path, dpi: int = 120) -> list[Path]:
-    """Draw the four figures and save them as PNGs in `directory`; returns their paths."""
-    directory = Path(directory)
-    paths = []
-    for key, draw in (("fig3", fig3), ("fig5", fig5), ("fig67", fig67), ("fig8", fig8)):
-        drawn = draw(document)
-        figure = drawn if isinstance(drawn, plt.Figure) else drawn.figure
-        path = directory / FIGURE_FILES[key]
-        figure.savefig(path, dpi=dpi)
-        plt.close(figure)
-        paths.append(path)
-    return paths
+def _as_figure(draw):
+    """`draw` (a function of the document returning a Figure or an Axes) as one returning a Figure."""
+    def drawn(document) -> plt.Figure:
+        found = draw(_check(document))
+        return found if isinstance(found, plt.Figure) else found.figure
+    return drawn
 
 
-def _default_path() -> Path:
-    found = sorted(results.RESULTS.glob("*/ladder.json"))
-    if len(found) != 1:
-        raise SystemExit(f"give the ladder.json to plot (found {len(found)} under {results.RESULTS})")
-    return found[0]
+FIGURES = {"ladder_fig3": _as_figure(fig3), "ladder_fig5": _as_figure(fig5),
+           "ladder_fig67": _as_figure(fig67), "ladder_fig8": _as_figure(fig8)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("path", nargs="?", type=Path, help="a ladder.json (default: the committed one)")
-    args = parser.parse_args(argv)
-    path = args.path or _default_path()
-    plt.switch_backend("Agg")
-    document = _check(json.loads(path.read_text()))
-    for saved in save_figures(document, path.parent):
-        print("saved", saved)
-    for target in targets(document):
-        print(f"{'met    ' if target['met'] else 'NOT met'}  {target['target']}: {target['measured']}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def summary(document) -> str:
+    """Each target of the ladder, met or not, with what was measured."""
+    return "\n".join(f"{'met    ' if target['met'] else 'NOT met'}  {target['target']}: {target['measured']}"
+                     for target in targets(document))

@@ -1,4 +1,4 @@
-"""compute-sanitizer over every Numba kernel's check: `python -m course.topics.ladder.sanitize` on a GPU.
+"""compute-sanitizer over every Numba kernel's check: `python -m course sanitize` on a GPU.
 
 memcheck finds out-of-bounds and misaligned accesses; racecheck finds shared-memory
 hazards (a read and a write of one shared address by different threads with no barrier
@@ -53,7 +53,7 @@ def run_one(sanitizer: Path, tool: str, notebook: str, timeout_s: float) -> tupl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m course sanitize", description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", default=list(NOTEBOOKS))
     parser.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
     parser.add_argument("--jobs", type=int, default=8, help="sanitizer runs at once")
@@ -75,6 +75,3 @@ def main(argv: list[str] | None = None) -> int:
     print("all clean" if not failed else "not clean: " + ", ".join(failed))
     return 1 if failed else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

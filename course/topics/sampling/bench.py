@@ -1,4 +1,4 @@
-"""Speculative sampling's measurements (notebook 15): `python -m course.topics.sampling.bench` on a GPU.
+"""Speculative sampling's measurements (notebook 15): `python -m course bench sampling [sections]` on a GPU.
 
 Writes results/<device>/sampling.json in the shared results schema. Rows of section "timing"
 time one implementation at one size with `course.measure.timing.bench` on random inputs, all in the same
@@ -30,20 +30,18 @@ no sampling noise): acceptance rates of the exact and the approximate test, and 
 the first emitted token's distribution from the target p (total variation, and as max_abs_err
 the largest |P(i) - p(i)|); their median_ms is the sigmoid kernel's time on those logits.
 
-If notebook 16's `course.topics.verification.bench.verification_rows` exists, its rows are appended.
+Notebook 16's rows (section "verification") share this file: `python -m course bench verification`.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 
 import torch
 
 from course.core import runtime
 from course.core.impl import bench_impl, load
-from course.measure import benchcli, results, timing
+from course.measure import results, timing
 
 SUITE = "sampling"
 BATCHES = (1, 8, 64)
@@ -356,47 +354,13 @@ def quality_rows(batch: int = 64, gamma: int = 5, vocabulary: int = 32000) -> li
     return rows
 
 
-def verification_rows() -> list[dict]:
-    """Notebook 16's rows (tree vs chain verification), when its bench module exists."""
-    try:
-        from course.topics.verification.bench import verification_rows as rows_of_notebook_16
-    except ImportError:
-        print("course.topics.verification.bench.verification_rows is not there yet: no verification rows",
-              flush=True)
-        return []
-    rows = []
-    for row in rows_of_notebook_16():
-        row = dict({"section": "verification"}, **row)
-        try:  # a malformed row must not cost the measurements saved with it
-            results.validate({"suite": SUITE, "device": "", "date": "2000-01-01", "software": {},
-                              "rows": [row]})
-        except ValueError as error:
-            print(f"left out a verification row: {error}", flush=True)
-            continue
-        rows.append(row)
-    return rows
+SECTIONS = {"timing": timing_rows, "graphs": graph_rows, "quality": quality_rows}
 
 
-SECTIONS = {"timing": timing_rows, "graphs": graph_rows, "quality": quality_rows,
-            "verification": verification_rows}
+def section_of(row: dict) -> str:
+    """The section that measures a row of sampling.json (notebook 16's rows say "verification")."""
+    return row.get("section", "timing")
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    benchcli.add_sections(parser, SECTIONS)
-    parser.add_argument("--keep", action="store_true",
-                        help="keep this device's committed rows of the sections not measured now")
-    args = parser.parse_args(argv)
-    sections = benchcli.chosen_sections(parser, args, SECTIONS)
-    if runtime.SIMULATOR:
-        print("python -m course.topics.sampling.bench measures a GPU; this machine runs the simulator")
-        return 1
-    rows = (results.kept_rows(SUITE, lambda row: row.get("section", "timing") not in sections)
-            if args.keep else [])
-    for section in sections:
-        rows += SECTIONS[section]()
-        print("saved", results.save(SUITE, rows), flush=True)  # after every section: partial results survive
-    return 0
 
 
 # --------------------------------------------------------------------------- for notebook 15
@@ -408,7 +372,7 @@ def committed() -> tuple[dict | None, str]:
         document = results.load(SUITE)
     except FileNotFoundError:
         return None, ("not measured yet: no committed results/<device>/sampling.json; run "
-                      "`python -m course.topics.sampling.bench` on a GPU")
+                      "`python -m course bench sampling` on a GPU")
     return document, f"committed measurements from {document['device']} ({document['date'][:10]})"
 
 
@@ -467,6 +431,3 @@ def targets(rows) -> list[dict]:
             None if None in (exact, sigmoid) else exact / sigmoid, 1.3, True)
     return out
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-from course.measure.plots import BLUE, GREEN, GREY, INK, ORANGE, SKY, VERMILLION, _to_numpy
+from course.measure.plots import BLUE, GREEN, GREY, INK, ORANGE, SERIES, SKY, VERMILLION, to_numpy
+from course.topics.sampling.bench import HEADLINE
+from course.topics.verification.figures import draw_tree_vs_chain
 from pyspec_ref import sampling as spec
 
 __all__ = [
@@ -40,7 +42,7 @@ TIMING_STYLES = {
 
 def _vector(x, name: str) -> np.ndarray:
     """A non-empty 1-D float64 array of finite values >= 0 (probabilities or weights)."""
-    arr = np.asarray(_to_numpy(x), dtype=np.float64)
+    arr = np.asarray(to_numpy(x), dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {arr.shape}")
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
@@ -156,8 +158,8 @@ def emitted_figure(emitted, p, q=None, sampler: str | None = None):
     frequency of the tokens emitted at c by the samples that got that far, titled with their
     number and the largest |frequency - p_c|.
     """
-    e = np.asarray(_to_numpy(emitted))
-    p_ = np.asarray(_to_numpy(p), dtype=np.float64)
+    e = np.asarray(to_numpy(emitted))
+    p_ = np.asarray(to_numpy(p), dtype=np.float64)
     if e.ndim != 2 or e.size == 0:
         raise ValueError(f"emitted must be a non-empty 2-D (samples, positions) array, got shape {e.shape}")
     if not np.issubdtype(e.dtype, np.integer):
@@ -168,7 +170,7 @@ def emitted_figure(emitted, p, q=None, sampler: str | None = None):
     positions, vocabulary = p_.shape
     q_ = None
     if q is not None:
-        q_ = np.asarray(_to_numpy(q), dtype=np.float64)
+        q_ = np.asarray(to_numpy(q), dtype=np.float64)
         if q_.shape != (positions - 1, vocabulary):
             raise ValueError(f"q must have shape {(positions - 1, vocabulary)} (no draft at the bonus "
                              f"position), got {q_.shape}")
@@ -240,3 +242,30 @@ def timing_figure(rows, note: str | None = None):
         fig.suptitle(note, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def measured_figure(document: dict):
+    """sampling.png: median time per implementation against B at the headline size, eager (left)
+    and as CUDA graphs (middle); notebook 16's tree against chain verification (right)."""
+    rows, device = document["rows"], document["device"]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    for ax, section in zip(axes[:2], ("timing", "graphs"), strict=True):
+        mine = [r for r in rows if r.get("section", "timing") == section
+                and r.get("gamma") == HEADLINE["gamma"] and r.get("V") == HEADLINE["V"]]
+        lines = sorted({(r["name"], r["input"]) for r in mine})
+        for colour, (name, source) in zip(SERIES * 2, lines, strict=False):
+            points = sorted((r["B"], 1e3 * r["median_ms"]) for r in mine
+                            if (r["name"], r["input"]) == (name, source))
+            style = "--" if name == "read_once_floor" else "-"
+            ax.plot(*zip(*points, strict=True), style, marker="o", color=colour, label=f"{name} ({source})")
+        ax.set(xscale="log", yscale="log", xlabel="batch B", ylabel="median time (µs)",
+               title=f"speculative sampling, γ = {HEADLINE['gamma']}, V = {HEADLINE['V']}: "
+                     + ("launched eagerly" if section == "timing" else "as CUDA graphs"))
+        ax.legend(fontsize=7)
+    draw_tree_vs_chain(axes[2], rows)
+    fig.suptitle(f"measured on {device}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+FIGURES = {"sampling": measured_figure}

@@ -1,4 +1,4 @@
-"""Notebook 12's measurements: `python -m course.topics.triton_attention.bench` on a GPU.
+"""Notebook 12's measurements: `python -m course bench triton_attention [sections]` on a GPU.
 
 Writes results/<device>/triton.json (suite "triton") in the shared results schema. Rows:
   paper   at (B, H, N, d) = (10, 10, 1024, 64): triton_fp16 on the BFS and the DFS benchmark
@@ -21,15 +21,11 @@ called. The whole run takes a few minutes at most
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import sys
-
 import torch
 
 from course.core import runtime
 from course.core.impl import bench_impl, load
-from course.measure import benchcli, results, timing
+from course.measure import results, timing
 from course.topics.ladder import bench as ladder_bench
 
 SUITE = "triton"
@@ -117,6 +113,11 @@ def config_rows() -> list[dict]:
 SECTIONS = {"paper": paper_rows, "sweep": sweep_rows, "configs": config_rows}
 
 
+def section_of(row: dict) -> str:
+    """The section that measures a row of triton.json (each row's "figure")."""
+    return row["figure"]
+
+
 def runtimes(names, order: str = "bfs") -> tuple[list[dict], str]:
     """Rows for `names` at the paper's shape, and where they come from.
 
@@ -146,28 +147,3 @@ def committed_rows(figure: str) -> tuple[list[dict], str]:
     if not rows:
         raise results.NotMeasuredYet(f"the committed triton.json has no {figure!r} rows")
     return rows, (f"committed measurements from {document['device']} ({document['date'][:10]})")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    benchcli.add_sections(parser, SECTIONS)
-    parser.add_argument("--keep", action="store_true",
-                        help="keep this device's committed rows of the sections not measured now")
-    args = parser.parse_args(argv)
-    sections = benchcli.chosen_sections(parser, args, SECTIONS)
-    if not runtime.on_gpu():
-        print("course.topics.triton_attention.bench measures a GPU; this machine runs the simulator",
-              file=sys.stderr)
-        return 2
-    torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape and dtype
-    kept = results.kept_rows(SUITE, lambda row: row.get("figure") not in sections) if args.keep else []
-    run = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    rows = []
-    for section in sections:
-        rows += [dict(row, run=run) for row in SECTIONS[section]()]
-        print("saved", results.save(SUITE, kept + rows), flush=True)  # partial results survive a timeout
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

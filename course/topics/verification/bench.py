@@ -1,4 +1,4 @@
-"""Timing rows for notebook 16 (token-tree verification), for the sampling bench.
+"""Notebook 16's measurements (token-tree verification): `python -m course bench verification` on a GPU.
 
 `verification_rows()` measures on a GPU, for B in BATCHES and V = VOCABULARY, from float32
 probabilities (the target and the draft as softmaxes of random logits with a controlled
@@ -24,15 +24,13 @@ accepted_mean (draft tokens accepted per tree, mean over the batch) and input
 float64 torch reference (`course.topics.verification.check.torch_reference`; greedy: from
 pyspec_ref on torch's argmax): 0.0 means every tree agrees.
 
-`course.topics.sampling.bench` calls `verification_rows()` and saves the rows with its own in
-results/<device>/sampling.json; `python -m course.topics.verification.bench` prints them.
+The rows (section "verification") go to results/<device>/sampling.json beside notebook 15's; the
+verification figure and the tree/chain targets: `python -m course figures verification`.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import sys
 
 from course.core import impl, inputs, runtime
 from course.measure import results, timing
@@ -174,6 +172,31 @@ def _notebook15_chain_row(batch, parents, vocabulary, tensors, tree_result) -> l
                  accepted_mean=float(accepted.double().mean()))]
 
 
+def section_rows() -> list[dict]:
+    """The rows of section "verification", each checked against the results schema: a malformed row
+    is left out (and named) rather than cost the measurements saved with it."""
+    rows = []
+    for row in verification_rows():
+        row = dict({"section": "verification"}, **row)
+        try:
+            results.validate({"suite": SUITE, "device": "", "date": "2000-01-01", "software": {},
+                              "rows": [row]})
+        except ValueError as error:
+            print(f"left out a verification row: {error}", flush=True)
+            continue
+        rows.append(row)
+    return rows
+
+
+SECTIONS = {"verification": section_rows}
+
+
+def section_of(row: dict) -> str:
+    """The section that measures a row of sampling.json (notebook 15's rows have no "section" or
+    another one)."""
+    return row.get("section", "timing")
+
+
 def committed_rows(device: str | None = None) -> list[dict] | None:
     """This suite's committed rows of notebook 16 (results/<device>/sampling.json), or None when
     none are committed yet."""
@@ -211,22 +234,3 @@ def targets(rows: list[dict]) -> list[dict]:
             out.append({"method": method, "B": batch, "tree_ms": tree["median_ms"],
                         "chain_ms": chain["median_ms"], "ratio": ratio, "met": ratio <= TARGET_RATIO})
     return out
-
-
-def main(argv: list[str]) -> int:
-    if argv:
-        print("usage: python -m course.topics.verification.bench  (prints the rows as JSON lines)")
-        return 2
-    rows = verification_rows()
-    for row in rows:
-        print(json.dumps(row))
-    for target in targets(rows):
-        state = "met" if target["met"] else "NOT met"
-        print(f"{target['method']:24s} B={target['B']:3d}: tree {target['tree_ms'] * 1e3:8.1f} us, chain "
-              f"{target['chain_ms'] * 1e3:8.1f} us, ratio {target['ratio']:.2f} (target <= "
-              f"{TARGET_RATIO}: {state})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
