@@ -12,8 +12,9 @@ from course import oracle
 from course.checks import run_cases
 from course.core import runtime
 from course.exercise import ExerciseNotImplemented
+from course.oracle import kvcache as kv_oracle
 from course.topics.kvcache import bench as kv_bench
-from course.topics.kvcache import emssd_check as checks
+from course.topics.kvcache import check as checks
 from solutions import emssd
 
 
@@ -30,7 +31,7 @@ def _batch(counts, lengths, heads=2, heads_kv=2, d=16, dtype=torch.float32, seed
 def test_kernel_and_padded_baseline_match_the_oracle():
     counts, lengths = [4, 0, 9, 1], [5, 3, 0, 21]
     q, k, v, starts = _batch(counts, lengths, heads=4, heads_kv=2)
-    want, want_lse = checks.oracle_unpadded(q, k, v, counts, starts, lengths)
+    want, want_lse = kv_oracle.unpadded_attention(q, k, v, counts, starts, lengths)
     out, lse = emssd.unpadded_attention(q, k, v, counts, starts, lengths, return_lse=True)
     torch.testing.assert_close(out.double().cpu(), want, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(lse.double().cpu(), want_lse, atol=1e-4, rtol=1e-5)

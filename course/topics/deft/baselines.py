@@ -1,4 +1,4 @@
-"""The attention kernels DeFT is measured against (notebook 14, `course.topics.deft.bench`), and an oracle.
+"""The attention kernels DeFT is measured against (notebook 14, `course.topics.deft.bench`).
 
 Every baseline computes the same thing as DeFT (Yao et al., §3): for query i, softmax attention
 over every token on the root path of its node `workload.query_nodes[i]`, with grouped-query
@@ -44,12 +44,10 @@ All four accept CPU tensors (the tests run them there; the Triton kernel runs in
 interpreter); `flex(..., compile=False)` runs FlexAttention's unfused eager implementation,
 which is what CPU tests use. `make_<name>(q, k, v, workload)` does the once-per-tree work and
 returns a function of no arguments that runs the timed part; `<name>(q, k, v, workload)` runs
-both. `reference` is the float64 oracle.
+both. Their float64 oracle is `course.oracle.tree_kv_attention`.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -154,34 +152,6 @@ def _pack_gqa(q: torch.Tensor, heads_kv: int) -> torch.Tensor:
     """(Q, H_q, d) -> (Q, H_kv, G, d): query head h = kv * G + g reads KV head kv."""
     queries, heads_q, d = q.shape
     return q.reshape(queries, heads_kv, heads_q // heads_kv, d)
-
-
-# --------------------------------------------------------------------------- the oracle
-
-
-def reference(q, k, v, workload: Workload, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float64 attention of the chosen queries (all by default): (out (n, H_q, d), lse (n, H_q)).
-
-    The definition itself: each query's visible tokens gathered, softmax over them in float64.
-    """
-    num_queries, _, heads_q, heads_kv, d = check_inputs(q, k, v, workload)
-    chosen = list(range(num_queries)) if queries is None else list(queries)
-    for i in chosen:
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_queries:
-            raise ValueError(f"queries must hold query ids in 0..{num_queries - 1}, got {i!r}")
-    mask = visibility_mask(workload, q.device)
-    group = heads_q // heads_kv
-    outs, lses = [], []
-    for i in chosen:
-        keys = mask[i].nonzero().squeeze(1)
-        kq, vq = k[keys].double(), v[keys].double()  # (L, H_kv, d)
-        qi = q[i].double().reshape(heads_kv, group, d)
-        scores = torch.einsum("hgd,lhd->hgl", qi, kq) / math.sqrt(d)
-        lse = torch.logsumexp(scores, dim=-1)
-        out = torch.einsum("hgl,lhd->hgd", torch.exp(scores - lse[..., None]), vq)
-        outs.append(out.reshape(heads_q, d))
-        lses.append(lse.reshape(heads_q))
-    return torch.stack(outs), torch.stack(lses)
 
 
 # --------------------------------------------------------------------------- (a) sequence-based

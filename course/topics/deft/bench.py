@@ -26,7 +26,7 @@ method), workload, family, params (the generator's arguments), B = 1, H = 32 (qu
 H_kv = 8, N = T (tokens in the tree), Q (queries), M (nodes), d, dtype, median_ms
 (`course.measure.timing.bench_graphed`: the method captured as a CUDA graph, warm-up, then the median,
 L2 flushed between runs), max_abs_err
-(against the float64 oracle `course.topics.deft.baselines.reference` on up to 8 sampled queries, every
+(against the float64 oracle `course.oracle.tree_kv_attention` on up to 8 sampled queries, every
 head), modelled_bytes and modelled_kv_bytes (`pyspec_ref.deft.io_bytes`: DeFT Table 4's IO
 model; sequence -> "sequence", medusa_dense and flex -> "dense_mask" (flex's block mask bytes are
 negligible, so its "masks" term is left out), deft_* -> their own; triton_tree is not modelled),
@@ -60,6 +60,7 @@ import time
 
 import torch
 
+from course import oracle
 from course.core import runtime
 from course.measure import results, timing
 from course.topics.deft import baselines as deft_baselines
@@ -290,7 +291,8 @@ def measure_workload(workload: Workload, methods=METHODS, *, timer=timing.bench,
     q = workloads.query_tensor(workload, shape["heads_q"], shape["d"], dtype, device, seed)
     k, v = workloads.kv_tensors(workload, shape["heads_kv"], shape["d"], dtype, device, seed)
     chosen = sampled_queries(workload, seed=seed)
-    expected, _ = deft_baselines.reference(q, k, v, workload, chosen)
+    expected, _ = oracle.tree_kv_attention(q[chosen], k, v, workload.parents, workload.lengths,
+                                           [workload.query_nodes[i] for i in chosen])
     block_tokens = block_tokens or flatten_block_tokens(workload, shape)
     plan, model = [], sweep_blocks(workload, shape) if "deft_flatten_sweep" in methods else {}
     for method in methods:

@@ -17,7 +17,7 @@ attention shape (32 heads, d = 128, fp16), by two methods:
 
 Row fields: name, study, B, H, N (the padded cache width), d, dtype, median_ms
 (`course.measure.timing.bench`), max_abs_err (vs float64
-`course.topics.kvcache.emssd_check.oracle_unpadded` on
+`course.oracle.kvcache.unpadded_attention` on
 ERROR_SAMPLES samples), real_tokens, padded_tokens (input slots), real_kv_slots, padded_kv_slots,
 kv_bytes (the bytes its cache occupies), peak_bytes (torch peak allocation during one call,
 outputs included).
@@ -57,6 +57,7 @@ import torch
 
 from course.core import impl, runtime
 from course.measure import timing
+from course.oracle import kvcache as kv_oracle
 
 SUITE = "kvcache"
 ALPHA = 0.75  # per-token acceptance rate of the simulated drafts (both studies)
@@ -108,7 +109,6 @@ def measure_unpadded(batch: int) -> list[dict]:
     """EMS-SD's unpadded against the vanilla padded verification step, at batch size `batch`."""
     from course.core.impl import bench_impl, load
     from course.core.inputs import random_tensor
-    from course.topics.kvcache.emssd_check import oracle_unpadded
 
     emssd = load("emssd", bench_impl())
     sim = simulate(batch)
@@ -124,8 +124,8 @@ def measure_unpadded(batch: int) -> list[dict]:
     # Errors on the first few samples (the oracle is float64 on the CPU).
     few = min(ERROR_SAMPLES, batch)
     t_few, s_few = sum(counts[:few]), starts[few - 1] + lengths[few - 1] + counts[few - 1]
-    want, _ = oracle_unpadded(q[:t_few].cpu(), k[:s_few].cpu(), v[:s_few].cpu(), counts[:few], starts[:few],
-                              lengths[:few])
+    want, _ = kv_oracle.unpadded_attention(q[:t_few].cpu(), k[:s_few].cpu(), v[:s_few].cpu(), counts[:few],
+                                           starts[:few], lengths[:few])
     width = max(counts)
     base = dict(study=EMSSD, B=batch, H=HEADS, d=D, dtype="float16", real_tokens=sum(counts),
                 padded_tokens=batch * width, real_kv_slots=sum(lengths) + sum(counts),
@@ -203,7 +203,7 @@ def plans_for(batch: int, n: int, prefix: int, seed: int) -> tuple[list, list]:
 def measure_compaction(model: str, n: int, capacity: int) -> list[dict]:
     swiftspec = impl.load("swiftspec", impl.bench_impl())
 
-    from course.topics.kvcache.check import reference_compaction, slot_sources
+    from course.topics.kvcache.check import slot_sources
 
     layers, heads_kv, d = MODELS[model]
     rows_r = layers * 2 * heads_kv
@@ -214,7 +214,7 @@ def measure_compaction(model: str, n: int, capacity: int) -> list[dict]:
     moves = int(counts.sum())
     sources = [slot_sources(p, t, path, capacity) for p, t, path in samples]
     width = PREFIX + n
-    want = reference_compaction(cache[:, :, :width].clone(), [s[:width] for s in sources])
+    want = kv_oracle.compaction(cache[:, :, :width].clone(), [s[:width] for s in sources])
     element = cache.element_size()
     base = dict(study=SWIFTSPEC, section=SWIFTSPEC, figure="compaction", model=model,
                 workload=f"{model}, N={n}, C={capacity}", B=BATCH, H=rows_r, N=n, P=PREFIX, C=capacity,
@@ -267,12 +267,11 @@ def measure_attention(prefix: int, n: int, w: int) -> list[dict]:
     swiftspec = impl.load("swiftspec", impl.bench_impl())
     triton_attention = impl.load("triton_attention", impl.bench_impl())
 
-    from course.topics.kvcache.check import oracle_tree_cache
 
     kwargs, mask, trees = _attention_inputs(prefix, n, w, SEED + prefix + n + w)
     used = prefix + n
     first = {k: v[:1] for k, v in kwargs.items()}
-    want, _ = oracle_tree_cache(**first)
+    want, _ = kv_oracle.nonsquare_tree_attention(**first)
     workload = f"P={prefix}, N={n}, w={w}"
     element = 2
     base = dict(study=SWIFTSPEC, section=SWIFTSPEC, figure="attention", workload=workload,

@@ -1,6 +1,20 @@
-"""Checks for SwiftSpec's tree-aware KV cache (notebook 18): compaction and non-square attention.
+"""Checks of the KV cache's kernels: EMS-SD's unpadded attention (notebook 17) and SwiftSpec's
+tree-aware cache (notebook 18): compaction and non-square attention.
 
-A module exposes (see `solutions.swiftspec`):
+EMS-SD. A module exposes `unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *,
+return_lse=False)` for q (T, H, d) and a cache (S, H_kv, d) (see `solutions.emssd`). Every case
+is compared in full with a float64 torch oracle (`course.oracle.kvcache.unpadded_attention`: a dense (T, S)
+mask built straight from the EMS-SD rule), on one head with `pyspec_ref.kvcache.unpadded_attention` itself,
+and runs twice: the two runs must agree bit for bit. Tolerances as for notebook 12's kernel
+(`course.topics.triton_attention.check.TOLERANCES`): standard-normal inputs, float32 accumulation.
+
+The batches are tiny (the interpreter runs every op in NumPy) but cover: one sample; a sample
+with 0 new tokens (it owns no flat token); a sample with an empty cache (KV length 0); samples of
+very different lengths (several KV blocks against one); regions scattered in the cache out of
+sample order, with gaps; tiles of 16 tokens that straddle samples; grouped-query attention; and
+counts that do not add up to q's rows, which must be refused with a ValueError naming counts.
+
+SwiftSpec. A module exposes (see `solutions.swiftspec`):
 
 * `compact(cache, src, dst, counts)`: in place, cache (B, R, C, d), moves along dim 2, and
   `plan_tensors(plans, device)` turning `pyspec_ref.kvcache.compact_plan` lists into tensors;
@@ -13,8 +27,8 @@ moves, every slot of the new [prefix | tree] must hold the KV row of the right o
 lost or duplicated). A wrong slot is diagnosed by which old slot its row came from. Bad moves must
 raise a ValueError naming the argument, with the cache unchanged.
 
-Attention is compared in full with a float64 torch oracle (`oracle_tree_cache`: a dense
-W x C mask from the interval rule), on one (sample, head) with
+Attention is compared in full with a float64 torch oracle (`course.oracle.kvcache.nonsquare_tree_attention`:
+a dense W x C mask from the interval rule), on one (sample, head) with
 `pyspec_ref.kvcache.nonsquare_tree_attention` itself, and run twice (bit-for-bit equal).
 Tolerances as for notebook 12's kernel (`course.topics.triton_attention.check.TOLERANCES`). The
 property of SwiftSpec §3.2: attention after re-rooting and compaction equals attention computed
@@ -29,10 +43,10 @@ import torch
 
 import pyspec_ref
 import pyspec_ref.kvcache as spec
-from course import oracle
 from course.checks import CaseResult, rerun_problem
 from course.checks.diagnose import compare_floats
 from course.core import inputs, runtime
+from course.oracle import kvcache as kv_oracle
 from course.topics.triton_attention.check import LSE_TOLERANCE, TOLERANCES, dtype_name
 
 LABELS = ("sample", "head", "query", "column")
@@ -73,40 +87,6 @@ def slot_sources(prefix_len: int, parents, path, capacity: int) -> list[int]:
     """sources[j] = the old slot whose row slot j holds after the compaction of `compact_plan`
     (`pyspec_ref.kvcache.apply_moves` on the slot numbers themselves)."""
     return spec.apply_moves(list(range(capacity)), spec.compact_plan(prefix_len, list(parents), list(path)))
-
-
-def reference_compaction(cache: torch.Tensor, sources: list[list[int]]) -> torch.Tensor:
-    """cache (B, R, C, d) with sample b's slot j replaced by its old slot sources[b][j]."""
-    out = cache.clone()
-    for b, src in enumerate(sources):
-        out[b] = cache[b][:, torch.tensor(src, device=cache.device)]
-    return out
-
-
-def oracle_tree_cache(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths, tree_lengths,
-                      query_counts=None, scale=None):
-    """float64 (out (B, Hq, W, d), lse (B, Hq, W)) of SwiftSpec's non-square tree attention.
-
-    Query i of sample b sees rows j < P_b and rows P_b <= j < P_b + T_b with kv_start[b, j] <=
-    q_start[b, i] and q_end[b, i] <= kv_end[b, j]; padding queries (i >= query_counts[b]) and
-    queries that see nothing get out 0 and lse -inf."""
-    batch, heads, width, _ = q.shape
-    slots = k_cache.shape[2]
-    cpu = [torch.as_tensor(x).cpu().long() for x in (q_start, q_end, kv_start, kv_end, prefix_lengths,
-                                                     tree_lengths)]
-    qs, qe, ks, ke, p, t = cpu
-    counts = (torch.full((batch,), width) if query_counts is None else torch.as_tensor(query_counts).cpu())
-    rows = torch.arange(slots)[None, None, :]
-    tree = (rows >= p[:, None, None]) & (rows < (p + t)[:, None, None])
-    ancestor = (ks[:, None, :] <= qs[:, :, None]) & (qe[:, :, None] <= ke[:, None, :])
-    mask = (rows < p[:, None, None]) | (tree & ancestor)  # (B, W, C)
-    mask &= (torch.arange(width)[None, :] < counts.long()[:, None])[:, :, None]
-    group = heads // k_cache.shape[1]
-    k = k_cache.detach().cpu().double().repeat_interleave(group, dim=1)
-    v = v_cache.detach().cpu().double().repeat_interleave(group, dim=1)
-    out, lse = oracle.attention_with_lse(q.detach().cpu().double(), k, v, mask[:, None], scale)
-    seen = mask.any(dim=2)[:, None, :, None]
-    return torch.where(seen, out, 0.0), lse
 
 
 def _values_of(cache: torch.Tensor) -> torch.Tensor:
@@ -155,7 +135,7 @@ def _compaction_case(module, plans_in, rows: int, capacity: int, d: int, dtype, 
     returned = module.compact(cache, src, dst, counts)
     if returned is not None and returned is not cache and returned.data_ptr() != cache.data_ptr():
         return "compact must work in place (return the cache itself, or None)"
-    problem = _moved_problem(cache, reference_compaction(old, sources), old, sources)
+    problem = _moved_problem(cache, kv_oracle.compaction(old, sources), old, sources)
     if problem:
         return problem
     if view:
@@ -397,7 +377,7 @@ def _attention_case(module, samples, heads, heads_kv, width, d, dtype, seed, opt
         got = f"{getattr(out, 'dtype', type(out))} and {getattr(lse, 'dtype', type(lse))}"
         return f"expected out in {dtype_name(dtype)} and lse in float32, got {got}"
     again = module.tree_cache_attention(**kwargs, return_lse=True)
-    want, want_lse = oracle_tree_cache(**{k: v for k, v in kwargs.items()})
+    want, want_lse = kv_oracle.nonsquare_tree_attention(**{k: v for k, v in kwargs.items()})
     tolerance = TOLERANCES[dtype]
     seen = torch.isfinite(want_lse)
     got_lse = torch.where(seen, lse.cpu().double(), 0.0)
@@ -493,3 +473,103 @@ def check_tree_cache_attention(module, seed: int):
             problem = reroot_problem(module, 9 + i, parents, path, 3, 4, 2, 32, torch.float16, seed + i)
             return CaseResult(label, False, problem) if problem else None
         yield label, prop
+
+
+# --------------------------------------------------------------------------- EMS-SD (notebook 17)
+
+
+UNPADDED_LABELS = ("token", "head", "column")
+UNPADDED_LSE_LABELS = ("token", "head")
+
+
+def scattered_layout(counts: list[int], kv_lengths: list[int], seed: int, gap: int = 3):
+    """kv_starts placing the samples' regions in a shuffled order with gaps; returns (starts, S)."""
+    order = list(range(len(counts)))
+    random.Random(seed).shuffle(order)
+    starts = [0] * len(counts)
+    row = gap
+    for b in order:
+        starts[b] = row
+        row += kv_lengths[b] + counts[b] + gap
+    return starts, row
+
+
+def unpadded_cases(seed: int) -> list[tuple[str, list[int], list[int], int, int, int, torch.dtype]]:
+    """(name, counts, kv_lengths, heads, heads_kv, d, dtype) of every case."""
+    rng = random.Random(seed)
+    many = runtime.pick(sim=8, gpu=64)
+    mixed_counts = [rng.randint(0, 9) for _ in range(many)]
+    mixed_counts[0] = max(mixed_counts[0], 1)
+    mixed_lengths = [rng.randint(0, runtime.pick(sim=40, gpu=2000)) for _ in range(many)]
+    out = [
+        ("one sample", [5], [20], 2, 2, 32, torch.float32),
+        ("a sample with 0 new tokens", [4, 0, 3], [10, 5, 9], 2, 2, 32, torch.float32),
+        ("a sample with KV length 0", [3, 2, 6], [7, 0, 12], 2, 2, 32, torch.float32),
+        ("very different lengths", [1, 9, 2], [70, 0, 3], 2, 2, 32, torch.float32),
+        ("tiles that straddle samples", [7, 12, 5, 0, 9], [3, 11, 20, 4, 6], 2, 2, 16, torch.float32),
+        ("grouped-query attention (4 heads, 2 KV heads)", [3, 6, 2], [9, 4, 17], 4, 2, 32, torch.float16),
+        (f"random batch of {many} samples", mixed_counts, mixed_lengths, 2, 2, 64, torch.float16),
+        ("float16, last sample empty", [6, 3, 0], [12, 30, 8], 2, 1, 64, torch.float16),
+    ]
+    if runtime.on_gpu():
+        out.append(("bfloat16 batch", [4, 1, 8], [100, 7, 300], 4, 2, 128, torch.bfloat16))
+    return out
+
+
+def _unpadded_case_tensors(counts, kv_lengths, heads, heads_kv, d, dtype, seed):
+    device = runtime.torch_device()
+    starts, slots = scattered_layout(counts, kv_lengths, seed)
+    q = inputs.random_tensor((sum(counts), heads, d), seed, dtype, device)
+    k = inputs.random_tensor((slots, heads_kv, d), seed + 1, dtype, device)
+    v = inputs.random_tensor((slots, heads_kv, d), seed + 2, dtype, device)
+    return q, k, v, starts
+
+
+def _unpadded_spec_problem(out, lse, q, k, v, counts, starts, kv_lengths, head, tolerance) -> str:
+    """Compare one head with pyspec_ref.kvcache.unpadded_attention (the specification itself)."""
+    group = q.shape[1] // k.shape[1]
+    want, want_lse = spec.unpadded_attention(
+        q[:, head].double().tolist(), k[:, head // group].double().tolist(),
+        v[:, head // group].double().tolist(), counts, starts, kv_lengths)
+    return (compare_floats(out[:, head].cpu(), torch.tensor(want), f"out (head {head}, vs pyspec_ref)",
+                           ("token", "column"), *tolerance)
+            or compare_floats(lse[:, head].cpu(), torch.tensor(want_lse), f"lse (head {head}, vs pyspec_ref)",
+                              ("token",), *LSE_TOLERANCE))
+
+
+def check_unpadded_attention(module, seed: int):
+    """module.unpadded_attention must equal EMS-SD's per-sample causal attention, with its LSE."""
+    for index, (name, counts, kv_lengths, heads, heads_kv, d, dtype) in enumerate(unpadded_cases(seed)):
+        label = f"{name}, counts={counts if len(counts) <= 8 else '...'}, d={d}, {dtype_name(dtype)}"
+
+        def run(label=label, counts=counts, kv_lengths=kv_lengths, heads=heads, heads_kv=heads_kv, d=d,
+                dtype=dtype, index=index):
+            q, k, v, starts = _unpadded_case_tensors(counts, kv_lengths, heads, heads_kv, d, dtype,
+                                            seed + 11 * index)
+            out, lse = module.unpadded_attention(q, k, v, counts, starts, kv_lengths, return_lse=True)
+            if not isinstance(out, torch.Tensor) or out.dtype != dtype or lse.dtype != torch.float32:
+                got = f"{getattr(out, 'dtype', type(out))} and {getattr(lse, 'dtype', type(lse))}"
+                return CaseResult(label, False, f"expected out in {dtype_name(dtype)} and lse in float32, "
+                                                f"got {got}")
+            again = module.unpadded_attention(q, k, v, counts, starts, kv_lengths, return_lse=True)
+            want, want_lse = kv_oracle.unpadded_attention(q, k, v, counts, starts, kv_lengths)
+            tolerance = TOLERANCES[dtype]
+            problem = (compare_floats(out, want, "out", UNPADDED_LABELS, *tolerance)
+                       or compare_floats(lse, want_lse, "lse", UNPADDED_LSE_LABELS, *LSE_TOLERANCE)
+                       or _unpadded_spec_problem(out, lse, q, k, v, counts, starts, kv_lengths, index % heads,
+                                        tolerance)
+                       or rerun_problem((out, lse), again))
+            return CaseResult(label, False, problem) if problem else None
+        yield label, run
+
+    def refuses_bad_counts():
+        name = "counts that don't add up to q's rows -> ValueError naming counts"
+        q, k, v, starts = _unpadded_case_tensors([3, 2], [4, 5], 2, 2, 16, torch.float32, seed)
+        try:
+            module.unpadded_attention(q, k, v, [3, 3], starts, [4, 5])
+        except ValueError as error:
+            if "counts" in str(error):
+                return None
+            return CaseResult(name, False, f"the ValueError does not name counts: {error}")
+        return CaseResult(name, False, "counts [3, 3] for 5 rows of q were accepted")
+    yield "counts that don't add up", refuses_bad_counts

@@ -3,9 +3,9 @@
 Writes results/<device>/sampling.json in the shared results schema. Rows of section "timing"
 time one implementation at one size with `course.measure.timing.bench` on random inputs, all in the same
 run:
-  baseline_torch   `torch_speculative_sampling` in float32: the multi-kernel PyTorch version
-                   (softmax, gather, test, cumulative test, residual, sampling; input "logits" or
-                   "probs")
+  baseline_torch   `course.oracle.sampling.speculative_sampling` in float32: the multi-kernel
+                   PyTorch version (softmax, gather, test, cumulative test, residual, sampling;
+                   input "logits" or "probs")
   exact_probs      `solutions.spec_sampling`, the seed paper's tiled kernel, from probabilities
   exact_logits     the same kernel with the softmax fused, from logits
   sigmoid_logits   the seed paper's sigmoid approximation (its Eq. 5), fused on logits
@@ -15,9 +15,10 @@ Sizes: B in BATCHES, gamma in GAMMAS, V in VOCABULARIES. The row schema's sizes 
 B = B, H = 1, N = gamma, d = V; every row also has the fields "gamma", "V" and "input". Kernel
 rows time the kernels alone (`prepare`: the input checks run once, outside the timing).
 max_abs_err of a timing row is the fraction of the B samples whose (accepted, emitted) differ
-from the float64 reference of the same algorithm on the same inputs (`torch_speculative_sampling`
-in float64): 0 unless a draw falls within float32 rounding of a CDF boundary. Sigmoid rows also
-have "differs_from_exact", the fraction that differ from the exact algorithm's reference.
+from the float64 reference of the same algorithm on the same inputs
+(`course.oracle.sampling.speculative_sampling` in float64): 0 unless a draw falls within float32
+rounding of a CDF boundary. Sigmoid rows also have "differs_from_exact", the fraction that differ
+from the exact algorithm's reference.
 
 Rows of section "graphs" time the same implementations at the headline size (gamma = 5,
 V = 128256, every B) replayed as CUDA graphs (`course.measure.timing.graphed`): one launch for all of an
@@ -42,6 +43,7 @@ import torch
 from course.core import runtime
 from course.core.impl import bench_impl, load
 from course.measure import results, timing
+from course.oracle import sampling as sampling_oracle
 
 SUITE = "sampling"
 BATCHES = (1, 8, 64)
@@ -53,66 +55,14 @@ LOGIT_SCALE = 3.0  # target logits ~ N(0, 3^2): a few tokens hold most of the ma
 DRAFT_NOISE = 1.0  # draft logits = target logits + N(0, 1): acceptance around one half
 MISMATCHES = (0.0, 0.25, 0.5, 1.0, 2.0)  # draft noise levels of the quality rows
 IMPLEMENTATIONS = ("baseline_torch", "exact_probs", "exact_logits", "sigmoid_logits", "read_once_floor")
-FORMS = ("probs", "logits", "sigmoid")
 
 
 # --------------------------------------------------------------------------- the PyTorch version
 
 
-def weights_of(t: torch.Tensor, form: str, alpha: float = 1.0, beta: float = 0.0) -> torch.Tensor:
-    """The distributions' weights: probabilities as given, softmax(logits), or sigmoid(alpha z + beta)."""
-    if form == "probs":
-        return t
-    if form == "logits":
-        return torch.softmax(t, dim=-1)
-    if form == "sigmoid":
-        return torch.sigmoid(alpha * t + beta)
-    raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-
-
-def torch_speculative_sampling(draft_tokens, q, p, accept_uniforms, sample_uniforms, *, form: str = "probs",
-                               alpha: float = 1.0, beta: float = 0.0, dtype: torch.dtype = torch.float32):
-    """(accepted (B,) int32, emitted (B, gamma + 1)) computed with PyTorch operations, step by step,
-    the way Hugging Face Transformers' `_speculative_sampling` does it, batched:
-
-    softmax of both tensors (written out whole), gather of q(x) and p(x), the test, the cumulative
-    test (the first rejection), the residual max(0, p - q) of the row that needs it (p at the bonus
-    position, or where the residual is empty), and the draw. Two differences, so that it computes
-    `pyspec_ref.sampling.speculative_sampling_batch`: the test is r * q(x) <= p(x) (Transformers
-    divides, p(x) / q(x) >= r), and the draw is the inverse CDF of the given uniform (cumsum and
-    searchsorted) where Transformers calls torch.multinomial. No step waits for the host.
-
-    dtype float32 is the baseline that the kernels are timed against; float64 is the reference
-    that the kernels' outputs are compared with at sizes too large for pyspec_ref.
-    """
-    batch, gamma = draft_tokens.shape
-    q_w = weights_of(q.to(dtype), form, alpha, beta)
-    p_w = weights_of(p.to(dtype), form, alpha, beta)
-    x = draft_tokens.long().unsqueeze(-1)
-    q_x = q_w.gather(-1, x).squeeze(-1)
-    p_x = p_w[:, :gamma].gather(-1, x).squeeze(-1)
-    accept = accept_uniforms.double() * q_x.double() <= p_x.double()  # exact for float32 inputs
-    accepted = accept.int().cumprod(dim=1).sum(dim=1)  # draft tokens before the first rejection
-    rows = torch.arange(batch, device=q.device)
-    p_row = p_w[rows, accepted]
-    q_row = q_w[rows, accepted.clamp(max=gamma - 1)] * (accepted < gamma).unsqueeze(-1).to(dtype)
-    residual = (p_row - q_row).clamp(min=0)
-    empty = ~(residual > 0).any(dim=-1)  # p == q (or p <= q everywhere): sample from p
-    w = torch.where(empty.unsqueeze(-1), p_row, residual)
-    cdf = w.cumsum(dim=-1)
-    threshold = sample_uniforms[rows, accepted].to(dtype) * cdf[:, -1]
-    token = torch.searchsorted(cdf, threshold.unsqueeze(-1), right=True).squeeze(-1)  # first cdf > u*total
-    token = token.clamp(max=q.shape[-1] - 1)  # u * total rounded up to the total
-    columns = torch.arange(gamma + 1, device=q.device)
-    padded = torch.cat([draft_tokens.long(), torch.full((batch, 1), -1, device=q.device)], dim=1)
-    emitted = torch.where(columns < accepted.unsqueeze(-1), padded,
-                          torch.where(columns == accepted.unsqueeze(-1), token.unsqueeze(-1), -1))
-    return accepted.to(torch.int32), emitted.to(draft_tokens.dtype)
-
-
 def baseline_torch(draft_tokens, q, p, accept_uniforms, sample_uniforms, *, from_logits: bool = False):
-    """Implementation (a): `torch_speculative_sampling` in float32."""
-    return torch_speculative_sampling(draft_tokens, q, p, accept_uniforms, sample_uniforms,
+    """Implementation (a): `course.oracle.sampling.speculative_sampling` in float32."""
+    return sampling_oracle.speculative_sampling(draft_tokens, q, p, accept_uniforms, sample_uniforms,
                                       form="logits" if from_logits else "probs")
 
 
@@ -149,8 +99,8 @@ def read_once_bytes(batch: int, gamma: int, vocabulary: int, itemsize: int = 4) 
 
 
 def baseline_bytes(batch: int, gamma: int, vocabulary: int, from_logits: bool, itemsize: int = 4) -> dict:
-    """Bytes that `torch_speculative_sampling` moves, step by step (reads + writes), at one size:
-    the model behind notebook 15's comparison. Steps on one row per sample (B x V) are counted
+    """Bytes that `course.oracle.sampling.speculative_sampling` moves, step by step (reads + writes),
+    at one size: the model behind notebook 15's comparison. Steps on one row per sample (B x V) are counted
     as their operations read and write them; gathers of B x gamma numbers are left out."""
     full = batch * (2 * gamma + 1) * vocabulary * itemsize  # q and p once
     row = batch * vocabulary * itemsize
@@ -189,8 +139,8 @@ def first_token_distribution(q_logits: torch.Tensor, p_logits: torch.Tensor, for
     R = max(0, p~ - q~) normalised (p~ normalised if that is empty). For "logits" P = p exactly
     (the theorem of speculative sampling); for "sigmoid" P is what the approximation emits."""
     q = torch.softmax(q_logits.double(), dim=-1)
-    q_w = weights_of(q_logits.double(), form, alpha, beta)
-    p_w = weights_of(p_logits.double(), form, alpha, beta)
+    q_w = sampling_oracle.weights_of(q_logits.double(), form, alpha, beta)
+    p_w = sampling_oracle.weights_of(p_logits.double(), form, alpha, beta)
     ratio = torch.where(q_w > 0, p_w / q_w.clamp(min=1e-300), torch.ones_like(q_w)).clamp(max=1.0)
     keep = q * ratio
     acceptance = keep.sum(dim=-1)
@@ -271,8 +221,8 @@ def measure_size(batch: int, gamma: int, vocabulary: int, names=IMPLEMENTATIONS,
     def reference(form):
         if form not in references:
             q_in, p_in = inputs["probs" if form == "probs" else "logits"]
-            references[form] = torch_speculative_sampling(draft, q_in, p_in, r, u, form=form, beta=beta,
-                                                          dtype=torch.float64)
+            references[form] = sampling_oracle.speculative_sampling(draft, q_in, p_in, r, u, form=form,
+                                                                    beta=beta, dtype=torch.float64)
         return references[form]
 
     rows = []
@@ -360,7 +310,6 @@ SECTIONS = {"timing": timing_rows, "graphs": graph_rows, "quality": quality_rows
 def section_of(row: dict) -> str:
     """The section that measures a row of sampling.json (notebook 16's rows say "verification")."""
     return row.get("section", "timing")
-
 
 
 # --------------------------------------------------------------------------- for notebook 15

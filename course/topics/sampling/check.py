@@ -31,6 +31,7 @@ import torch
 from course.checks import CaseResult, rerun_problem
 from course.checks.diagnose import compare_floats
 from course.core import runtime
+from course.oracle import sampling as sampling_oracle
 from pyspec_ref import sampling as spec
 
 UNIT = 2.0 ** -24  # float32's unit roundoff
@@ -211,10 +212,10 @@ def reference(case: SamplingCase) -> tuple[list[int], list[list[int]]]:
     """(accepted, emitted) of pyspec_ref (on the float64 softmax from logits); for the sigmoid, whose
     weights are no distributions, the float64 PyTorch reference (tested against pyspec_ref)."""
     if case.form == "sigmoid":
-        from course.topics.sampling.bench import torch_speculative_sampling
 
-        accepted, emitted = torch_speculative_sampling(*case.on("cpu"), form="sigmoid", alpha=case.alpha,
-                                                       beta=case.beta, dtype=torch.float64)
+        accepted, emitted = sampling_oracle.speculative_sampling(*case.on("cpu"), form="sigmoid",
+                                                                 alpha=case.alpha, beta=case.beta,
+                                                                 dtype=torch.float64)
         return accepted.tolist(), emitted.tolist()
     q, p = weights64(case)
     return spec.speculative_sampling_batch(case.draft_tokens.tolist(), q.tolist(), p.tolist(),

@@ -21,7 +21,7 @@ Row mapping onto the shared schema (course.measure.results): H = 1, N = the tree
 the chain), d = V; extra fields V, nodes, gamma (chains), tree (its shape in words), mismatch,
 accepted_mean (draft tokens accepted per tree, mean over the batch) and input
 ("probabilities"). max_abs_err is the share of trees whose (path, next token) differ from the
-float64 torch reference (`course.topics.verification.check.torch_reference`; greedy: from
+float64 torch reference (`course.oracle.sampling.tree_speculative_sampling`; greedy: from
 pyspec_ref on torch's argmax): 0.0 means every tree agrees.
 
 The rows (section "verification") go to results/<device>/sampling.json beside notebook 15's; the
@@ -34,6 +34,7 @@ import random
 
 from course.core import impl, inputs, runtime
 from course.measure import results, timing
+from course.oracle import sampling as sampling_oracle
 
 ROW_NAMES = ("tree_sampling", "chain_sampling", "chain_spec_sampling", "tree_greedy", "chain_greedy",
              "tree_greedy_all_argmax")
@@ -78,9 +79,9 @@ def bench_inputs(parents: list[int], batch: int, vocabulary: int, seed: int, dev
 
 
 def _disagreement_sampling(module, tree, tokens, q, p, accept, sample, path, next_token) -> float:
-    from course.topics.verification.check import torch_reference
 
-    want_path, want_token = torch_reference(tree.cpu(), tokens.cpu(), q, p, accept.cpu(), sample.cpu())
+    want_path, want_token = sampling_oracle.tree_speculative_sampling(tree.cpu(), tokens.cpu(), q, p,
+                                                                      accept.cpu(), sample.cpu())
     differs = (path.cpu() != want_path).any(dim=1) | (next_token.cpu() != want_token)
     return float(differs.double().mean())
 

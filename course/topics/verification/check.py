@@ -247,48 +247,6 @@ def explain_walk(parents, tokens, q, p, accept, sample) -> list[str]:
             return lines
 
 
-def torch_reference(parents: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-                    accept: torch.Tensor, sample: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The specification's walk with float64 torch vectors on the inputs' device, for vocabularies
-    too large for pure Python (the benchmarks): (path (B, N) int32 padded with -1, next token (B,)).
-    It normalises the residual at each rejection as the specification does, and draws with a
-    float64 cumsum: it agrees with pyspec_ref up to float64 rounding, like the kernels."""
-    batch, n = tokens.shape
-    path = torch.full((batch, n), -1, dtype=torch.int32)
-    next_token = torch.empty(batch, dtype=torch.int32)
-    rows_parents, rows_tokens = parents.tolist(), tokens.tolist()
-    rows_accept = accept.double().tolist()
-    rows_sample = sample.double().tolist()
-    for b in range(batch):
-        children = [[] for _ in range(n)]
-        for child in range(1, n):
-            children[rows_parents[b][child]].append(child)
-        nodes, node = [0], 0
-        while True:
-            p_node, q_node = p[b, node].double(), q[b, node].double()
-            moved = False
-            for child in children[node]:
-                x = rows_tokens[b][child]
-                if rows_accept[b][child] * float(q_node[x]) <= float(p_node[x]):
-                    nodes.append(child)
-                    node, moved = child, True
-                    break
-                weights = (p_node - q_node).clamp(min=0.0)
-                total = float(weights.sum())
-                if total > 0.0:
-                    p_node = weights / total
-            if not moved:
-                cumulative = torch.cumsum(p_node, dim=0)
-                threshold = rows_sample[b][node] * float(cumulative[-1])
-                token = int(torch.searchsorted(cumulative, torch.tensor([threshold], dtype=torch.float64,
-                                                                        device=cumulative.device),
-                                               right=True))
-                next_token[b] = min(token, p_node.shape[0] - 1)
-                path[b, : len(nodes)] = torch.tensor(nodes, dtype=torch.int32)
-                break
-    return path, next_token
-
-
 # --------------------------------------------------------------------------- comparison
 
 

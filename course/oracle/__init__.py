@@ -1,8 +1,11 @@
-"""Vectorised torch oracles for large outputs on a GPU.
+"""Vectorised torch oracles for large outputs on a GPU: every torch reference of the course.
 
 `pyspec_ref` is the specification but runs in pure Python, so on a GPU the checks
-compare a sample of rows with it, and the whole output with these oracles. The
-tests cross-check every oracle against `pyspec_ref` on small inputs.
+compare a sample of rows with it, and the whole output with these oracles; the benches
+measure their errors against them. This module holds the oracles of `pyspec_ref.trees`,
+`pyspec_ref.attention` and `pyspec_ref.deft` (tree masks, attention, DeFT's KV tree);
+`course.oracle.kvcache` and `course.oracle.sampling` those of the modules of the same
+names. tests/test_oracle.py cross-checks every oracle against `pyspec_ref` on small inputs.
 """
 
 from __future__ import annotations
