@@ -14,7 +14,7 @@ from course.core import inputs, runtime
 from course.oracle import kvcache as kv_oracle
 from course.topics.kvcache import bench as swiftspec_bench
 from course.topics.kvcache import check as checks
-from course.topics.kvcache import figures as kv_plots
+from course.topics.kvcache import figures as kv_figures
 from solutions import swiftspec
 
 DEVICE = runtime.torch_device()
@@ -287,20 +287,20 @@ def test_figures_draw():
     import matplotlib.pyplot as plt
 
     parents = [-1, 0, 0, 1, 1, 2, 2, 5]
-    kv_plots.draw_cache_reroot(3, parents, [0, 2, 5])
+    kv_figures.draw_cache_reroot(3, parents, [0, 2, 5])
     mask = spec.nonsquare_tree_mask(*pyspec_ref.dfs_times(parents), [7, 6, 4], 3)
-    kv_plots.draw_nonsquare_mask(mask, 3, [7, 6, 4])
+    kv_figures.draw_nonsquare_mask(mask, 3, [7, 6, 4])
     rows = [dict(figure="compaction", model="m", name=n, C=c, moves=m,
                  median_ms=0.01 * m * (2 if n == "naive" else 1))
             for n in ("compact", "naive") for c in (64, 128) for m in (5, 50)]
     rows += [dict(figure="attention", workload=w, name=n, median_ms=0.1) for w in ("a", "b")
              for n in ("nonsquare", "sdpa_dense_mask")]
-    compaction = kv_plots.compaction_figure(rows, note="test")
+    compaction = kv_figures.compaction_figure(rows, note="test")
     assert len(compaction.axes[0].lines) == 4  # 2 methods x 2 values of C
-    attention = kv_plots.attention_figure(rows)
+    attention = kv_figures.attention_figure(rows)
     assert len(attention.axes[0].patches) == 4  # 2 methods x 2 workloads
     with pytest.raises(ValueError, match="no measured"):
-        kv_plots.attention_figure(rows[:2])
+        kv_figures.attention_figure(rows[:2])
     plt.close("all")
 
 

@@ -100,7 +100,7 @@ def round_figure(entry: dict, ax=None, title: str | None = None):
     import matplotlib.pyplot as plt
 
     from course.capstone.text import VOCAB
-    from course.measure.plots import tree_layout
+    from course.topics.trees.figures import tree_layout
 
     parents, tokens = entry["parents"], entry["tokens"]
     pos = tree_layout(parents)

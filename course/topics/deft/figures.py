@@ -28,8 +28,8 @@ from course.measure.plots import (
     legend_below,
     new_ax,
     style_ax,
-    tree_layout,
 )
+from course.topics.trees.figures import tree_layout
 
 __all__ = ["block_sweep", "draw_flatten", "draw_kv_tree", "group_loads", "io_bars"]
 

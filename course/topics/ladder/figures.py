@@ -20,9 +20,10 @@ import math
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Rectangle
 
 from course.measure import plots, results
-from course.measure.plots import BLUE, GREEN, GREY, INK, ORANGE, SKY, VERMILLION, style_ax
+from course.measure.plots import BLUE, GREEN, GREY, INK, ORANGE, SKY, VERMILLION, int_vector, new_ax, style_ax
 from course.topics.ladder import rungs as ladder
 from course.topics.ladder.bench import BASELINES, PAPER_SHAPE
 
@@ -443,3 +444,39 @@ def summary(document) -> str:
     """Each target of the ladder, met or not, with what was measured."""
     return "\n".join(f"{'met    ' if target['met'] else 'NOT met'}  {target['target']}: {target['measured']}"
                      for target in targets(document))
+
+
+# ----------------------------------------------------------------------------- shared memory
+
+
+def draw_bank_access(word_addresses, ax=None, title=None):
+    """One warp's shared-memory access: which bank each thread's word falls in, pass by pass.
+
+    Columns are the 32 banks; each row of cells is one pass the hardware needs. A cell
+    shows the thread number(s) served; threads reading the same word share a cell (a
+    broadcast). One row means no bank conflict; k rows mean a k-way conflict.
+    """
+    words = [int(w) for w in int_vector(word_addresses, "word_addresses")]
+    if not words or min(words) < 0:
+        raise ValueError("word_addresses must be non-negative word indices, one per thread")
+    passes: dict[int, list[int]] = {}  # bank -> distinct words, in order of first use
+    for word in words:
+        distinct = passes.setdefault(word % 32, [])
+        if word not in distinct:
+            distinct.append(word)
+    depth = max(len(distinct) for distinct in passes.values())
+    ax = new_ax(ax, (9, 0.25 * depth + 1.2))
+    for bank in range(32):
+        for level, word in enumerate(passes.get(bank, [])):
+            threads = [t for t, w in enumerate(words) if w == word]
+            color = SKY if depth == 1 else (VERMILLION if level else ORANGE)
+            ax.add_patch(Rectangle((bank, level), 0.92, 0.88, color=color, zorder=2))
+            label = str(threads[0]) if len(threads) == 1 else f"{threads[0]}+"
+            ax.text(bank + 0.46, level + 0.44, label, ha="center", va="center", fontsize=7, color=INK)
+    ax.set_xlim(0, 32)
+    ax.set_ylim(depth, 0)
+    ax.set_xlabel("bank")
+    ax.set_ylabel("pass")
+    ax.set_yticks([i + 0.44 for i in range(depth)], [str(i + 1) for i in range(depth)])
+    style_ax(ax, title or (f"{depth}-way bank conflict" if depth > 1 else "one pass: no bank conflict"))
+    return ax
