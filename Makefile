@@ -32,7 +32,7 @@ gpu-test:
 
 # compute-sanitizer (memcheck and racecheck) over every Numba kernel's check: 0 errors wanted.
 gpu-sanitize:
-	$(PYTHON) -m course.sanitize
+	$(PYTHON) -m course sanitize
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
