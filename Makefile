@@ -44,7 +44,7 @@ gpu-test:
 
 # compute-sanitizer (memcheck and racecheck) over every Numba and Triton kernel's check: 0 errors wanted.
 gpu-sanitize:
-	$(PYTHON) -m course.sanitize
+	$(PYTHON) -m course sanitize
 
 # Written by the installer only after every step succeeded: a broken-off install is redone.
 $(STAMP): pyproject.toml tools/install.py

@@ -1,12 +1,13 @@
 """SpecKernels' harness: runtime, inputs, checks, timing, plots, release and grading.
 
 Import this package first in a notebook: it decides between GPU and simulator
-before Numba or Triton is loaded (see `course.runtime`).
+before Numba or Triton is loaded (see `course.core.runtime`).
 """
 
-from . import runtime  # noqa: I001  (must run before anything imports numba or triton)
-from .runtime import MODE, SIMULATOR, describe, on_gpu, pick, torch_device
-from . import checks, exercises, impl, inputs  # none of these imports numba
+from .core import runtime  # noqa: I001  (must run before anything imports numba or triton)
+from .core.runtime import MODE, SIMULATOR, describe, on_gpu, pick, torch_device
+from . import checks, exercises  # none of these imports numba
+from .core import impl, inputs
 
 __all__ = ["MODE", "SIMULATOR", "checks", "describe", "exercises", "impl", "inputs", "on_gpu", "pick",
            "runtime", "torch_device"]

@@ -1,15 +1,17 @@
-"""The course's command line: `python -m course {info,list,check,release,grade,generate}`."""
+"""The course's command line:
+`python -m course {info,list,check,bench,figures,sanitize,release,grade,generate}`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from . import runtime  # noqa: F401  (choose GPU or simulator before anything imports numba)
+from course.core import runtime  # noqa: F401  (choose GPU or simulator before anything imports numba)
 
 
 def _info(args) -> int:
-    from .runtime import describe
+    from course.core.runtime import describe
 
     print(describe())
     return 0
@@ -32,6 +34,25 @@ def _check(args) -> int:
         report = check(exercise.id, impl=args.impl, seed=args.seed, raise_on_failure=False)
         failed += not report.passed
     return 1 if failed else 0
+
+
+def _bench(args) -> int:
+    from course.measure import benchcli
+
+    return 0 if benchcli.bench(args.topic, args.sections) else 2
+
+
+def _figures(args) -> int:
+    from course.measure import benchcli
+
+    benchcli.draw_figures(args.topic, args.results)
+    return 0
+
+
+def _sanitize(args) -> int:
+    from course import sanitize
+
+    return sanitize.main(args.options)
 
 
 def _release(args) -> int:
@@ -93,6 +114,22 @@ def main(argv=None) -> int:
                        help="which copy to check (default: COURSE_IMPL, else lessons)")
     check.add_argument("--seed", type=int, default=0, help="seed of the random cases (default 0)")
     check.set_defaults(run=_check)
+    bench = commands.add_parser("bench", help="measure a topic on a GPU into results/<device>/<suite>.json")
+    bench.add_argument("topic", help="a folder of course/topics/, or capstone")
+    bench.add_argument("sections", nargs="*", metavar="section",
+                       help="some of the topic's sections (default: all); the committed rows of the "
+                            "others are kept")
+    bench.set_defaults(run=_bench)
+    figures = commands.add_parser("figures",
+                                  help="draw a topic's figures from its results, as PNGs beside them")
+    figures.add_argument("topic", help="a folder of course/topics/, or capstone")
+    figures.add_argument("--results", type=Path, default=None,
+                         help="a results file (default: the committed results/<device>/<suite>.json)")
+    figures.set_defaults(run=_figures)
+    sanitize = commands.add_parser("sanitize", add_help=False,
+                                   help="compute-sanitizer (memcheck, racecheck) over every kernel's "
+                                        "checks, on a GPU (`python -m course sanitize --help`)")
+    sanitize.set_defaults(run=_sanitize)
     release = commands.add_parser("release", help="write lessons/ from solutions/")
     release.add_argument("--check", action="store_true", help="only report whether lessons/ is in sync")
     release.add_argument("--force", action="store_true", help="overwrite written exercises")
@@ -133,8 +170,12 @@ def main(argv=None) -> int:
                           help="which copy of the kernels (default: COURSE_IMPL, else lessons)")
     generate.add_argument("--no-progress", action="store_true", help="no progress bar")
     generate.set_defaults(run=_generate)
-    args = parser.parse_args(argv)
-    from .impl import SolutionsMissing
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "sanitize":  # its own options: `python -m course sanitize --help`
+        args.options = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    from course.core.impl import SolutionsMissing
 
     try:
         return args.run(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import functools
 
-from .source import python_function, source_of
+from course.core.source import python_function, source_of
 
 
 class ExerciseNotImplemented(NotImplementedError):
@@ -17,7 +17,7 @@ def todo(exercise: str):
 
     In Python and in the CUDA simulator this raises at once. A real GPU compiles
     kernels before running them, and a raise inside a kernel is silently dropped
-    there, so `course.launch` also refuses to launch a kernel whose source still
+    there, so `course.core.launch` also refuses to launch a kernel whose source still
     calls todo() (see `kernel_stub_name`).
     """
     raise ExerciseNotImplemented(

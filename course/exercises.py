@@ -5,19 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import impl as implementations
+from course.core import impl as implementations
+from course.topics.attention import check as attention_checks
+from course.topics.deft import check as deft_checks
+from course.topics.kvcache import check as kvcache_checks
+from course.topics.ladder.check import check_tile_visibility, check_tree_attention
+from course.topics.ladder.rungs import RUNGS
+from course.topics.sampling import check as sampling_checks
+from course.topics.trees import check as tree_checks
+from course.topics.triton_attention.check import check_triton_tree_attention
+from course.topics.verification import check as verification_checks
+
 from .checks import Report, run_cases
-from .checks import attention as attention_checks
-from .checks import deft as deft_checks
-from .checks import emssd as emssd_checks
-from .checks import sampling as sampling_checks
-from .checks import swiftspec as swiftspec_checks
-from .checks import tree_verification as verification_checks
-from .checks import trees as tree_checks
-from .checks.tree_attention import check_tile_visibility, check_tree_attention
-from .checks.triton_attention import check_triton_tree_attention
 from .grading import speed
-from .ladder import RUNGS
 
 
 @dataclass(frozen=True)
@@ -96,13 +96,13 @@ EXERCISES: dict[str, Exercise] = {
        Exercise("tree_verification.greedy_walk_kernel", "16_tree_verification", 2,
                 verification_checks.check_greedy_verification,
                 "greedy verification: follow the child whose token is the target's argmax")]
-    + [Exercise("emssd.unpadded_attention_kernel", "17_ems_sd", 4, emssd_checks.check_unpadded_attention,
+    + [Exercise("emssd.unpadded_attention_kernel", "17_ems_sd", 4, kvcache_checks.check_unpadded_attention,
                 "EMS-SD: restore each flat token's sample by binary search, then its causal KV mask",
                 requires=("triton_attention.online_softmax_step",))]
-    + [Exercise("swiftspec.compact_kernel", "18_swiftspec_kv_cache", 3, swiftspec_checks.check_compaction,
+    + [Exercise("swiftspec.compact_kernel", "18_swiftspec_kv_cache", 3, kvcache_checks.check_compaction,
                 "SwiftSpec's compaction: move KV rows left in place, overlap-safe (load, barrier, store)"),
        Exercise("swiftspec.tree_cache_attention_kernel", "18_swiftspec_kv_cache", 4,
-                swiftspec_checks.check_tree_cache_attention,
+                kvcache_checks.check_tree_cache_attention,
                 "SwiftSpec's non-square tree mask: w queries against [prefix | tree] by DFS intervals",
                 requires=("swiftspec.compact_kernel", "triton_attention.online_softmax_step"))]
 }

@@ -220,8 +220,9 @@ HANDOUT_TAG = "reference"  # a notebook cell that needs solutions/: the hand-out
 HANDOUT_PARTS = ("course", "pyspec_ref", "notebooks", "results", "README.md", "LICENSE", "pyproject.toml",
                  "environment.yml", "Makefile", ".gitignore")
 _SKIPPED = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".ruff_cache", ".hypothesis"}
-# A notebook's top-level `name = course.impl.load("module", "solutions")`: in a hand-out, the student's copy.
-_SOLUTIONS_LOAD = re.compile(r'^(\w+ = course\.impl\.load\("\w+"), "solutions"\)(.*)$')
+# A notebook's top-level `name = course.core.impl.load("module", "solutions")`: in a hand-out, the
+# student's copy.
+_SOLUTIONS_LOAD = re.compile(r'^(\w+ = course\.core\.impl\.load\("\w+"), "solutions"\)(.*)$')
 _OWN_COPY = "  # your own copy: a hand-out has no solutions/"
 
 
@@ -251,7 +252,7 @@ def _catches_import_error(node: ast.Try) -> bool:
 
 def _needs_solutions(source: str) -> bool:
     """Whether a code cell still names "solutions" as a string (an impl, a folder) or looks for the
-    `### BEGIN SOLUTION` marker, outside a `try` that catches the ImportError `course.impl.load`
+    `### BEGIN SOLUTION` marker, outside a `try` that catches the ImportError `course.core.impl.load`
     raises when solutions/ is missing."""
     tree = _parse_cell(source)
     if tree is None:
@@ -283,8 +284,8 @@ def _names(source: str) -> tuple[set[str], set[str]]:
 
 def handout_notebook(text: str, where: str) -> str:
     """A notebook as handed out: cells tagged HANDOUT_TAG dropped (reference diffs and sources, cells
-    that show or run the solutions), each top-level `x = course.impl.load("m", "solutions")` turned
-    into the student's own copy `course.impl.load("m")`, outputs cleared. Raises ReleaseError
+    that show or run the solutions), each top-level `x = course.core.impl.load("m", "solutions")` turned
+    into the student's own copy `course.core.impl.load("m")`, outputs cleared. Raises ReleaseError
     naming the cell when a kept cell would still need solutions/ or a dropped cell's variables."""
     notebook = json.loads(text)
     kept, dropped_names, defined = [], {}, set()

@@ -1,4 +1,4 @@
-"""compute-sanitizer over every kernel's check, Numba and Triton: `python -m course.sanitize` on a GPU.
+"""compute-sanitizer over every kernel's check, Numba and Triton: `python -m course sanitize` on a GPU.
 
 memcheck finds out-of-bounds and misaligned accesses; racecheck finds shared-memory
 hazards (a read and a write of one shared address by different threads with no barrier
@@ -11,7 +11,7 @@ tile sizes, warps and vocabulary blocks from COURSE_SIZES too (`runtime.pick`), 
 they run at full sizes, with the tiles that ship (`--triton-sizes small` for a quick pass with
 the interpreter's tiles), and with `--target-processes all`. Every run sets
 PYTORCH_NO_CUDA_MEMORY_CACHING=1: with PyTorch's caching allocator a read past a tensor lands
-in the same pooled block and memcheck cannot see it. `python -m course.sanitize --triton`
+in the same pooled block and memcheck cannot see it. `python -m course sanitize --triton`
 (or `--numba`) runs one family. Prints each run's command and summary, and exits 1 unless
 every run reports 0 errors.
 """
@@ -26,7 +26,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .ladder import RUNGS
+from course.topics.ladder.rungs import RUNGS
 
 SANITIZER = Path("/usr/local/cuda/bin/compute-sanitizer")
 TOOLS = ("memcheck", "racecheck")
@@ -74,7 +74,7 @@ def run_one(sanitizer: Path, tool: str, notebook: str, timeout_s: float,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m course sanitize", description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", default=[])
     family = parser.add_mutually_exclusive_group()
     family.add_argument("--numba", action="store_true", help="the Numba notebooks only")
@@ -105,6 +105,3 @@ def main(argv: list[str] | None = None) -> int:
     print("all clean" if not failed else "not clean: " + ", ".join(failed))
     return 1 if failed else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -30,7 +30,7 @@ the kernels gather K and V rows through it. Contiguous KV is the case slots = No
 of shape (T, H_kv, d).
 
 The token loops are `for` loops over run-time bounds, which Triton pipelines on a GPU (the
-K/V loads of the next tiles in flight while one computes); `course.interpreter` makes such
+K/V loads of the next tiles in flight while one computes); `course.core.interpreter` makes such
 bounds work in Triton 3.6's interpreter too. The step of the token loop is notebook 12's
 `online_softmax_step`, with DeFT's masks. Both kernels share what a student would otherwise
 write twice: `tile_rows` (a tile's (query, query head) rows and their q) and `store_partials`
@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from course import interpreter, runtime
+from course.core import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.deft import validate as check
 from course.topics.deft.tuning import HEADS_PER_MERGE, MERGE_WARPS, WORD_BITS, TileShape, tile_shape

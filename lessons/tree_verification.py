@@ -71,7 +71,7 @@ import torch
 import triton
 import triton.language as tl
 
-from course import interpreter, runtime
+from course.core import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.verification import validate as check
 

@@ -19,7 +19,7 @@ sample its tile touches, streams over that sample's KV rows in blocks of BLOCK_N
 softmax (FlashAttention-2; notebook 12's `online_softmax_step`), rows of other samples masked
 out. Every sample's KV is read by the one or two programs (per head) whose tiles hold its
 tokens: nothing is read for padding. Both loops are `for` loops over run-time bounds (Triton
-pipelines the inner one on a GPU; `course.interpreter` makes them run in the interpreter).
+pipelines the inner one on a GPU; `course.core.interpreter` makes them run in the interpreter).
 
 Index restoration. The paper's kernel (Algorithm 2) finds a token's sample by scanning the
 counts from sample 0: O(B) loads per token. Here every row does a binary search over the
@@ -48,10 +48,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from course import interpreter, runtime
+from course.core import interpreter, runtime
+from course.core.validate import require_dot_block, require_scale
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.kvcache.validate import HEAD_DIMS, Batch, check_batch, same_layout
-from course.validate import require_dot_block, require_scale
 
 from .triton_attention import LN2, LOG2_E, online_softmax_step
 

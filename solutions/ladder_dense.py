@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from numba import cuda, float32
 
+from course.core.launch import launch, specialize
+from course.core.validate import require_qkv, require_tensor, require_tree_attention_inputs
 from course.exercise import todo  # noqa: F401  (the lesson stubs call it)
-from course.launch import launch, specialize
 from course.oracle import dense_tree_mask
-from course.validate import require_qkv, require_tensor, require_tree_attention_inputs
 
 TILE = 32  # Br = Bc: query rows and keys per tile
 THREADS = TILE  # one thread per query row (and per key row while loading)
@@ -37,7 +37,7 @@ KEYS = TILE // COL_STRIDE  # keys per thread in Q.K^T
 ARGUMENTS = ("q", "k", "v", "mask", "out")
 
 # Compile-time constants of the kernel. It is plain Python until build(d) compiles a
-# copy of it with D = d and the constants derived from d (course.launch.specialize).
+# copy of it with D = d and the constants derived from d (course.core.launch.specialize).
 D = HEAD_DIMS[-1]
 SCALE = np.float32(1 / math.sqrt(D))  # softmax(QK^T / sqrt(d))
 COLS = D // COL_STRIDE  # output columns per thread in P.V

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from numba import cuda, float32
 
+from course.core.launch import launch, specialize
+from course.core.validate import require_tree_attention_inputs
 from course.exercise import todo  # noqa: F401  (the lesson stubs call it)
-from course.launch import launch, specialize
-from course.validate import require_tree_attention_inputs
 
 TILE = 32  # Br = Bc: query rows and keys per tile
 THREADS = TILE  # one thread per query row (and per key row while loading)
@@ -35,7 +35,7 @@ ZERO = np.float32(0)
 ARGUMENTS = ("q", "k", "v", "start", "end", "out", "row_max", "row_sum")
 
 # Compile-time constants of the kernel. It is plain Python until build(d) compiles a
-# copy of it with D = d and the constants derived from d (course.launch.specialize).
+# copy of it with D = d and the constants derived from d (course.core.launch.specialize).
 D = HEAD_DIMS[-1]
 SCALE = np.float32(1 / math.sqrt(D))  # softmax(QK^T / sqrt(d))
 

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from numba import cuda, float32, int32
 
+from course.core.launch import launch, specialize
+from course.core.validate import require_tree_attention_inputs, require_tree_times
 from course.exercise import todo  # noqa: F401  (the lesson stubs call it)
-from course.launch import launch, specialize
-from course.validate import require_tree_attention_inputs, require_tree_times
 
 TILE = 32  # Br = Bc: query rows and keys per tile
 THREADS = TILE  # one thread per query row (and per key row while loading)
@@ -46,7 +46,7 @@ ARGUMENTS = ("q", "k", "v", "start", "end", "tile_visible", "out")
 VISIBILITY_ARGUMENTS = ("start", "end", "tile_visible")
 
 # Compile-time constants of the kernel. It is plain Python until build(d) compiles a
-# copy of it with D = d and the constants derived from d (course.launch.specialize).
+# copy of it with D = d and the constants derived from d (course.core.launch.specialize).
 D = HEAD_DIMS[-1]
 SCALE = np.float32(1 / math.sqrt(D))  # softmax(QK^T / sqrt(d))
 COLS = D // COL_STRIDE  # output columns per thread in P.V

@@ -62,7 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
-from course import interpreter, runtime
+from course.core import interpreter, runtime
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.sampling import validate as check
 
@@ -347,7 +347,7 @@ def sigmoid_speculative_sampling(draft_tokens: torch.Tensor, q_logits: torch.Ten
     No weight needs a row-wide max or sum, so the softmax statistics pass disappears. With
     beta = -log(sum_i exp(alpha * z_i)) a token of small probability gets about softmax's weight,
     but one constant beta cannot match every row: the emitted tokens no longer follow p exactly
-    (`course.sampling_bench.sigmoid_quality` measures how far). Same shapes and outputs as
+    (`course.topics.sampling.bench.sigmoid_quality` measures how far). Same shapes and outputs as
     `speculative_sampling`, except that a row whose every weight underflows to 0 (beta far too
     negative) has no token to draw: its draw is emitted as PAD."""
     check.logits_pair(q_logits, p_logits)  # named as this function names them

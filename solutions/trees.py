@@ -14,14 +14,9 @@ import numpy as np
 import torch
 from numba import cuda
 
+from course.core.launch import launch
+from course.core.validate import require_same_shape, require_tensor, require_times, require_topological_trees
 from course.exercise import todo  # noqa: F401  (the lesson stubs call it)
-from course.launch import launch
-from course.validate import (
-    require_same_shape,
-    require_tensor,
-    require_times,
-    require_topological_trees,
-)
 
 INDEX_DTYPES = (torch.int32,)
 MASK_TILE = 16  # the mask kernel's blocks are MASK_TILE x MASK_TILE threads

@@ -40,11 +40,11 @@ import torch
 import triton
 import triton.language as tl
 
-from course import interpreter
+from course.core import interpreter
+from course.core.validate import require_dot_block, require_tree_times
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.triton_attention import validate as check
 from course.topics.triton_attention.validate import DTYPES, HEAD_DIMS
-from course.validate import require_dot_block, require_tree_times
 
 LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the kernels' scores are in log2 units
 LN2 = tl.constexpr(0.6931471805599453)  # log(x) = log2(x) * ln(2): their LSEs back in natural log
@@ -65,7 +65,7 @@ class Config:
 # tiles. float32 is computed exactly ("ieee": no TF32 rounding), with FMAs, which need far more
 # registers per tile: smaller tiles and more warps keep it from spilling to local memory. The
 # register counts were read from the compiled sm_90 code (Triton 3.6): none of these spills.
-# `python -m course.triton_bench configs` on a GPU times alternatives.
+# `python -m course.topics.triton_attention.bench configs` on a GPU times alternatives.
 CONFIGS_16BIT = {16: Config(64, 64, 4, 3), 32: Config(64, 64, 4, 3), 64: Config(64, 64, 4, 3),
                  128: Config(64, 64, 4, 3)}
 CONFIGS_FP32 = {16: Config(32, 32, 4, 2), 32: Config(32, 32, 4, 2), 64: Config(64, 32, 8, 2),

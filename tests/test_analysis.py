@@ -1,11 +1,11 @@
-"""Occupancy arithmetic of course.analysis: blocks per SM from threads, shared memory and registers."""
+"""Occupancy arithmetic of course.core.analysis: blocks per SM from threads, shared memory and registers."""
 
 import dataclasses
 
 import pytest
 
-from course import analysis, runtime
-from course.analysis import A100, H100, SM86, blocks_per_sm, limits_for
+from course.core import analysis, runtime
+from course.core.analysis import A100, H100, SM86, blocks_per_sm, limits_for
 
 
 def test_limits_table_is_the_programming_guides():

@@ -1,30 +1,59 @@
-"""The benches' shared section argument: all sections by default, unknown ones refused."""
+"""`python -m course bench` and `figures`: every section by default, unknown ones refused, one refusal
+of the simulator, committed rows of the sections not measured now kept."""
 
-import argparse
+import types
 
 import pytest
 
-from course import benchcli
+from course.__main__ import main
+from course.core import runtime
+from course.measure import benchcli, results
 
 SECTIONS = ("timing", "quality")
 
 
-def parse(argv):
-    parser = argparse.ArgumentParser()
-    benchcli.add_sections(parser, SECTIONS)
-    return benchcli.chosen_sections(parser, parser.parse_args(argv), SECTIONS)
-
-
 def test_no_section_named_means_all():
-    # argparse's own `choices=` refuses exactly this call (its list default checked as one value).
-    assert parse([]) == list(SECTIONS)
+    assert benchcli.chosen_sections(SECTIONS, []) == list(SECTIONS)
 
 
 def test_named_sections_in_the_order_given():
-    assert parse(["quality", "timing"]) == ["quality", "timing"]
+    assert benchcli.chosen_sections(SECTIONS, ["quality", "timing"]) == ["quality", "timing"]
 
 
 def test_unknown_section_is_a_usage_error(capsys):
-    with pytest.raises(SystemExit):
-        parse(["timing", "bogus"])
-    assert "sections must be some of timing, quality; got bogus" in capsys.readouterr().err
+    with pytest.raises(benchcli.UsageError, match="sections must be some of timing, quality; got bogus"):
+        benchcli.chosen_sections(SECTIONS, ["timing", "bogus"])
+    assert main(["bench", "sampling", "bogus"]) == 2
+    assert "sections must be some of timing, graphs, quality; got bogus" in capsys.readouterr().err
+
+
+def test_unknown_topic_is_a_usage_error(capsys):
+    assert main(["figures", "tress"]) == 2
+    assert "topic must be one of attention, deft," in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not runtime.SIMULATOR, reason="on a GPU the bench would run")
+@pytest.mark.parametrize("room", list(benchcli.rooms()))
+def test_every_bench_refuses_the_simulator_with_the_one_message(room, capsys):
+    assert main(["bench", room]) == 2
+    assert capsys.readouterr().out.strip() == benchcli.SIMULATOR_REFUSAL
+
+
+def test_a_bench_keeps_the_committed_rows_of_the_sections_not_measured(monkeypatch):
+    committed = {"date": "2026-01-01T00:00:00+00:00",
+                 "rows": [{"name": "a", "section": "timing", "median_ms": 1.0, "max_abs_err": 0.0},
+                          {"name": "b", "section": "quality", "median_ms": 2.0, "max_abs_err": 0.0}]}
+    fake = types.SimpleNamespace(
+        SUITE="fake", section_of=lambda row: row["section"],
+        SECTIONS={"timing": lambda: [dict(committed["rows"][0], name="c")],
+                  "quality": lambda: pytest.fail("quality was not asked for")})
+    saved = {}
+    monkeypatch.setattr(benchcli, "part_of", lambda room, part: fake)
+    monkeypatch.setattr(benchcli.runtime, "SIMULATOR", False)
+    monkeypatch.setattr(results, "load", lambda suite, device=None: committed)
+    monkeypatch.setattr(results, "save", lambda suite, rows: saved.setdefault(suite, rows))
+    monkeypatch.setattr(benchcli.runtime, "device_name", lambda: "NVIDIA Test GPU")
+    benchcli.bench("fake", ["timing"], log=lambda line: None)
+    kept, measured = saved["fake"]
+    assert (kept["name"], kept["run"]) == ("b", committed["date"])  # it says when it was measured
+    assert measured["name"] == "c" and measured["run"] != committed["date"]

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import course  # noqa: F401  (first: chooses the simulator / interpreter)
-from course import runtime
 from course.capstone import decoder
 from course.capstone.text import encode
 from course.capstone.tree import DraftTree
 from course.capstone.weights import load_pair
-from course.stats import chi_square_p_value
+from course.core import runtime
+from course.measure.stats import chi_square_p_value
 
 PROMPTS = ["The old fox ", "12 + 7 = ", "On 3 May 1950, the"]
 

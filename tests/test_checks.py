@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from course import checks, runtime
+from course import checks
 from course.checks import CheckFailed, run_cases
+from course.core import runtime
 from course.exercises import EXERCISES, get, select
 from solutions import attention, trees
 
@@ -132,7 +133,7 @@ def test_check_raises_with_the_report_and_a_crash_is_one_failed_case(monkeypatch
     def crashing(parents):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("course.impl.load", lambda module, impl=None: SimpleNamespace(
+    monkeypatch.setattr("course.core.impl.load", lambda module, impl=None: SimpleNamespace(
         dfs_times=crashing))
     with pytest.raises(CheckFailed, match="raised RuntimeError: boom"):
         checks.check("trees.dfs_times_kernel", quiet=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course import runtime
 from course.capstone.tree import DraftTree
-from course.impl import load
+from course.core import runtime
+from course.core.impl import load
 from pyspec_ref import sampling as spec
 
 DEVICE = runtime.torch_device()

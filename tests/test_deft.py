@@ -16,11 +16,11 @@ import torch
 
 import course
 import pyspec_ref.deft as spec
-from course import inputs
-from course.checks import deft as deft_checks
-from course.checks.deft import KVTreeCase, case_tensors
+from course.core import inputs
 from course.exercise import ExerciseNotImplemented
+from course.topics.deft import check as deft_checks
 from course.topics.deft import tuning
+from course.topics.deft.check import KVTreeCase, case_tensors
 from solutions import deft
 
 DEVICE = course.torch_device()
@@ -135,7 +135,7 @@ def test_block_candidates_are_whole_tiles_equal_cuts_and_powers_of_two():
 
 
 def test_the_block_model_charges_masked_blocks_and_the_longest_program():
-    from course import workloads
+    from course.topics.deft import workloads
 
     w = workloads.speculative(4096, 64)  # 4096 prefix tokens, then the 64-token tree
     tree, dims = (w.parents, w.lengths, w.query_nodes), (32, 8, 128)
@@ -321,14 +321,15 @@ def test_a_reduction_whose_running_max_starts_at_0_is_caught():
 
 
 def _workload_cases():
-    from course import workloads
+    from course.topics.deft import workloads
 
     return [pytest.param(w, id=w.name) for w in workloads.tiny() + workloads.edge_cases(16)]
 
 
 @pytest.mark.parametrize("workload", _workload_cases())
 def test_every_tiny_workload_and_edge_case_equals_the_oracle(workload):
-    from course import oracle, workloads
+    from course import oracle
+    from course.topics.deft import workloads
 
     q = workloads.query_tensor(workload, 4, 16, torch.float32, DEVICE, seed=1)
     k, v = workloads.kv_tensors(workload, 2, 16, torch.float32, DEVICE, seed=2)

@@ -8,10 +8,13 @@ import pytest
 import torch
 
 import pyspec_ref.kvcache as spec
-from course import emssd_bench, oracle, runtime
-from course.checks import emssd as checks
+from course import oracle
 from course.checks import run_cases
+from course.core import runtime
 from course.exercise import ExerciseNotImplemented
+from course.oracle import kvcache as kv_oracle
+from course.topics.kvcache import bench as kv_bench
+from course.topics.kvcache import check as checks
 from solutions import emssd
 
 
@@ -28,7 +31,7 @@ def _batch(counts, lengths, heads=2, heads_kv=2, d=16, dtype=torch.float32, seed
 def test_kernel_and_padded_baseline_match_the_oracle():
     counts, lengths = [4, 0, 9, 1], [5, 3, 0, 21]
     q, k, v, starts = _batch(counts, lengths, heads=4, heads_kv=2)
-    want, want_lse = checks.oracle_unpadded(q, k, v, counts, starts, lengths)
+    want, want_lse = kv_oracle.unpadded_attention(q, k, v, counts, starts, lengths)
     out, lse = emssd.unpadded_attention(q, k, v, counts, starts, lengths, return_lse=True)
     torch.testing.assert_close(out.double().cpu(), want, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(lse.double().cpu(), want_lse, atol=1e-4, rtol=1e-5)
@@ -108,12 +111,12 @@ def test_check_catches_a_kernel_that_is_not_causal():
 
 def test_bench_simulation_is_realistic():
     rng = random.Random(0)
-    draws = [emssd_bench.accept_length(8, rng) for _ in range(2000)]
+    draws = [kv_bench.accept_length(8, rng) for _ in range(2000)]
     assert min(draws) == 1 and max(draws) <= 8
     assert 3.3 < sum(draws) / len(draws) < 3.9  # 1 + alpha + ... + alpha^7 = 3.6 for alpha = 0.75
-    sim = emssd_bench.simulate(16)
+    sim = kv_bench.simulate(16)
     assert sim["padded_length"] >= max(sim["kv_lengths"])
-    assert all(2 <= c <= emssd_bench.MAX_DRAFT + 1 for c in sim["counts"])
+    assert all(2 <= c <= kv_bench.MAX_DRAFT + 1 for c in sim["counts"])
 
 
 def test_a_checked_layout_is_reused_and_a_mismatch_refused():

@@ -160,7 +160,7 @@ def test_simulator_grading_times_nothing_and_says_so(graded):
 
 def test_every_ladder_rung_and_the_triton_kernel_have_a_bench_hook():
     from course.exercises import EXERCISES
-    from course.ladder import RUNGS
+    from course.topics.ladder.rungs import RUNGS
 
     hooked = {e.id for e in EXERCISES.values() if e.bench is not None}
     assert {f"{rung.module}.tree_attention_kernel" for rung in RUNGS} <= hooked

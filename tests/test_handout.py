@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from course import impl, release
+from course import release
+from course.core import impl
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,8 +72,9 @@ def test_harness_in_handout_never_imports_solutions(handout):
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
             assert not any(n.split(".")[0] == "solutions" for n in names), (
                 f"{path.relative_to(handout)}:{node.lineno} imports solutions, which a hand-out lacks: load "
-                "it with course.impl.load(name, course.impl.bench_impl()) (a bench: the student's copy "
-                "in a hand-out) or course.impl.load(name, 'solutions') (a clear SolutionsMissing there)")
+                "it with course.core.impl.load(name, course.core.impl.bench_impl()) (a bench: the student's "
+                "copy "
+                "in a hand-out) or course.core.impl.load(name, 'solutions') (a clear SolutionsMissing there)")
 
 
 def test_check_in_handout_fails_with_the_stubs_message(handout):
@@ -85,7 +87,7 @@ def test_check_in_handout_fails_with_the_stubs_message(handout):
 
 def test_release_and_solutions_refuse_clearly_in_handout(handout):
     before = (handout / "lessons" / "trees.py").read_bytes()
-    probe = ("import course, course.impl as i\n"
+    probe = ("import course, course.core.impl as i\n"
              "from course.__main__ import main\n"
              "print(i.has_solutions(), i.bench_impl())\n"
              "print('release exit', main(['release', '--force']))\n"
@@ -123,17 +125,17 @@ def _notebook(*cells) -> str:
 
 def test_handout_notebook_rules():
     text = release.handout_notebook(_notebook(
-        ("code", 'import course.impl\nrung = course.impl.load("ladder_k2")\n'
-                 'before = course.impl.load("ladder_k1", "solutions")  # the reference\n', []),
+        ("code", 'import course.core.impl\nrung = course.core.impl.load("ladder_k2")\n'
+                 'before = course.core.impl.load("ladder_k1", "solutions")  # the reference\n', []),
         ("markdown", "## The reference change", ["reference"]),
-        ("code", "print(course.source.diff(before.f, rung.f))", ["reference"]),
-        ("code", 'try:\n    other = course.impl.load("trees", "solutions")\n'
+        ("code", "print(course.core.source.diff(before.f, rung.f))", ["reference"]),
+        ("code", 'try:\n    other = course.core.impl.load("trees", "solutions")\n'
                  'except ImportError:\n    pass', []),
     ), "nb")
     cells = json.loads(text)["cells"]
     assert len(cells) == 2
     assert cells[0]["source"].splitlines()[2] == (
-        'before = course.impl.load("ladder_k1")  # your own copy: a hand-out has no solutions/')
+        'before = course.core.impl.load("ladder_k1")  # your own copy: a hand-out has no solutions/')
     with pytest.raises(release.ReleaseError, match="cell 0 needs solutions/"):
         release.handout_notebook(_notebook(("code", 'check("x", impl="solutions")', [])), "nb")
     with pytest.raises(release.ReleaseError, match="cell 0 needs solutions/"):  # lessons have no markers

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from course.ladder import edits
 from course.release import BEGIN, END
+from course.topics.ladder.rungs import edits
 
 KERNEL = "tree_attention_kernel"  # every rung's kernel has this name (built per head dimension)
 SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"

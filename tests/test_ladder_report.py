@@ -1,4 +1,4 @@
-"""course.ladder_report: targets and figures from a ladder document; missing data is named."""
+"""course.topics.ladder.figures: targets and figures from a ladder document; missing data is named."""
 
 import copy
 import json
@@ -11,7 +11,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 import course  # noqa: E402, F401  (picks GPU or simulator first)
-from course import ladder, ladder_bench, ladder_report, results, runtime  # noqa: E402
+from course.__main__ import main
+from course.core import runtime
+from course.measure import benchcli, results
+from course.topics.ladder import bench as ladder_bench
+from course.topics.ladder import figures as ladder_figures
+from course.topics.ladder import rungs as ladder  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +35,7 @@ def _row(name, figure, ms, batch=B, n=N, order="bfs", heads=H, **extra):
 
 def synthetic(fast=True) -> dict:
     """A small document: `fast` meets every target, otherwise none is met."""
-    paper = ladder_report.paper_rungs()
+    paper = ladder_figures.paper_rungs()
     k1 = 100.0
     k8 = 1.0 if fast else 10.0  # 100x vs 10x
     sdpa, flex = 0.9, 0.8  # k8 within 1.5x of SDPA only when fast
@@ -39,8 +44,8 @@ def synthetic(fast=True) -> dict:
     for i, name in enumerate(paper):  # geometric from k1 to k8
         ms = k1 * (k8 / k1) ** (i / (len(paper) - 1))
         rows.append(_row(name, "ladder", ms, shared_bytes=28672 + 128 * i, registers=60 + 10 * i, threads=32))
-    rows.append(_row(ladder_report.DENSE, "ladder", k8 * 1.2, shared_bytes=29696, registers=168, threads=32))
-    beyond = ladder_report.beyond_rungs()[0]
+    rows.append(_row(ladder_figures.DENSE, "ladder", k8 * 1.2, shared_bytes=29696, registers=168, threads=32))
+    beyond = ladder_figures.beyond_rungs()[0]
     rows.append(_row(beyond, "ladder", best, shared_bytes=29952, registers=185, threads=32))
     rows.append(_row(beyond, "ladder", best * 1.1, order="dfs"))
     rows += [_row("sdpa_dense_fp32", "ladder", sdpa), _row("flex_fp32", "ladder", flex)]
@@ -62,24 +67,24 @@ def synthetic(fast=True) -> dict:
 
 def test_rung_lists_come_from_the_ladder_table():
     names = [rung.name for rung in ladder.RUNGS]
-    assert ladder_report.paper_rungs() == names[:names.index("k8") + 1]
-    assert ladder_report.paper_rungs()[0] == "k1" and "k8_dense" not in ladder_report.paper_rungs()
-    beyond = ladder_report.beyond_rungs()
+    assert ladder_figures.paper_rungs() == names[:names.index("k8") + 1]
+    assert ladder_figures.paper_rungs()[0] == "k1" and "k8_dense" not in ladder_figures.paper_rungs()
+    beyond = ladder_figures.beyond_rungs()
     assert "k9" in beyond and "k8_dense" not in beyond and "k8" not in beyond
-    assert set(ladder_bench.BASELINES) == {ladder_report.SDPA, ladder_report.FLEX}
+    assert set(ladder_bench.BASELINES) == {ladder_figures.SDPA, ladder_figures.FLEX}
 
 
 def test_targets_met_on_a_fast_document():
-    found = ladder_report.targets(synthetic(fast=True))
+    found = ladder_figures.targets(synthetic(fast=True))
     assert len(found) == 4
     assert all(target["met"] for target in found), [t["measured"] for t in found]
     assert all(isinstance(target["target"], str) and target["measured"] for target in found)
     assert found[0]["values"]["speedup"] == pytest.approx(100.0)
-    assert found[2]["values"]["best"] == ladder_report.beyond_rungs()[0]
+    assert found[2]["values"]["best"] == ladder_figures.beyond_rungs()[0]
 
 
 def test_targets_not_met_on_a_slow_document():
-    found = ladder_report.targets(synthetic(fast=False))
+    found = ladder_figures.targets(synthetic(fast=False))
     assert [target["met"] for target in found] == [False, False, False, False]
     assert found[0]["values"]["speedup"] == pytest.approx(10.0)
     assert found[1]["values"]["ratio"] == pytest.approx(10.0 / 0.9)
@@ -88,14 +93,14 @@ def test_targets_not_met_on_a_slow_document():
 def test_one_target_flips_at_its_threshold():
     document = synthetic(fast=True)
     k1 = next(row for row in document["rows"] if row["name"] == "k1" and row["figure"] == "ladder")
-    k1["median_ms"] = ladder_report.SPEEDUP_TARGET * 1.0 * 0.99  # k8 is 1 ms: just under 30x
-    assert [target["met"] for target in ladder_report.targets(document)] == [False, True, True, True]
+    k1["median_ms"] = ladder_figures.SPEEDUP_TARGET * 1.0 * 0.99  # k8 is 1 ms: just under 30x
+    assert [target["met"] for target in ladder_figures.targets(document)] == [False, True, True, True]
 
 
 def test_steps_multiply_to_the_end_to_end_factor():
     document = synthetic()
-    steps = {s["name"]: s for s in ladder_report.steps(document)}
-    paper = ladder_report.paper_rungs()
+    steps = {s["name"]: s for s in ladder_figures.steps(document)}
+    paper = ladder_figures.paper_rungs()
     product = 1.0
     for name in paper[1:]:
         assert steps[name]["previous"] == ladder.BY_MODULE[ladder.BY_NAME[name].previous].name
@@ -105,40 +110,40 @@ def test_steps_multiply_to_the_end_to_end_factor():
 
 def test_tables():
     document = synthetic()
-    labels = [row["label"] for row in ladder_report.ladder_rows(document)]
-    beyond = ladder_report.beyond_rungs()[0]
+    labels = [row["label"] for row in ladder_figures.ladder_rows(document)]
+    beyond = ladder_figures.beyond_rungs()[0]
     assert labels[0] == "k1" and f"{beyond} (DFS)" in labels
     assert labels[-2:] == ["sdpa_dense_fp32", "flex_fp32"]
-    dense = ladder_report.dense_rows(document)
+    dense = ladder_figures.dense_rows(document)
     assert [row["N"] for row in dense] == [256, 512]
     assert all(row["dense_over_interval"] == pytest.approx(1.2) for row in dense)
-    assert set(ladder_report.series(document, "B1")) == {"k8", beyond, f"{beyond} (DFS)", "sdpa_dense_fp32",
+    assert set(ladder_figures.series(document, "B1")) == {"k8", beyond, f"{beyond} (DFS)", "sdpa_dense_fp32",
                                                          "flex_fp32"}
-    assert [x for x, _ in ladder_report.series(document, "B1")["k8"]] == [64, 256, 1024]
-    table = ladder_report.memory_table(document)
+    assert [x for x, _ in ladder_figures.series(document, "B1")["k8"]] == [64, 256, 1024]
+    table = ladder_figures.memory_table(document)
     assert table[-1]["dense_allocated"] is False and table[0]["dense_allocated"] is True
     assert table[-1]["interval_bytes"] == 2 * 2 * (1 << 18) * 4
     assert table[0]["dense_mask_bytes"] == 10 * 256 * 256
 
 
 def test_format_bytes():
-    assert ladder_report.format_bytes(12) == "12 B"
-    assert ladder_report.format_bytes(1536) == "1.5 KiB"
-    assert ladder_report.format_bytes(1 << 37) == "128.0 GiB"
+    assert ladder_figures.format_bytes(12) == "12 B"
+    assert ladder_figures.format_bytes(1536) == "1.5 KiB"
+    assert ladder_figures.format_bytes(1 << 37) == "128.0 GiB"
     with pytest.raises(ValueError, match="count must be"):
-        ladder_report.format_bytes(-1)
+        ladder_figures.format_bytes(-1)
 
 
 def test_figures_build():
     document = synthetic()
-    assert ladder_report.fig3(document).get_title(loc="left").startswith("the ladder")
-    for draw in (ladder_report.fig5, ladder_report.fig67, ladder_report.fig8):
+    assert ladder_figures.fig3(document).get_title(loc="left").startswith("the ladder")
+    for draw in (ladder_figures.fig5, ladder_figures.fig67, ladder_figures.fig8):
         assert isinstance(draw(document), plt.Figure)
 
 
 def test_save_figures_writes_the_pngs(tmp_path):
-    paths = ladder_report.save_figures(synthetic(), tmp_path)
-    assert sorted(p.name for p in paths) == sorted(ladder_report.FIGURE_FILES.values())
+    paths = benchcli.save_figures(ladder_figures, synthetic(), tmp_path)
+    assert sorted(p.name for p in paths) == sorted(f"{name}.png" for name in ladder_figures.FIGURES)
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
@@ -149,15 +154,15 @@ def _without(document, keep):
 
 
 @pytest.mark.parametrize(("drop", "call", "message"), [
-    (lambda r: r["name"] == "k3" and r["figure"] == "ladder", ladder_report.fig3, "'ladder' row for 'k3'"),
-    (lambda r: r["name"] == "flex_fp32" and r["figure"] == "ladder", ladder_report.targets,
+    (lambda r: r["name"] == "k3" and r["figure"] == "ladder", ladder_figures.fig3, "'ladder' row for 'k3'"),
+    (lambda r: r["name"] == "flex_fp32" and r["figure"] == "ladder", ladder_figures.targets,
      "'ladder' row for 'flex_fp32'"),
-    (lambda r: r["name"] in ladder_report.beyond_rungs(), ladder_report.targets, "beyond the paper"),
-    (lambda r: r["figure"] == "pytorch" and r["B"] == 1, ladder_report.targets, "B=1"),
-    (lambda r: r["figure"] == "dense", ladder_report.fig5, "no 'dense' rows"),
-    (lambda r: r["name"] == "k8_dense" and r["figure"] == "dense", ladder_report.fig5, "'k8_dense'"),
-    (lambda r: r["figure"] == "memory", ladder_report.memory_table, "no 'memory' rows"),
-    (lambda r: r["figure"] == "pytorch", ladder_report.fig67, "no 'pytorch' rows"),
+    (lambda r: r["name"] in ladder_figures.beyond_rungs(), ladder_figures.targets, "beyond the paper"),
+    (lambda r: r["figure"] == "pytorch" and r["B"] == 1, ladder_figures.targets, "B=1"),
+    (lambda r: r["figure"] == "dense", ladder_figures.fig5, "no 'dense' rows"),
+    (lambda r: r["name"] == "k8_dense" and r["figure"] == "dense", ladder_figures.fig5, "'k8_dense'"),
+    (lambda r: r["figure"] == "memory", ladder_figures.memory_table, "no 'memory' rows"),
+    (lambda r: r["figure"] == "pytorch", ladder_figures.fig67, "no 'pytorch' rows"),
 ])
 def test_missing_rows_are_named(drop, call, message):
     with pytest.raises(ValueError, match=message):
@@ -168,30 +173,30 @@ def test_missing_fields_are_named():
     document = synthetic()
     del document["rows"][0]["order"]
     with pytest.raises(ValueError, match=r"rows\[0\] \('k1'\) has no 'order'"):
-        ladder_report.targets(document)
+        ladder_figures.targets(document)
     document = synthetic()
     k2 = next(row for row in document["rows"] if row["name"] == "k2")
     del k2["shared_bytes"]
     with pytest.raises(ValueError, match="'k2' has no 'shared_bytes'"):
-        ladder_report.fig8(document)
+        ladder_figures.fig8(document)
     document = synthetic()
     del document["rows"][-1]["gpu_bytes"]
     with pytest.raises(ValueError, match="has no 'gpu_bytes'"):
-        ladder_report.memory_table(document)
+        ladder_figures.memory_table(document)
     with pytest.raises(ValueError, match="field 'rows' must be a list"):
-        ladder_report.targets({k: v for k, v in synthetic().items() if k != "rows"})
+        ladder_figures.targets({k: v for k, v in synthetic().items() if k != "rows"})
     with pytest.raises(ValueError, match="panel must be one of"):
-        ladder_report.series(synthetic(), "H")
+        ladder_figures.series(synthetic(), "H")
 
 
 def test_the_committed_measurements():
     document = results.load("ladder")
-    found = ladder_report.targets(document)
+    found = ladder_figures.targets(document)
     assert len(found) == 4 and all(isinstance(target["met"], bool) for target in found)
-    assert ladder_report.ladder_rows(document)[0]["name"] == "k1"
-    table = ladder_report.memory_table(document)
+    assert ladder_figures.ladder_rows(document)[0]["name"] == "k1"
+    table = ladder_figures.memory_table(document)
     assert any(not row["dense_allocated"] for row in table)  # the tree too large for a dense mask
-    for draw in (ladder_report.fig3, ladder_report.fig5, ladder_report.fig67, ladder_report.fig8):
+    for draw in (ladder_figures.fig3, ladder_figures.fig5, ladder_figures.fig67, ladder_figures.fig8):
         draw(document)
 
 
@@ -199,8 +204,9 @@ def test_the_cli_saves_next_to_the_json(tmp_path, capsys):
     path = tmp_path / "h100" / "ladder.json"
     path.parent.mkdir()
     path.write_text(json.dumps(synthetic()))
-    assert ladder_report.main([str(path)]) == 0
-    assert sorted(p.name for p in path.parent.glob("*.png")) == sorted(ladder_report.FIGURE_FILES.values())
+    assert main(["figures", "ladder", "--results", str(path)]) == 0
+    pngs = sorted(p.name for p in path.parent.glob("*.png"))
+    assert pngs == sorted(f"{name}.png" for name in ladder_figures.FIGURES)
     assert "met" in capsys.readouterr().out
 
 

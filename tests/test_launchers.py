@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import course
-from course import inputs, oracle
+from course import oracle
+from course.core import inputs
 from solutions import attention, trees
 
 DEVICE = course.torch_device()
@@ -116,7 +117,7 @@ def test_oracle_agrees_with_pyspec_ref():
 
 
 def test_triton_guards():
-    from course.validate import require_dot_block, require_interpretable_dtype
+    from course.core.validate import require_dot_block, require_interpretable_dtype
 
     require_dot_block(BLOCK_M=16, BLOCK_N=64)
     with pytest.raises(ValueError, match="BLOCK_K must be a power of two >= 16"):
@@ -151,7 +152,7 @@ def test_tile_visibility_checks_its_times():
 
 
 def test_kernels_of_relaunches_every_kernel_of_a_launcher():
-    from course.launch import kernels_of
+    from course.core.launch import kernels_of
     from solutions import ladder_k10
 
     start, end = inputs.dfs_times_tensors([[-1, 0, 0, 1]], DEVICE)

@@ -1,4 +1,4 @@
-"""course.plots: every figure draws on random trees and chains, and refuses bad input by name."""
+"""course.measure.plots: every figure draws on random trees and chains, and refuses bad input by name."""
 
 import matplotlib
 
@@ -12,7 +12,9 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.collections import LineCollection, PathCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from course import plots  # noqa: E402
+from course.measure import plots  # noqa: E402
+from course.topics.attention import figures as attention_figures  # noqa: E402
+from course.topics.trees import figures as tree_figures  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +90,7 @@ def legend_texts(ax):
 @pytest.mark.parametrize("name", TREES)
 def test_tree_layout_is_tidy(name):
     parents = TREES[name]
-    pos = plots.tree_layout(parents)
+    pos = tree_figures.tree_layout(parents)
     assert sorted(pos) == list(range(len(parents)))
     kids = {v: [c for c, p in enumerate(parents) if p == v] for v in range(len(parents))}
     leaves = [v for v in range(len(parents)) if not kids[v]]
@@ -105,15 +107,15 @@ def test_tree_layout_is_tidy(name):
 
 def test_tree_layout_handles_a_deep_chain_without_recursion():
     n = 5000
-    pos = plots.tree_layout(chain_parents(n))
+    pos = tree_figures.tree_layout(chain_parents(n))
     assert pos[n - 1] == (0.0, -(n - 1.0))
 
 
 def test_tree_layout_accepts_numpy_and_torch():
     parents = random_parents(20, seed=3)
-    expected = plots.tree_layout(parents)
-    assert plots.tree_layout(np.array(parents)) == expected
-    assert plots.tree_layout(torch.tensor(parents, dtype=torch.int32)) == expected
+    expected = tree_figures.tree_layout(parents)
+    assert tree_figures.tree_layout(np.array(parents)) == expected
+    assert tree_figures.tree_layout(torch.tensor(parents, dtype=torch.int32)) == expected
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -128,7 +130,7 @@ def test_tree_layout_accepts_numpy_and_torch():
 ])
 def test_tree_layout_rejects_bad_parents(bad, message):
     with pytest.raises(ValueError, match=message):
-        plots.tree_layout(bad)
+        tree_figures.tree_layout(bad)
 
 
 # ----------------------------------------------------------------------------- trees
@@ -139,7 +141,7 @@ def test_draw_tree_draws_n_nodes_and_n_minus_1_edges(name):
     parents = TREES[name]
     n = len(parents)
     start, end = dfs_times(parents)
-    ax = plots.draw_tree(parents, start, end, highlight=n - 1, title="t")
+    ax = tree_figures.draw_tree(parents, start, end, highlight=n - 1, title="t")
     assert isinstance(ax, Axes)
     nodes = gid_artist(ax, "nodes")
     edges = gid_artist(ax, "edges")
@@ -150,12 +152,12 @@ def test_draw_tree_draws_n_nodes_and_n_minus_1_edges(name):
 def test_draw_tree_labels_ids_and_times_on_small_trees_only():
     parents = random_parents(12, seed=4)
     start, end = dfs_times(parents)
-    ax = plots.draw_tree(parents, start, end)
+    ax = tree_figures.draw_tree(parents, start, end)
     texts = {t.get_text() for t in ax.texts}
     assert {str(v) for v in range(12)} <= texts
     assert f"[{start[5]},{end[5]}]" in texts
     big = random_parents(200, seed=5)
-    ax = plots.draw_tree(big, *dfs_times(big))
+    ax = tree_figures.draw_tree(big, *dfs_times(big))
     assert not ax.texts  # above ~40 nodes labels would be an unreadable smear
     assert len(gid_artist(ax, "nodes").get_offsets()) == 200
 
@@ -164,12 +166,12 @@ def test_draw_tree_accepts_torch_tensors_and_a_given_axes():
     parents = random_parents(15, seed=6)
     start, end = (torch.tensor(t) for t in dfs_times(parents))
     fig, ax = plt.subplots()
-    out = plots.draw_tree(torch.tensor(parents), start, end, ax=ax, highlight=torch.tensor(7))
+    out = tree_figures.draw_tree(torch.tensor(parents), start, end, ax=ax, highlight=torch.tensor(7))
     assert out is ax
 
 
 def test_draw_tree_handles_a_long_chain():
-    ax = plots.draw_tree(chain_parents(3000))
+    ax = tree_figures.draw_tree(chain_parents(3000))
     assert len(gid_artist(ax, "edges").get_segments()) == 2999
 
 
@@ -182,7 +184,7 @@ def test_draw_tree_handles_a_long_chain():
 ])
 def test_draw_tree_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        plots.draw_tree([-1, 0, 0], **kwargs)
+        tree_figures.draw_tree([-1, 0, 0], **kwargs)
 
 
 # ----------------------------------------------------------------------------- masks
@@ -192,7 +194,7 @@ def test_draw_tree_rejects_bad_arguments(kwargs, message):
 def test_draw_mask_returns_axes_and_outlines_the_row(name):
     mask = tree_mask(TREES[name])
     n = len(mask)
-    ax = plots.draw_mask(mask, title="m", highlight_row=n - 1)
+    ax = tree_figures.draw_mask(mask, title="m", highlight_row=n - 1)
     assert isinstance(ax, Axes)
     assert len(ax.images) == 1
     outline = gid_artist(ax, "highlight_row")
@@ -205,10 +207,10 @@ def test_draw_mask_counts_wrong_entries_in_the_title():
     student = mask.copy()
     student[3, 9] = ~student[3, 9]
     student[10, 2] = ~student[10, 2]
-    ax = plots.draw_mask(torch.from_numpy(student), wrong=student != mask)
+    ax = tree_figures.draw_mask(torch.from_numpy(student), wrong=student != mask)
     assert "2 wrong" in ax.get_title(loc="left")
     assert len(ax.images) == 2  # the mask, then the wrong-entry overlay
-    ax = plots.draw_mask(mask, wrong=np.zeros_like(mask))
+    ax = tree_figures.draw_mask(mask, wrong=np.zeros_like(mask))
     assert "all correct" in ax.get_title(loc="left")
 
 
@@ -219,22 +221,22 @@ def test_draw_mask_counts_wrong_entries_in_the_title():
 ])
 def test_draw_mask_rejects_bad_masks(args, message):
     with pytest.raises(ValueError, match=message):
-        plots.draw_mask(*args)
+        tree_figures.draw_mask(*args)
 
 
 def test_draw_mask_rejects_bad_wrong_and_row():
     mask = tree_mask(chain_parents(4))
     with pytest.raises(ValueError, match="wrong must have the mask's shape"):
-        plots.draw_mask(mask, wrong=np.zeros((3, 3), dtype=bool))
+        tree_figures.draw_mask(mask, wrong=np.zeros((3, 3), dtype=bool))
     with pytest.raises(ValueError, match="highlight_row must be in"):
-        plots.draw_mask(mask, highlight_row=4)
+        tree_figures.draw_mask(mask, highlight_row=4)
 
 
 @pytest.mark.parametrize("name", TREES)
 def test_tree_and_mask_is_one_figure_of_two_panels(name):
     parents = TREES[name]
     start, end = dfs_times(parents)
-    fig = plots.tree_and_mask(parents, start, end, tree_mask(parents), highlight=len(parents) - 1)
+    fig = tree_figures.tree_and_mask(parents, start, end, tree_mask(parents), highlight=len(parents) - 1)
     assert isinstance(fig, Figure)
     tree_ax, mask_ax = fig.axes[:2]
     assert len(gid_artist(tree_ax, "nodes").get_offsets()) == len(parents)
@@ -244,14 +246,14 @@ def test_tree_and_mask_is_one_figure_of_two_panels(name):
 def test_tree_and_mask_rejects_a_mask_of_the_wrong_size():
     parents = random_parents(6, seed=8)
     with pytest.raises(ValueError, match="mask must be 6 x 6"):
-        plots.tree_and_mask(parents, *dfs_times(parents), tree_mask(parents)[:5, :5])
+        tree_figures.tree_and_mask(parents, *dfs_times(parents), tree_mask(parents)[:5, :5])
 
 
 def test_tree_and_mask_preview_png():
     """Writes the preview used to eyeball the style (a 12-node random tree)."""
     parents = random_parents(12, seed=3)
     start, end = dfs_times(parents)
-    fig = plots.tree_and_mask(parents, start, end, tree_mask(parents), highlight=11)
+    fig = tree_figures.tree_and_mask(parents, start, end, tree_mask(parents), highlight=11)
     fig.savefig("/tmp/plots_preview.png", dpi=110)
 
 
@@ -262,7 +264,7 @@ def test_tree_and_mask_preview_png():
 def test_draw_times_draws_one_bar_per_node_sorted_by_start(name):
     start, end = dfs_times(TREES[name])
     n = len(start)
-    ax = plots.draw_times(start, end, highlight=n - 1)
+    ax = tree_figures.draw_times(start, end, highlight=n - 1)
     assert isinstance(ax, Axes)
     bars = gid_artists(ax, "intervals")
     assert len(bars) == n
@@ -274,7 +276,7 @@ def test_draw_times_highlights_exactly_the_ancestors():
     parents = random_parents(14, seed=9)
     start, end = dfs_times(parents)
     q = 13
-    ax = plots.draw_times(start, end, highlight=q)
+    ax = tree_figures.draw_times(start, end, highlight=q)
     lit = sum(bar.get_facecolor()[:3] == matplotlib.colors.to_rgb(plots.HIGHLIGHT)
               for bar in gid_artists(ax, "intervals"))
     assert lit == int(tree_mask(parents)[q].sum())
@@ -282,11 +284,11 @@ def test_draw_times_highlights_exactly_the_ancestors():
 
 def test_draw_times_rejects_bad_times():
     with pytest.raises(ValueError, match="start and end must have the same length"):
-        plots.draw_times([0, 1], [1])
+        tree_figures.draw_times([0, 1], [1])
     with pytest.raises(ValueError, match="start must not exceed end"):
-        plots.draw_times([0, 2], [1, 1])
+        tree_figures.draw_times([0, 2], [1, 1])
     with pytest.raises(ValueError, match="end must be 1-D"):
-        plots.draw_times([0, 1], [[1, 1]])
+        tree_figures.draw_times([0, 1], [[1, 1]])
 
 
 # ----------------------------------------------------------------------------- tiles
@@ -297,34 +299,34 @@ def test_draw_times_rejects_bad_times():
 def test_draw_tiles_counts_add_up(name, block_q, block_k):
     mask = tree_mask(TREES[name])
     n = len(mask)
-    ax = plots.draw_tiles(mask, block_q, block_k)
+    ax = attention_figures.draw_tiles(mask, block_q, block_k)
     assert isinstance(ax, Axes)
     tiles = -(-n // block_q) * -(-n // block_k)
     counts = [int(text.rsplit("(", 1)[1].rstrip(")")) for text in legend_texts(ax)]
     assert len(counts) == 3 and sum(counts) == tiles
-    classes = plots.classify_tiles(mask, block_q, block_k)
+    classes = attention_figures.classify_tiles(mask, block_q, block_k)
     assert counts == [int((classes == c).sum()) for c in range(3)]
 
 
 @pytest.mark.parametrize("n, block", [(16, 4), (19, 4), (9, 3), (5, 8), (7, 1)])
 def test_chain_skips_exactly_the_tiles_above_the_diagonal(n, block):
     mask = torch.from_numpy(tree_mask(chain_parents(n)))
-    classes = plots.classify_tiles(mask, block, block)
+    classes = attention_figures.classify_tiles(mask, block, block)
     t = -(-n // block)
-    assert (classes == plots.TILE_SKIP).sum() == t * (t - 1) // 2
-    assert np.all(classes[np.triu_indices(t, 1)] == plots.TILE_SKIP)
-    legend = legend_texts(plots.draw_tiles(mask, block, block))
+    assert (classes == attention_figures.TILE_SKIP).sum() == t * (t - 1) // 2
+    assert np.all(classes[np.triu_indices(t, 1)] == attention_figures.TILE_SKIP)
+    legend = legend_texts(attention_figures.draw_tiles(mask, block, block))
     assert legend[0].endswith(f"({t * (t - 1) // 2})")
 
 
 def test_draw_tiles_rejects_bad_blocks_and_masks():
     mask = tree_mask(chain_parents(8))
     with pytest.raises(ValueError, match="block_q must be a positive int"):
-        plots.draw_tiles(mask, 0, 4)
+        attention_figures.draw_tiles(mask, 0, 4)
     with pytest.raises(ValueError, match="block_k must be a positive int"):
-        plots.draw_tiles(mask, 4, 2.5)
+        attention_figures.draw_tiles(mask, 4, 2.5)
     with pytest.raises(ValueError, match="mask must be 2-D"):
-        plots.draw_tiles(mask[0], 4, 4)
+        attention_figures.draw_tiles(mask[0], 4, 4)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -335,17 +337,17 @@ def test_draw_tiles_rejects_bad_blocks_and_masks():
     (100, "100 bit"), (0, "0 bit"), (2**20 - 1, "1.0 Mbit"), (3 * 2**40, "3.0 Tbit"),
 ])
 def test_format_bits(bits, text):
-    assert plots.format_bits(bits) == text
+    assert tree_figures.format_bits(bits) == text
 
 
 def test_format_bits_rejects_negative():
     with pytest.raises(ValueError, match="bits must be"):
-        plots.format_bits(-1)
+        tree_figures.format_bits(-1)
 
 
 def test_memory_bars_labels_each_bar():
     rows = [("dense N=64k", 2**32), ("start/end", 2**22), ("tile bitmask", 2**25)]
-    ax = plots.memory_bars(rows, title="mask storage")
+    ax = tree_figures.memory_bars(rows, title="mask storage")
     assert isinstance(ax, Axes)
     assert ax.get_xscale() == "log"
     assert len(ax.patches) == 3
@@ -360,7 +362,7 @@ def test_memory_bars_labels_each_bar():
 ])
 def test_memory_bars_rejects_bad_rows(rows, message):
     with pytest.raises(ValueError, match=message):
-        plots.memory_bars(rows)
+        tree_figures.memory_bars(rows)
 
 
 # ----------------------------------------------------------------------------- softmax
@@ -369,7 +371,7 @@ def test_memory_bars_rejects_bad_rows(rows, message):
 @pytest.mark.parametrize("length, block", [(64, 16), (50, 7), (5, 8), (1, 1)])
 def test_online_softmax_trace_ends_at_the_exact_values(length, block):
     row = np.random.default_rng(length).normal(size=length) * 3
-    ax = plots.online_softmax_trace(torch.from_numpy(row), block)
+    ax = attention_figures.online_softmax_trace(torch.from_numpy(row), block)
     assert isinstance(ax, Axes)
     assert gid_artist(ax, "running_max").get_ydata()[-1] == pytest.approx(row.max())
     right = [other for other in ax.figure.axes if other is not ax][0]  # the twin for l
@@ -379,7 +381,7 @@ def test_online_softmax_trace_ends_at_the_exact_values(length, block):
 
 def test_online_softmax_trace_handles_hidden_leading_scores():
     row = np.r_[[-np.inf] * 9, np.arange(5.0)]
-    plots.online_softmax_trace(row, 4)
+    attention_figures.online_softmax_trace(row, 4)
 
 
 @pytest.mark.parametrize("row, block, message", [
@@ -391,7 +393,7 @@ def test_online_softmax_trace_handles_hidden_leading_scores():
 ])
 def test_online_softmax_trace_rejects_bad_input(row, block, message):
     with pytest.raises(ValueError, match=message):
-        plots.online_softmax_trace(row, block)
+        attention_figures.online_softmax_trace(row, block)
 
 
 # ----------------------------------------------------------------------------- results
@@ -441,13 +443,13 @@ def test_no_function_calls_show(monkeypatch):
     parents = random_parents(10, seed=11)
     start, end = dfs_times(parents)
     mask = tree_mask(parents)
-    plots.draw_tree(parents, start, end)
-    plots.draw_mask(mask)
-    plots.tree_and_mask(parents, start, end, mask)
-    plots.draw_times(start, end)
-    plots.draw_tiles(mask, 4, 4)
-    plots.memory_bars([("x", 8)])
-    plots.online_softmax_trace([1.0, 2.0, 3.0], 2)
+    tree_figures.draw_tree(parents, start, end)
+    tree_figures.draw_mask(mask)
+    tree_figures.tree_and_mask(parents, start, end, mask)
+    tree_figures.draw_times(start, end)
+    attention_figures.draw_tiles(mask, 4, 4)
+    tree_figures.memory_bars([("x", 8)])
+    attention_figures.online_softmax_trace([1.0, 2.0, 3.0], 2)
     plots.results_bar(RESULTS)
 
 
@@ -459,9 +461,9 @@ def _sweep_rows():
 
 
 def test_block_sweep_draws_the_clock_the_scaled_model_and_the_choice():
-    from course import deft_plots
+    from course.topics.deft import figures as deft_figures
 
-    ax = deft_plots.block_sweep(_sweep_rows(), "w")
+    ax = deft_figures.block_sweep(_sweep_rows(), "w")
     measured, model, chosen = ax.get_lines()
     assert list(measured.get_ydata()) == pytest.approx([90.0, 30.0, 120.0])
     assert list(model.get_ydata()) == pytest.approx([90.0, 30.0, 110.0])  # scaled to meet at 576 tokens
@@ -470,7 +472,7 @@ def test_block_sweep_draws_the_clock_the_scaled_model_and_the_choice():
 
 
 def test_block_sweep_names_a_workload_without_rows():
-    from course import deft_plots
+    from course.topics.deft import figures as deft_figures
 
     with pytest.raises(ValueError, match="for workload 'other'"):
-        deft_plots.block_sweep(_sweep_rows(), "other")
+        deft_figures.block_sweep(_sweep_rows(), "other")

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from course.stats import chi_square_p_value
+from course.measure.stats import chi_square_p_value
 from pyspec_ref import sampling as S
 
 P1 = [0.5, 0.25, 0.125, 0.125]

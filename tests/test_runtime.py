@@ -47,7 +47,7 @@ def test_describe_says_where_kernels_run():
 
 
 def test_impl_choice_is_validated(monkeypatch):
-    from course import impl
+    from course.core import impl
 
     monkeypatch.setenv("COURSE_IMPL", "answers")
     with pytest.raises(ValueError, match="COURSE_IMPL must be one of"):

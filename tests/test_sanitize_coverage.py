@@ -1,11 +1,11 @@
-"""`python -m course.sanitize` covers every kernel's check: the Numba notebooks and the Triton ones."""
+"""`python -m course sanitize` covers every kernel's check: the Numba notebooks and the Triton ones."""
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
 
-from course import sanitize
+from course import sanitize  # noqa: F401
 from course.exercises import EXERCISES
 
 

@@ -6,8 +6,8 @@ import torch
 from numba import cuda
 
 import course
-from course import launch, simulator
-from course.source import python_function
+from course.core import launch, simulator
+from course.core.source import python_function
 
 pytestmark = pytest.mark.skipif(course.on_gpu(), reason="simulator-only behaviour")
 TILE = 4

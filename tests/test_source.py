@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from course import source
+from course.core import source
 from solutions import trees
 
 

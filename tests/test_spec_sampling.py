@@ -13,10 +13,11 @@ import math
 import pytest
 import torch
 
-from course import runtime
-from course import sampling_bench as bench
-from course.checks import sampling as cs
-from course.stats import chi_square_p_value
+from course.core import runtime
+from course.measure.stats import chi_square_p_value
+from course.oracle import sampling as sampling_oracle
+from course.topics.sampling import bench
+from course.topics.sampling import check as cs
 from pyspec_ref import sampling as spec
 from solutions import spec_sampling as kernels
 
@@ -33,7 +34,7 @@ def _spec(case):
 @pytest.mark.parametrize("form", ["probs", "logits"])
 def test_float64_torch_reference_equals_pyspec(form):
     case = cs.random_case("", 3, 40, 3, 23, form=form, noise=0.7)
-    accepted, emitted = bench.torch_speculative_sampling(*case.on("cpu"), form=form, dtype=torch.float64)
+    accepted, emitted = sampling_oracle.speculative_sampling(*case.on("cpu"), form=form, dtype=torch.float64)
     assert (accepted.tolist(), emitted.tolist()) == _spec(case)
 
 
@@ -110,7 +111,7 @@ def test_first_token_distribution_is_p_when_exact_and_matches_sampling_when_not(
     g = torch.Generator().manual_seed(9)
     q = torch.softmax(q_logits[:1].double(), -1).expand(samples, -1)
     draft = torch.multinomial(q, 1, replacement=True, generator=g)
-    accepted, tokens = bench.torch_speculative_sampling(
+    accepted, tokens = sampling_oracle.speculative_sampling(
         draft, q_logits[:1, None].expand(samples, 1, -1), p_logits[:1, None].expand(samples, 2, -1),
         torch.rand((samples, 1), generator=g), torch.rand((samples, 2), generator=g), form="sigmoid",
         beta=beta, dtype=torch.float64)
@@ -242,7 +243,7 @@ def _distribution_problem(sampler, samples: int, seed: int):
 
 def test_the_reference_emits_the_target_distribution_and_the_test_sees_a_1_percent_error():
     def sampler(*arguments):
-        return bench.torch_speculative_sampling(*arguments, dtype=torch.float64)
+        return sampling_oracle.speculative_sampling(*arguments, dtype=torch.float64)
 
     values, shifted = _distribution_problem(sampler, 200_000, seed=21)
     assert min(values) > SIGNIFICANCE, values

@@ -1,8 +1,8 @@
-"""course.stats: the chi-square test the distribution tests share."""
+"""course.measure.stats: the chi-square test the distribution tests share."""
 
 import random
 
-from course.stats import chi_square_p_value
+from course.measure.stats import chi_square_p_value
 
 
 def _counts(probabilities, n, seed):

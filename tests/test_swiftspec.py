@@ -9,9 +9,12 @@ import torch
 import course
 import pyspec_ref
 import pyspec_ref.kvcache as spec
-from course import inputs, kv_plots, runtime, swiftspec_bench
 from course.checks import run_cases
-from course.checks import swiftspec as checks
+from course.core import inputs, runtime
+from course.oracle import kvcache as kv_oracle
+from course.topics.kvcache import bench as swiftspec_bench
+from course.topics.kvcache import check as checks
+from course.topics.kvcache import figures as kv_figures
 from course.topics.kvcache import tuning
 from solutions import swiftspec
 
@@ -38,7 +41,7 @@ def test_compact_and_naive_equal_the_specification(dtype):
     plans = [spec.compact_plan(p, t, path) for p, t, path in samples]
     sources = [checks.slot_sources(p, t, path, capacity) for p, t, path in samples]
     cache = _cache((3, 2, capacity, 16), 1, dtype)
-    want = checks.reference_compaction(cache, sources)
+    want = kv_oracle.compaction(cache, sources)
     src, dst, counts = swiftspec.plan_tensors(plans, DEVICE)
     got = cache.clone()
     assert swiftspec.compact(got, src, dst, counts) is got
@@ -58,7 +61,7 @@ def test_compact_handles_a_long_overlapping_shift_and_views():
     view = data[:, 1:4]  # stacked rows 1..3 only: non-contiguous in dims 0/1
     src, dst, counts = swiftspec.plan_tensors([plan], DEVICE)
     swiftspec.compact(view, src, dst, counts)
-    want = checks.reference_compaction(old[:, 1:4], [checks.slot_sources(3, parents, [0, 2], 50)])
+    want = kv_oracle.compaction(old[:, 1:4], [checks.slot_sources(3, parents, [0, 2], 50)])
     assert torch.equal(data[:, 1:4], want)
     assert torch.equal(data[:, [0, 4]], old[:, [0, 4]])
 
@@ -119,7 +122,7 @@ def test_attention_equals_the_oracle_and_the_specification():
     samples = [(7, t1, (19, 3, 0, 12), order), (0, t2, (8, 5, 1, 2), None)]
     kwargs, nodes = _attention(samples, counts=[4, 2], view=True)
     out, lse = swiftspec.tree_cache_attention(**kwargs, return_lse=True)
-    want, want_lse = checks.oracle_tree_cache(**kwargs)
+    want, want_lse = kv_oracle.nonsquare_tree_attention(**kwargs)
     torch.testing.assert_close(out.double().cpu(), want.cpu(), atol=2e-5, rtol=1e-4)
     assert torch.equal(out[1, :, 2:], torch.zeros_like(out[1, :, 2:]))  # padding queries
     assert torch.isinf(lse[1, :, 2:]).all()
@@ -150,7 +153,7 @@ def test_key_ranges_merged_by_lse_equal_one_pass(splits):
                                         config=tuning.AttentionConfig(config.block_m, config.block_n,
                                                                       config.num_warps, config.num_stages,
                                                                       splits=splits))()
-    want, want_lse = checks.oracle_tree_cache(**kwargs)
+    want, want_lse = kv_oracle.nonsquare_tree_attention(**kwargs)
     torch.testing.assert_close(split[0].double().cpu(), want.cpu(), atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(split[0], one[0], atol=1e-5, rtol=1e-5)
     seen = torch.isfinite(want_lse.cpu())
@@ -164,7 +167,7 @@ def test_prefix_only_one_node_and_int64_lists():
     kwargs["prefix_lengths"] = kwargs["prefix_lengths"].tolist()  # lists and int64 work too
     kwargs["kv_start"] = kwargs["kv_start"].long()
     out = swiftspec.tree_cache_attention(**kwargs)
-    want, _ = checks.oracle_tree_cache(**kwargs)
+    want, _ = kv_oracle.nonsquare_tree_attention(**kwargs)
     torch.testing.assert_close(out.double().cpu(), want.cpu(), atol=2e-5, rtol=1e-4)
 
 
@@ -250,7 +253,8 @@ def _square_only(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_l
     v = torch.stack([v_cache[b][:, rows[b]] for b in range(v_cache.shape[0])])
     ks = torch.stack([kv_start[b][rows[b]] for b in range(k_cache.shape[0])])
     ke = torch.stack([kv_end[b][rows[b]] for b in range(k_cache.shape[0])])
-    out, lse = checks.oracle_tree_cache(q, k, v, q_start, q_end, ks, ke, zero, tree_lengths, query_counts)
+    out, lse = kv_oracle.nonsquare_tree_attention(q, k, v, q_start, q_end, ks, ke, zero, tree_lengths,
+                                                  query_counts)
     out, lse = out.to(q.device, q.dtype), lse.to(q.device, torch.float32)
     return (out, lse) if return_lse else out
 
@@ -284,20 +288,20 @@ def test_figures_draw():
     import matplotlib.pyplot as plt
 
     parents = [-1, 0, 0, 1, 1, 2, 2, 5]
-    kv_plots.draw_cache_reroot(3, parents, [0, 2, 5])
+    kv_figures.draw_cache_reroot(3, parents, [0, 2, 5])
     mask = spec.nonsquare_tree_mask(*pyspec_ref.dfs_times(parents), [7, 6, 4], 3)
-    kv_plots.draw_nonsquare_mask(mask, 3, [7, 6, 4])
+    kv_figures.draw_nonsquare_mask(mask, 3, [7, 6, 4])
     rows = [dict(figure="compaction", model="m", name=n, C=c, moves=m,
                  median_ms=0.01 * m * (2 if n == "naive" else 1))
             for n in ("compact", "naive") for c in (64, 128) for m in (5, 50)]
     rows += [dict(figure="attention", workload=w, name=n, median_ms=0.1) for w in ("a", "b")
              for n in ("nonsquare", "sdpa_dense_mask")]
-    compaction = kv_plots.compaction_figure(rows, note="test")
+    compaction = kv_figures.compaction_figure(rows, note="test")
     assert len(compaction.axes[0].lines) == 4  # 2 methods x 2 values of C
-    attention = kv_plots.attention_figure(rows)
+    attention = kv_figures.attention_figure(rows)
     assert len(attention.axes[0].patches) == 4  # 2 methods x 2 workloads
     with pytest.raises(ValueError, match="no measured"):
-        kv_plots.attention_figure(rows[:2])
+        kv_figures.attention_figure(rows[:2])
     plt.close("all")
 
 
@@ -321,13 +325,9 @@ def test_bench_runs_at_tiny_sizes_and_merges_rows(monkeypatch, tmp_path):
                 max_abs_err=0.0),
            dict(name="nonsquare", study="swiftspec", section="swiftspec", figure="attention", median_ms=9.0,
                 max_abs_err=0.0)]
-    saved = {}
-    committed = {"rows": old, "date": "x"}
-    monkeypatch.setattr(swiftspec_bench.results, "load", lambda suite, device=None: committed)
-    monkeypatch.setattr(swiftspec_bench.results, "save", lambda suite, rows: saved.setdefault(suite, rows))
-    swiftspec_bench.save_rows(rows[:2], ("compaction",))
-    kept = saved["kvcache"]
-    assert [r["name"] for r in kept] == ["unpadded", "nonsquare", "compact", "naive"]
+    # `python -m course bench kvcache compaction` keeps the committed rows of the other sections.
+    assert [swiftspec_bench.section_of(row) for row in old] == ["emssd", "compaction", "attention"]
+    assert {swiftspec_bench.section_of(row) for row in rows} == {"compaction", "attention"}
 
 
 @pytest.mark.skipif(runtime.SIMULATOR, reason="needs a CUDA GPU")
@@ -338,7 +338,7 @@ def test_gpu_compaction_is_race_free_at_model_scale():
     old = cache.clone()
     src, dst, counts = swiftspec.plan_tensors([plan] * 4, DEVICE)
     swiftspec.compact(cache, src, dst, counts)
-    want = checks.reference_compaction(old, [checks.slot_sources(700, parents, [0, 2], 2048)] * 4)
+    want = kv_oracle.compaction(old, [checks.slot_sources(700, parents, [0, 2], 2048)] * 4)
     assert torch.equal(cache, want)
 
 
@@ -351,7 +351,7 @@ def test_gpu_attention_sizes(dtype, width, d):
     samples = [(1500, parents, tuple(range(n - width, n)), None), (3, parents, tuple(range(width)), None)]
     kwargs, _ = _attention(samples, heads=8, heads_kv=2, width=width, d=d, dtype=dtype, view=True)
     out, lse = swiftspec.tree_cache_attention(**kwargs, return_lse=True)
-    want, _ = checks.oracle_tree_cache(**kwargs)
+    want, _ = kv_oracle.nonsquare_tree_attention(**kwargs)
     atol, rtol = checks.TOLERANCES[dtype]
     torch.testing.assert_close(out.cpu().double(), want, atol=atol, rtol=rtol)
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import course
-from course import results, timing
+from course.measure import results, timing
 
 
 @pytest.mark.skipif(course.on_gpu(), reason="simulator-only behaviour")
@@ -65,7 +65,7 @@ def test_device_folder_names():
 
 
 def test_kept_rows_are_this_devices_chosen_rows_with_their_run(monkeypatch):
-    from course import runtime
+    from course.core import runtime
 
     committed = results.load("sampling", "h100")
     monkeypatch.setattr(runtime, "device_name", lambda: committed["device"])

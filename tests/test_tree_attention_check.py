@@ -6,7 +6,7 @@ import torch
 
 from course import oracle
 from course.checks import run_cases
-from course.checks.tree_attention import check_tree_attention
+from course.topics.ladder.check import check_tree_attention
 
 
 def _correct(q, k, v, start, end):

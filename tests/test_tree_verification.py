@@ -7,10 +7,13 @@ import random
 import pytest
 import torch
 
-from course import inputs, runtime, timing, verification_bench
 from course.checks import run_cases
-from course.checks import tree_verification as checks
+from course.core import inputs, runtime
 from course.exercises import EXERCISES
+from course.measure import timing
+from course.oracle import sampling as sampling_oracle
+from course.topics.verification import bench as verification_bench
+from course.topics.verification import check as checks
 from pyspec_ref import sampling as spec
 from solutions import tree_verification as tv
 
@@ -37,8 +40,8 @@ def _random_case(seed: int, n: int = 8, vocabulary: int = 11, batch: int = 3) ->
 @pytest.mark.parametrize("seed", range(4))
 def test_the_references_agree_with_pyspec(seed):
     case = _random_case(seed)
-    path, token = checks.torch_reference(inputs.batch_of_trees(case.parents), case.tokens, case.q, case.p,
-                                         case.accept, case.sample)
+    path, token = sampling_oracle.tree_speculative_sampling(inputs.batch_of_trees(case.parents), case.tokens,
+                                                            case.q, case.p, case.accept, case.sample)
     for b in range(len(case.parents)):
         args = (case.parents[b], case.tokens[b].tolist(), case.q[b].tolist(), case.p[b].tolist(),
                 case.accept[b].tolist(), case.sample[b].tolist())

@@ -11,11 +11,15 @@ import pytest
 import torch
 
 import course
-from course import inputs, oracle, results, triton_bench
+from course import oracle
+from course.__main__ import main
 from course.checks import run_cases
-from course.checks.triton_attention import check_triton_tree_attention
+from course.core import inputs
 from course.exercise import ExerciseNotImplemented, kernel_stub_name
+from course.measure import results
+from course.topics.triton_attention import bench as triton_bench
 from course.topics.triton_attention import validate as ta_checks
+from course.topics.triton_attention.check import check_triton_tree_attention
 from solutions import triton_attention as ta
 
 DEVICE = course.torch_device()
@@ -142,7 +146,7 @@ def test_runtimes_report_missing_measurements(monkeypatch):
         raise FileNotFoundError(suite)
 
     monkeypatch.setattr(results, "load", missing)
-    with pytest.raises(results.NotMeasuredYet, match="python -m course.triton_bench"):
+    with pytest.raises(results.NotMeasuredYet, match="python -m course bench triton_attention"):
         triton_bench.runtimes(["triton_fp16"])
     document = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-01-01T00:00:00+00:00",
                 "rows": [{"name": "triton_fp16", "figure": "paper", "order": "bfs", "median_ms": 0.05,
@@ -152,7 +156,7 @@ def test_runtimes_report_missing_measurements(monkeypatch):
     assert rows[0]["median_ms"] == 0.05 and "committed measurements from NVIDIA H100" in where
     with pytest.raises(results.NotMeasuredYet, match="no 'flex_fp16' row"):
         triton_bench.runtimes(["flex_fp16"])
-    assert triton_bench.main([]) == 2  # the benchmark refuses to run in the simulator
+    assert main(["bench", "triton_attention"]) == 2  # the benchmark refuses to run in the simulator
 
 
 def test_a_stub_in_the_softmax_helper_stops_the_launcher_by_name(monkeypatch):

@@ -1,11 +1,12 @@
-"""course.workloads: DeFT's workloads are valid KV trees of the documented sizes; the helpers' tensors."""
+"""course.topics.deft.workloads: DeFT's workloads are valid KV trees of the documented sizes; the
+helpers' tensors."""
 
 import pytest
 import torch
 
 import pyspec_ref
-from course import workloads
-from course.workloads import Workload
+from course.topics.deft import workloads
+from course.topics.deft.workloads import Workload
 
 
 def test_benchmark_has_the_issues_workloads_with_documented_sizes():

@@ -12,7 +12,7 @@ Both expose the same five operations, so `course.capstone.decoder` runs one loop
 
 Kernels: `emssd.unpadded_attention`, `swiftspec.tree_cache_attention`, `swiftspec.compact`,
 `tree_verification.greedy_tree_verification` / `tree_speculative_sampling`, each loaded through
-`course.impl.load` (lessons/ by default, solutions/ with COURSE_IMPL=solutions or impl=).
+`course.core.impl.load` (lessons/ by default, solutions/ with COURSE_IMPL=solutions or impl=).
 
 How the unpadded kernel meets the model's cache. `unpadded_attention` takes one flat cache
 (S, H_kv, d) where each sample owns a run of rows; the model's cache is (B, R, C, d) (R = layers x
@@ -30,8 +30,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from course import impl as course_impl
-from course import runtime
+from course.core import impl as course_impl
+from course.core import runtime
 from pyspec_ref.sampling import greedy_tree_verification
 from pyspec_ref.trees import children
 

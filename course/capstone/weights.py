@@ -94,7 +94,7 @@ def load_model(path: Path, device=None, dtype=None) -> TinyLM:
     course's torch device: cuda on a GPU, cpu in the simulator) in `dtype` (default float32)."""
     from safetensors.torch import load_file
 
-    from course.runtime import torch_device
+    from course.core.runtime import torch_device
 
     path = Path(path)
     if not path.exists():

@@ -31,9 +31,10 @@ def grade(submissions, out, seed: int, exercises=None, limits: Limits | None = N
     """
     from tqdm import tqdm
 
-    from .. import runtime
+    from course.core import runtime
+    from course.core.impl import has_solutions
+
     from ..exercises import select
-    from ..impl import has_solutions
     from ..release import ROOT
     from . import report
     from .collect import find_submissions, lesson_stubs

@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import runtime
+from course.core import runtime
+
 from ..release import ROOT
 from .collect import Submission, SubmissionError, prepare
 

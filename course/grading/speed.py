@@ -3,7 +3,7 @@
 An exercise opts in with a bench hook in the table (`course.exercises.Exercise.bench`):
 `bench(impl)` returns a zero-argument function that runs the kernels of `impl` ("lessons" or
 "solutions") on fixed inputs, built the same way for both (the benchmark's own builders, so the
-same seed gives the same inputs). Grading times it with `course.timing.bench` (warm-up, then the
+same seed gives the same inputs). Grading times it with `course.measure.timing.bench` (warm-up, then the
 median of many runs): the solution once per grading run, in the grader's process, before any
 submission runs; a student's kernel in that submission's child, only when every case passed.
 The report gives the ratio student / solution (above 1: slower than the solution).
@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .. import ladder
+from course.topics.ladder import rungs as ladder
 
-Timer = Callable[[Callable[[], object]], float]  # fn -> median milliseconds (course.timing.bench)
+Timer = Callable[[Callable[[], object]], float]  # fn -> median milliseconds (course.measure.timing.bench)
 SIMULATOR_REASON = "this grading ran in the simulator, whose times say nothing about a GPU"
 
 
 def _default_timer(fn: Callable[[], object]) -> float:
-    from ..timing import bench
+    from course.measure.timing import bench
 
     return bench(fn)
 
@@ -31,13 +31,13 @@ def _default_timer(fn: Callable[[], object]) -> float:
 # ------------------------------------------------------------------------------- the exercises' hooks
 
 def rung_bench(rung_name: str) -> Callable[[str], Callable[[], None]]:
-    """The hook of a ladder rung: its kernels alone (`course.launch.kernels_of`, as the ladder's
+    """The hook of a ladder rung: its kernels alone (`course.core.launch.kernels_of`, as the ladder's
     benchmark times them) at the benchmark's shape FlashSpecInfer's (10, 10, 1024, 64), BFS trees."""
     rung = ladder.BY_NAME[rung_name]
 
     def bench(impl: str) -> Callable[[], None]:
-        from .. import ladder_bench
-        from ..launch import kernels_of
+        from course.core.launch import kernels_of
+        from course.topics.ladder import bench as ladder_bench
 
         batch, heads, n, d = ladder_bench.PAPER_SHAPE
         q, k, v = ladder_bench.random_qkv(batch, heads, n, d)
@@ -50,11 +50,12 @@ def rung_bench(rung_name: str) -> Callable[[str], Callable[[], None]]:
 
 def triton_bench(impl: str) -> Callable[[], object]:
     """The hook of notebook 12's Triton kernel: `prepare_attention(...)` (the kernel without the launcher's
-    input checks, as `course.triton_bench` times it) in fp16 at the benchmark's shape, BFS trees."""
+    input checks, as `course.topics.triton_attention.bench` times it) in fp16 at the benchmark's shape,
+    BFS trees."""
     import torch
 
-    from .. import ladder_bench
-    from ..impl import load
+    from course.core.impl import load
+    from course.topics.ladder import bench as ladder_bench
 
     module = load("triton_attention", impl)
     batch, heads, n, d = ladder_bench.PAPER_SHAPE

@@ -175,8 +175,8 @@ def main(argv=None) -> int:
     from course.checks import run_cases
     from course.exercises import EXERCISES
 
-    for module in ("course.checks.diagnose", "course.oracle", "course.inputs", "course.validate",
-                   "course.launch", "course.exercise"):
+    for module in ("course.checks.diagnose", "course.oracle", "course.core.inputs", "course.core.validate",
+                   "course.core.launch", "course.exercise"):
         importlib.import_module(module)
     exercises = [EXERCISES[e] for e in args.exercises.split(",")]
     guard = FileGuard([os.getcwd(), "/dev"])

@@ -13,7 +13,7 @@ import os
 from hypothesis import HealthCheck, settings
 
 import course  # noqa: F401  (first: picks GPU or simulator)
-from course import runtime
+from course.core import runtime
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "0")) or (30 if runtime.SIMULATOR else 100)
 

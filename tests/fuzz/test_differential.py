@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pyspec_ref
-from course import inputs, runtime
-from course.impl import load
+from course.core import inputs, runtime
+from course.core.impl import load
 from pyspec_ref import kvcache as spec_kv
 from pyspec_ref import sampling as spec_sampling
 
@@ -210,7 +210,7 @@ EMSSD = load("emssd", "solutions")
     seed=st.integers(0, 2**16),
 )
 def test_unpadded_attention_equals_the_specification(length, counts, seed):
-    from course.checks import emssd as checks
+    from course.topics.kvcache import check as checks
 
     lengths = [length] + [length // 2] * (len(counts) - 1)
     starts, slots = checks.scattered_layout(counts, lengths, seed)

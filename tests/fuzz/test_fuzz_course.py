@@ -16,10 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course import inputs, runtime
 from course.capstone import decoder
 from course.capstone.tree import DraftTree
 from course.capstone.weights import load_pair
+from course.core import inputs, runtime
 
 
 @pytest.fixture(scope="module")

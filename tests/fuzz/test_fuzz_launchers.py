@@ -27,10 +27,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course import inputs, runtime
-from course.checks import emssd as emssd_checks
-from course.checks import swiftspec as swiftspec_checks
-from course.impl import load
+from course.core import inputs, runtime
+from course.core.impl import load
+from course.topics.kvcache import check as emssd_checks
+from course.topics.kvcache import check as swiftspec_checks
 
 DEVICE = runtime.torch_device()
 OTHER_DEVICE = "meta"  # neither the simulator's CPU nor a GPU

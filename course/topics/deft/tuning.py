@@ -14,8 +14,8 @@ import torch
 import triton
 
 import pyspec_ref.deft as spec
-from course import runtime
-from course.validate import require_dot_block
+from course.core import runtime
+from course.core.validate import require_dot_block
 
 from .validate import kv_tree
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from course import runtime
-from course.validate import require_dot_block
+from course.core import runtime
+from course.core.validate import require_dot_block
 
 from .validate import HEAD_DIMS
 

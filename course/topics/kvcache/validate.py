@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from course import runtime
-from course.validate import require_interpretable_dtype, require_kv_heads, require_like_q, require_tensor
+from course.core import runtime
+from course.core.validate import require_interpretable_dtype, require_kv_heads, require_like_q, require_tensor
 
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

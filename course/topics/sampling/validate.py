@@ -11,7 +11,7 @@ import math
 import torch
 import triton
 
-from course.validate import require_tensor
+from course.core.validate import require_tensor
 from pyspec_ref.sampling import NORMALISATION_TOLERANCE  # |sum(p) - 1| allowed
 
 MAX_TILES = 4096  # the resample kernel holds a row's T partial sums in one block

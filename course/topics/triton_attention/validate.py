@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from course.validate import require_interpretable_dtype, require_same_shape, require_tensor, require_times_of
+from course.core.validate import (
+    require_interpretable_dtype,
+    require_same_shape,
+    require_tensor,
+    require_times_of,
+)
 
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from course.validate import (
+from course.core.validate import (
     require_interpretable_dtype,
     require_same_shape,
     require_tensor,

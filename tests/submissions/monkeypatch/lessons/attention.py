@@ -2,11 +2,11 @@
 
 import torch
 
-import course.checks.attention
+import course.topics.attention.check
 
 from ._solution_attention import *  # noqa: F403
 
-course.checks.attention.compare_floats = lambda *args, **kwargs: ""
+course.topics.attention.check.compare_floats = lambda *args, **kwargs: ""
 
 
 def online_softmax(x, block):

@@ -1,0 +1,1 @@
+"""The machinery every topic shares: GPU or simulator, launching, inputs, validation, source and analysis."""

@@ -1,0 +1,193 @@
+"""Cover the blind spots of Numba's CUDA simulator, so that bugs a GPU would expose fail here too.
+
+The simulator runs each CUDA thread as a Python thread over NumPy arrays. Left as
+it is, it differs from a GPU in ways that let wrong kernels pass:
+
+1. Shared memory persists from one block to the next, so a block that forgets to
+   load a tile reads the previous block's tile and still gets the right answer.
+   We give every block fresh shared (and local) arrays filled with poison: NaN for
+   floats, a huge negative number for integers.
+2. Negative indices wrap around (NumPy semantics) instead of reading out of bounds.
+   We make every index into a kernel argument, shared or local array raise.
+3. Array sizes of `cuda.local.array` / `cuda.shared.array` may be run-time values
+   there, while a GPU needs compile-time constants. `lint_kernel` rejects them.
+
+Races show up only as run-to-run differences: the checks run kernels twice.
+Warp shuffles are not implemented by the simulator: course kernels do not use them.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import threading
+
+import numpy as np
+
+from course.core.source import python_function, source_of
+
+_installed = False
+
+
+class SimulatorIndexError(IndexError):
+    """A kernel used a negative index, which a GPU would turn into an out-of-bounds access."""
+
+
+def _reject_negative(index, where: str):
+    parts = index if isinstance(index, tuple) else (index,)
+    for part in parts:
+        if isinstance(part, (int, np.integer)) and not isinstance(part, bool) and part < 0:
+            raise SimulatorIndexError(
+                f"negative index {int(part)} into {where}: the simulator would wrap it around, "
+                "a GPU reads or writes out of bounds"
+            )
+
+
+class StrictArray(np.ndarray):
+    """A NumPy array that refuses negative indices, like device memory would."""
+
+    _where = "a kernel array"
+
+    def __getitem__(self, index):
+        _reject_negative(index, self._where)
+        return super().__getitem__(index)
+
+    def __setitem__(self, index, value):
+        _reject_negative(index, self._where)
+        super().__setitem__(index, value)
+
+    def __repr__(self):  # NumPy's printer indexes with -1; print the plain array instead
+        return repr(self.view(np.ndarray))
+
+    def __str__(self):
+        return str(self.view(np.ndarray))
+
+
+def poisoned(shape, dtype, where: str) -> StrictArray:
+    """A fresh array full of poison: NaN for floats, a large negative number for integers."""
+    dtype = np.dtype(dtype)
+    array = np.empty(shape, dtype).view(StrictArray)
+    array._where = where
+    if dtype.kind == "f":
+        array.fill(np.nan)
+    elif dtype.kind in "iu":
+        array.fill(np.iinfo(dtype).min // 2 if dtype.kind == "i" else np.iinfo(dtype).max // 2)
+    elif dtype.kind == "b":
+        array.fill(True)
+    return array
+
+
+_shared_lock = threading.Lock()
+
+
+def install() -> None:
+    """Patch the simulator once. Call only when the simulator is in use."""
+    global _installed
+    if _installed:
+        return
+    from course.core.runtime import SIMULATOR
+
+    if not SIMULATOR:
+        return
+    from numba.cuda.simulator import kernel as sim_kernel
+    from numba.cuda.simulator import kernelapi
+    from numba.cuda.simulator.cudadrv.devicearray import FakeWithinKernelCUDAArray
+
+    def as_numpy_dtype(dtype):
+        if isinstance(dtype, kernelapi.types.Type):
+            return kernelapi.numpy_support.as_dtype(dtype)
+        return dtype
+
+    original_shared = kernelapi.FakeCUDAShared.array
+
+    def shared_array(self, shape, dtype, alignment=None):
+        if shape == 0:  # dynamic shared memory: keep the simulator's own buffer
+            return original_shared(self, shape, dtype, alignment)
+        if alignment is not None:
+            raise RuntimeError("Array alignment is not supported in cudasim")
+        frame = sys._getframe(1)  # the simulator keys shared arrays by the line that declares them
+        caller = (frame.f_code.co_filename, frame.f_lineno)
+        with _shared_lock:  # the block's threads run concurrently: all must get the same array
+            found = self._allocations.get(caller)
+            if found is None:
+                found = poisoned(shape, as_numpy_dtype(dtype), "shared memory")
+                self._allocations[caller] = found
+        return found
+
+    def local_array(self, shape, dtype, alignment=None):
+        if alignment is not None:
+            raise RuntimeError("Array alignment is not supported in cudasim")
+        return poisoned(shape, as_numpy_dtype(dtype), "a local array")
+
+    original_run = sim_kernel.BlockManager.run
+
+    def run_block(self, grid_point, *args):
+        context = sim_kernel._get_kernel_context()
+        if context is not None:
+            context.shared._allocations.clear()  # each block starts with fresh, poisoned shared memory
+        return original_run(self, grid_point, *args)
+
+    def checked_getitem(self, index):
+        _reject_negative(index, "a kernel argument")
+        return original_getitem(self, index)
+
+    def checked_setitem(self, index, value):
+        _reject_negative(index, "a kernel argument")
+        return original_setitem(self, index, value)
+
+    original_getitem = FakeWithinKernelCUDAArray.__getitem__
+    original_setitem = FakeWithinKernelCUDAArray.__setitem__
+    kernelapi.FakeCUDAShared.array = shared_array
+    kernelapi.FakeCUDALocal.array = local_array
+    sim_kernel.BlockManager.run = run_block
+    FakeWithinKernelCUDAArray.__getitem__ = checked_getitem
+    FakeWithinKernelCUDAArray.__setitem__ = checked_setitem
+    _installed = True
+
+
+class KernelLintError(ValueError):
+    """A kernel uses a construct that the simulator accepts but a GPU rejects."""
+
+
+def lint_kernel(kernel) -> None:
+    """Reject run-time sized local/shared arrays, which pass in the simulator and fail on a GPU."""
+    py_func = python_function(kernel)
+    try:
+        source = source_of(kernel)
+    except (OSError, TypeError):
+        return
+    constants = {
+        name
+        for name, value in py_func.__globals__.items()
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    }
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        owner = node.func.value
+        if not (
+            node.func.attr == "array"
+            and isinstance(owner, ast.Attribute)
+            and owner.attr in ("local", "shared")
+            and node.args
+        ):
+            continue
+        shape = node.args[0]
+        for extent in shape.elts if isinstance(shape, ast.Tuple) else [shape]:
+            _lint_extent(extent, constants, f"kernel {py_func.__name__}: cuda.{owner.attr}.array")
+
+
+def _lint_extent(extent: ast.expr, constants: set[str], where: str) -> None:
+    """One extent of an array shape: an int literal or the name of a module-level int constant.
+
+    Numba does not fold arithmetic in a shape: (TILE + 1) is a run-time int64 on a GPU.
+    """
+    if isinstance(extent, ast.Constant) and isinstance(extent.value, int):
+        return
+    if isinstance(extent, ast.Name) and extent.id in constants:
+        return
+    text = ast.unparse(extent)
+    why = ("is arithmetic, which Numba does not fold at compile time: give it a module-level "
+           "name" if not isinstance(extent, ast.Name) else "is not a module-level integer constant")
+    raise KernelLintError(f"{where} size {text!r} {why}. The simulator accepts it, but a GPU "
+                          "needs every size at compile time.")

@@ -1,0 +1,120 @@
+"""`python -m course bench <topic> [sections]` and `python -m course figures <topic>`.
+
+Every room that measures on a GPU (each `course/topics/<topic>/` and `course/capstone/`) answers
+to the same contract, so that these two commands are the only way to run a bench or draw its
+figures:
+
+* `<room>.bench` has `SUITE` (its file, results/<device>/<SUITE>.json), `SECTIONS` (name ->
+  a function that measures and returns rows, never draws) and `section_of(row)` (the section that
+  measured a committed row);
+* `<room>.figures` has `FIGURES` (PNG name -> a function drawing one Figure from the results
+  document) and may have `summary(document)`, a text of the paper's targets met or missed.
+
+A bench refuses the simulator (its times say nothing about a GPU); figures read committed JSON,
+so they draw on any machine.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import json
+import pkgutil
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+from course.core import runtime
+from course.measure import results
+
+SIMULATOR_REFUSAL = ("python -m course bench measures a GPU, and this machine runs the simulator, whose "
+                     "times say nothing about one; the committed measurements are in results/<device>/")
+# The capstone measures like a topic but is a room of its own (notebook 19 puts every topic together).
+ROOMS_OUTSIDE_TOPICS = {"capstone": "course.capstone"}
+
+
+class UsageError(ValueError):
+    """A topic or section that does not exist (the command line prints it and exits with 2)."""
+
+
+def topics() -> list[str]:
+    """The topic rooms, course/topics/<topic>/, in alphabetical order."""
+    import course.topics
+
+    return sorted(m.name for m in pkgutil.iter_modules(course.topics.__path__) if m.ispkg)
+
+
+def rooms() -> dict[str, str]:
+    """Every room with a bench and figures: topic name -> its package."""
+    return {topic: f"course.topics.{topic}" for topic in topics()} | ROOMS_OUTSIDE_TOPICS
+
+
+def part_of(room: str, part: str) -> ModuleType:
+    """`<room>.<part>` (part: "bench" or "figures") imported; UsageError for an unknown room."""
+    packages = rooms()
+    if room not in packages:
+        raise UsageError(f"topic must be one of {', '.join(packages)}; got {room!r}")
+    return importlib.import_module(f"{packages[room]}.{part}")
+
+
+def chosen_sections(sections: Sequence[str], named: Sequence[str]) -> list[str]:
+    """The sections named (all of `sections` when none is); an unknown one is a UsageError."""
+    chosen = list(named) or list(sections)
+    unknown = [section for section in chosen if section not in sections]
+    if unknown:
+        raise UsageError(f"sections must be some of {', '.join(sections)}; got {', '.join(unknown)}")
+    return chosen
+
+
+def bench(room: str, named: Sequence[str] = (), log=print) -> Path | None:
+    """Measure the chosen sections of a room's bench and save them with this device's committed
+    rows of the other sections; None (after saying why) in the simulator."""
+    module = part_of(room, "bench")
+    sections = chosen_sections(module.SECTIONS, named)
+    if runtime.SIMULATOR:
+        log(SIMULATOR_REFUSAL)
+        return None
+    import torch
+
+    torch._dynamo.config.cache_size_limit = 64  # FlexAttention compiles once per shape and dtype
+    kept = results.kept_rows(module.SUITE, lambda row: module.section_of(row) not in sections)
+    stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    rows, path = [], None
+    for section in sections:
+        rows += [dict(row, run=stamp) for row in module.SECTIONS[section]()]
+        path = results.save(module.SUITE, kept + rows)  # after every section: partial results survive
+        log(f"saved {path} (section {section})")
+    return path
+
+
+def save_figures(figures: ModuleType, document: dict, directory: Path, dpi: int = 120) -> list[Path]:
+    """Draw each of `figures.FIGURES` from `document` as directory/<name>.png; the paths written."""
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, draw in figures.FIGURES.items():
+        fig = draw(document)
+        path = directory / f"{name}.png"
+        fig.savefig(path, dpi=dpi, bbox_inches="tight")
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def draw_figures(room: str, path: Path | None = None, log=print) -> list[Path]:
+    """A room's figures from its results file (default: the committed one), as PNGs beside it."""
+    import matplotlib.pyplot as plt
+
+    plt.switch_backend("Agg")  # files only: no display
+    figures, suite = part_of(room, "figures"), part_of(room, "bench").SUITE
+    if path is None:
+        document = results.load_measured(suite)
+        path = results.RESULTS / results.device_folder(document["device"]) / f"{suite}.json"
+    else:
+        document = results.validate(json.loads(Path(path).read_text()), str(path))
+    written = save_figures(figures, document, Path(path).parent)
+    for saved in written:
+        log(f"wrote {saved}")
+    if hasattr(figures, "summary"):
+        log(figures.summary(document))
+    return written

@@ -1,0 +1,109 @@
+"""Checks for notebook 01: DFS times, the dense tree mask and its bitmask."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+import pyspec_ref
+from course import oracle
+from course.checks import CaseResult, rerun_problem
+from course.checks.diagnose import compare_ints, compare_mask
+from course.core import inputs, runtime
+
+SAMPLED_ROWS = 16  # rows per tree compared with pyspec_ref when the output is large
+
+
+def tree_cases(seed: int, tile: int) -> list[tuple[str, list[inputs.TreeCase]]]:
+    """Batches to check: each edge case alone, a batch of different trees, fresh random ones."""
+    n_random = runtime.pick(sim=2 * tile + 5, gpu=1024)
+    batches = [(case.name, [case]) for case in inputs.edge_case_trees(tile)]
+    mixed = inputs.random_cases(3, n_random, seed + 1)
+    batches.append((f"batch of 3 different random trees N={n_random}", mixed))
+    for case in inputs.random_cases(2, runtime.pick(sim=tile + 3, gpu=4096), seed):
+        batches.append((case.name, [case]))
+    return batches
+
+
+def check_dfs_times(module, seed: int):
+    """dfs_times(parents) must equal pyspec_ref.dfs_times on every tree, twice in a row."""
+    device = runtime.torch_device()
+    for name, batch in tree_cases(seed, tile=16):
+        def run(name=name, batch=batch):
+            parents = inputs.batch_of_trees(batch, device)
+            got = module.dfs_times(parents)
+            again = module.dfs_times(parents)
+            start, end = inputs.dfs_times_tensors(batch)
+            for what, value, want in (("start", got[0], start), ("end", got[1], end)):
+                problem = compare_ints(value, want, what, ("batch", "node"))
+                if problem:
+                    return CaseResult(name, False, problem)
+            problem = rerun_problem(got, again)
+            return CaseResult(name, False, problem) if problem else None
+        yield name, run
+
+
+def reference_rows(batch, rows_per_tree: int, seed: int):
+    """(b, q, row) from pyspec_ref's definition (ancestor walks): every row of a small tree,
+    a random sample of rows of a large one."""
+    rng = random.Random(seed)
+    for b, case in enumerate(batch):
+        n = case.n
+        rows = range(n) if n <= rows_per_tree else sorted(rng.sample(range(n), rows_per_tree))
+        for q in rows:
+            visible = set(pyspec_ref.ancestors(list(case.parents), q))
+            yield b, q, torch.tensor([k in visible for k in range(n)])
+
+
+def mask_problem(got, batch, start, end, seed: int) -> str:
+    """'' when got is the tree mask of batch; else which (query, key) pair is wrong and why."""
+    start, end = start.cpu(), end.cpu()
+    problem = compare_mask(got, oracle.dense_tree_mask(start, end), start, end)
+    if problem:
+        return problem
+    for b, q, row in reference_rows(batch, SAMPLED_ROWS, seed):
+        if not torch.equal(got[b, q].cpu(), row):  # the oracle itself disagrees with the spec
+            return f"batch {b}, query {q}: row differs from pyspec_ref.tree_mask"
+    return ""
+
+
+def check_tree_mask(module, seed: int):
+    """tree_mask(start, end) must be the dense ancestor-or-self mask, twice in a row."""
+    device = runtime.torch_device()
+    for name, batch in tree_cases(seed, tile=module.MASK_TILE):
+        def run(name=name, batch=batch):
+            start, end = (t.to(device) for t in inputs.dfs_times_tensors(batch))
+            got = module.tree_mask(start, end)
+            again = module.tree_mask(start, end)
+            problem = mask_problem(got, batch, start, end, seed) or rerun_problem(got, again)
+            return CaseResult(name, False, problem) if problem else None
+        yield name, run
+
+
+def expected_bitmask(batch):
+    """Bitmask words from pyspec_ref, as int64 (bit 63 is the sign bit) like the kernel's."""
+    rows = [pyspec_ref.tree_bitmask(list(case.parents)) for case in batch]
+    signed = [[[w - (1 << 64) if w >= 1 << 63 else w for w in row] for row in tree] for tree in rows]
+    return torch.tensor(signed, dtype=torch.int64)
+
+
+def check_tree_bitmask(module, seed: int):
+    """tree_bitmask(start, end) must pack the mask 64 keys to a word, as pyspec_ref does."""
+    device = runtime.torch_device()
+    rng = random.Random(seed)
+    wide = [  # more than 64 keys: bit 63 (the sign bit of an int64 word) and further words
+        ("chain N=70 (bit 63 and a second word)", [inputs.TreeCase("chain", tuple(inputs.chain(70)))]),
+        ("random tree N=130 (three words)",
+         [inputs.TreeCase("random", tuple(inputs.random_tree(130, rng)))]),
+    ]
+    for name, batch in tree_cases(seed, tile=module.MASK_TILE) + wide:
+        if batch[0].n > 2048:
+            continue  # the pure-Python bitmask is quadratic; large trees are covered by tree_mask
+        def run(name=name, batch=batch):
+            start, end = (t.to(device) for t in inputs.dfs_times_tensors(batch))
+            got = module.tree_bitmask(start, end)
+            problem = compare_ints(got, expected_bitmask(batch), "word",
+                                   ("batch", "query", "word"))
+            return CaseResult(name, False, problem) if problem else None
+        yield name, run

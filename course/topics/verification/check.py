@@ -1,0 +1,684 @@
+"""Checks for notebook 16: token-tree verification, sampled (SpecInfer) and greedy.
+
+A module exposes `tree_speculative_sampling(tree, tokens, q, p, accept_uniforms,
+sample_uniforms) -> (path, next_token)` and `greedy_tree_verification(tree, tokens, target)`
+(see solutions/tree_verification.py). Every tree of a batch is compared with
+`pyspec_ref.sampling` on the same random numbers.
+
+Exactness. The kernels take float32 probabilities and compute in float64; the specification
+sums the vocabulary exactly. The first test at a node, r * q(x) < p(x), is a product of two
+float32 numbers (exact in float64) against a float32 number, so it must agree bit for bit.
+Tests after a rejection and the final draw use sums over the vocabulary, so a tree may come
+out differently where such a comparison lies within float64 rounding of its threshold:
+`reference_walk` replays the specification's walk and lists those decisions, and
+`compare_sampling` counts a differing tree as "within rounding" only when its walk has one
+(and fails when they pass ROUNDING_SHARE of the trees, or on any other difference).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import torch
+
+from course.checks import CaseResult, rerun_problem
+from course.core import inputs, runtime
+from course.measure.stats import (
+    chi_square_p_value,  # also read by notebook 16 as tv_checks.chi_square_p_value
+)
+from pyspec_ref import sampling as spec
+
+ROUNDING_SHARE = 0.05  # at most this share of trees (or one) may differ within rounding
+UNIT_ROUNDOFF = 2.0 ** -53  # float64
+SIGNIFICANCE = 1e-4  # the chi-square tests fail by chance once in 10^4 runs
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def draft_and_target(batch: int, n: int, vocabulary: int, seed: int, device=None,
+                     mismatch: float = 1.0, sharpness: float = 2.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, p), float32 (B, N, V): the target's logits are sharpness * z, the draft's the same plus
+    mismatch * z' (z, z' standard normal): mismatch 0 gives q = p, larger values a worse draft."""
+    shape = (batch, n, vocabulary)
+    target = inputs.random_tensor(shape, seed, torch.float64, device) * sharpness
+    draft = target + mismatch * inputs.random_tensor(shape, seed + 1, torch.float64, device)
+    return (torch.softmax(draft, dim=-1).to(torch.float32), torch.softmax(target, dim=-1).to(torch.float32))
+
+
+def draft_tokens(parents: torch.Tensor, q: torch.Tensor, seed: int) -> torch.Tensor:
+    """(B, N) int32 tokens as a draft model proposes them: node i's token drawn from q at its
+    parent (children of one node independently); the root's token drawn uniformly."""
+    batch, n, vocabulary = q.shape
+    generator = torch.Generator(device=q.device).manual_seed(seed)
+    tokens = torch.randint(0, vocabulary, (batch, n), generator=generator, device=q.device)
+    if n > 1:
+        rows = q[torch.arange(batch, device=q.device)[:, None], parents[:, 1:].long()]
+        drawn = torch.multinomial(rows.reshape(-1, vocabulary), 1, generator=generator)
+        tokens[:, 1:] = drawn.reshape(batch, n - 1)
+    return tokens.to(torch.int32)
+
+
+def uniforms(batch: int, n: int, seed: int, device=None) -> torch.Tensor:
+    """(B, N) float32 uniforms in [0, 1)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand((batch, n), generator=generator, dtype=torch.float32).to(device)
+
+
+@dataclass
+class SamplingCase:
+    """One batch of trees with everything the walk needs (CPU tensors)."""
+
+    name: str
+    parents: list[list[int]]
+    tokens: torch.Tensor
+    q: torch.Tensor
+    p: torch.Tensor
+    accept: torch.Tensor
+    sample: torch.Tensor
+    as_times: bool = False  # hand the kernel DFS times instead of parents
+    exact: bool = False  # every sum is exact in float64 (dyadic inputs): no rounding excuse
+
+    def tree(self, device):
+        if self.as_times:
+            return tuple(t.to(device) for t in inputs.dfs_times_tensors(self.parents))
+        return inputs.batch_of_trees(self.parents, device)
+
+    def run(self, module, device):
+        return module.tree_speculative_sampling(
+            self.tree(device), self.tokens.to(device), self.q.to(device), self.p.to(device),
+            self.accept.to(device), self.sample.to(device))
+
+
+def sampling_case(name: str, trees, vocabulary: int, seed: int, *, as_times: bool = False,
+                  zero_fraction: float = 0.1, mismatch: float = 1.0) -> SamplingCase:
+    """Random distributions at every node, tokens drawn from the parents' q, random uniforms."""
+    parents = inputs.batch_of_trees(trees)
+    batch, n = parents.shape
+    q, p = draft_and_target(batch, n, vocabulary, seed, mismatch=mismatch)
+    if zero_fraction:
+        q = _with_zeros(q, zero_fraction, seed + 2)
+    tokens = draft_tokens(parents, q, seed + 3)
+    return SamplingCase(name, [list(t) for t in parents.tolist()], tokens, q, p,
+                        uniforms(batch, n, seed + 4), uniforms(batch, n, seed + 5), as_times)
+
+
+def _with_zeros(q: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
+    """q with a share of its entries set to 0 (never a row's largest), renormalised."""
+    generator = torch.Generator().manual_seed(seed)
+    drop = torch.rand(q.shape, generator=generator) < fraction
+    drop &= q < q.max(dim=-1, keepdim=True).values
+    q = q.double().masked_fill(drop, 0.0)
+    return (q / q.sum(dim=-1, keepdim=True)).to(torch.float32)
+
+
+# --------------------------------------------------------------------------- the reference walk
+
+
+def rounding_bound(vocabulary: int, rejections: int) -> float:
+    """Relative distance from a threshold within which float64 sums over the vocabulary (the
+    kernel's tiles vs the specification's exact sums) can flip a comparison, after `rejections`
+    rejections at the node: a generous V * 2^-53 per sum, one more sum per rejection."""
+    return 64.0 * vocabulary * UNIT_ROUNDOFF * (rejections + 1)
+
+
+@dataclass(frozen=True)
+class Near:
+    """A decision of the walk within rounding of its threshold: a test or residual at `node`
+    (the kernel may take the other branch there), or the final draw (then the kernel may draw
+    one of `alternatives`, the tokens on either side of the boundary)."""
+
+    node: int
+    what: str
+    alternatives: frozenset[int] | None = None  # None for tests and residuals
+
+
+@dataclass
+class ReferenceWalk:
+    """The specification's walk on one tree, with the decisions that lie within rounding."""
+
+    path: list[int]
+    token: int
+    near: list[Near] = field(default_factory=list)
+
+    def explains(self, path: list[int], token: int) -> Near | None:
+        """The near decision that explains a kernel result differing from this walk, or None:
+        a path that leaves this one at a node with a near test or residual, or this path with
+        a token on the other side of a near CDF boundary of the draw."""
+        common = 0
+        while common < min(len(path), len(self.path)) and path[common] == self.path[common]:
+            common += 1
+        if common == len(path) == len(self.path):
+            return next((n for n in self.near if n.alternatives is not None and token in n.alternatives),
+                        None)
+        node = self.path[common - 1]
+        return next((n for n in self.near if n.alternatives is None and n.node == node), None)
+
+
+def _draw_near(weights: list[float], u: float, bound: float) -> tuple[str, frozenset[int]] | None:
+    """None unless u * total lies within bound * total of a boundary of the exact CDF; else what
+    and the tokens on both sides of those boundaries."""
+    exact = [Fraction(w) for w in weights]
+    total = sum(exact)
+    threshold = Fraction(u) * total
+    positive = [i for i, w in enumerate(exact) if w]
+    cumulative, sides, what = Fraction(0), set(), ""
+    for index, i in enumerate(positive):
+        cumulative += exact[i]
+        if abs(cumulative - threshold) <= Fraction(bound) * total:
+            sides.update(positive[index:index + 2])
+            what = what or (f"the draw: u * total is within {float(abs(cumulative - threshold) / total):.2g}"
+                            f" (relative) of the CDF boundary after token {i}")
+    return (what, frozenset(sides)) if sides else None
+
+
+def reference_walk(parents, tokens, q, p, accept, sample) -> ReferenceWalk:
+    """`pyspec_ref.sampling.tree_speculative_sampling` replayed step by step (lists of floats, the
+    same double arithmetic), listing every decision the kernel's float64 sums could flip:
+    a test after a rejection at the node, an empty-or-not residual after an earlier rejection,
+    and the final draw. The first test at a node is exact and never listed."""
+    n, vocabulary = len(parents), len(p[0])
+    children = [[] for _ in range(n)]
+    for node in range(1, n):
+        children[parents[node]].append(node)
+    walk = ReferenceWalk([0], -1)
+    node = 0
+    while True:
+        p_node, rejected, moved = p[node], 0, False
+        for child in children[node]:
+            x = tokens[child]
+            lhs, rhs = accept[child] * q[node][x], p_node[x]
+            scale = max(lhs, rhs, q[node][x], p[node][x])
+            if rejected and abs(lhs - rhs) <= rounding_bound(vocabulary, rejected) * scale:
+                walk.near.append(Near(node, f"node {node}, child {child}: r q(x) = {lhs:.17g} is within "
+                                            f"rounding of p'(x) = {rhs:.17g} after {rejected} rejections"))
+            if lhs <= rhs:
+                walk.path.append(child)
+                node, moved = child, True
+                break
+            weights = spec.residual(p_node, q[node])
+            total = math.fsum(weights)
+            if rejected and total <= rounding_bound(vocabulary, rejected):
+                walk.near.append(Near(node, f"node {node}: the residual after {rejected + 1} rejections "
+                                            f"has mass {total:.3g}, within rounding of empty"))
+            if any(weights):
+                p_node = [w / total for w in weights]
+            rejected += 1
+        if not moved:
+            walk.token = spec.inverse_cdf(p_node, sample[node])
+            near = _draw_near(p_node, sample[node], rounding_bound(vocabulary, rejected))
+            if near:
+                walk.near.append(Near(node, f"node {node}: {near[0]}", near[1]))
+            return walk
+
+
+def explain_walk(parents, tokens, q, p, accept, sample) -> list[str]:
+    """The specification's walk on one tree in words, one line per decision (for notebook 16):
+    each child's test r * q(x) < p'(x) with its numbers, each residual, and the draw."""
+    lines, node, n = [], 0, len(parents)
+    children = [[c for c in range(n) if parents[c] == u] for u in range(n)]
+    while True:
+        p_node, rejected, moved = p[node], 0, False
+        for child in children[node]:
+            x = tokens[child]
+            lhs, rhs = accept[child] * q[node][x], p_node[x]
+            mark = "p(x)" if not rejected else "p'(x)"
+            verdict = "accept" if lhs < rhs else "reject"
+            lines.append(f"node {node}: child {child} (token {x}): r q(x) = {accept[child]:.3f} x "
+                         f"{q[node][x]:.3f} = {lhs:.3f} vs {mark} = {rhs:.3f} -> {verdict}")
+            if lhs < rhs:
+                node, moved = child, True
+                break
+            weights = spec.residual(p_node, q[node])
+            if any(weights):
+                total = math.fsum(weights)
+                p_node = [w / total for w in weights]
+                lines.append(f"node {node}: p' = max(0, p' - q) / {total:.3f} (the residual, renormalised)")
+            else:
+                lines.append(f"node {node}: max(0, p' - q) is empty (p' <= q): p' is kept")
+            rejected += 1
+        if not moved:
+            why = "a leaf" if not children[node] else "every child rejected"
+            token = spec.inverse_cdf(p_node, sample[node])
+            lines.append(f"node {node} ({why}): draw with u = {sample[node]:.3f} -> token {token}")
+            return lines
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+@dataclass
+class SamplingComparison:
+    """How a batch of kernel results compares with the specification, tree by tree."""
+
+    trees: int = 0
+    exact: int = 0
+    within_rounding: list[str] = field(default_factory=list)
+    wrong: list[str] = field(default_factory=list)
+
+    @property
+    def allowed_within_rounding(self) -> int:
+        return max(1, int(ROUNDING_SHARE * self.trees))
+
+    def problem(self) -> str:
+        """'' when every tree is exact or within rounding (and those are few)."""
+        if self.wrong:
+            more = f" (and {len(self.wrong) - 1} more trees)" if len(self.wrong) > 1 else ""
+            return self.wrong[0] + more
+        if len(self.within_rounding) > self.allowed_within_rounding:
+            return (f"{len(self.within_rounding)} of {self.trees} trees differ within rounding, more "
+                    f"than the {self.allowed_within_rounding} allowed: {self.within_rounding[0]}")
+        return ""
+
+    def summary(self) -> str:
+        return (f"{self.trees} trees: {self.exact} exactly as pyspec_ref, {len(self.within_rounding)} "
+                f"within rounding, {len(self.wrong)} wrong")
+
+
+def _divergence(got_path, got_token, want_path, want_token, parents, tokens, q, p, accept) -> str:
+    """Where the kernel's walk left the specification's, in words."""
+    common = 0
+    while common < min(len(got_path), len(want_path)) and got_path[common] == want_path[common]:
+        common += 1
+    if common == len(got_path) == len(want_path):
+        return (f"same path, but next token {got_token} instead of {want_token} (the draw at node "
+                f"{got_path[-1]})")
+    node = want_path[common - 1]
+    if common < len(got_path) and parents[got_path[common]] != node:
+        return f"the path's node {got_path[common]} is not a child of node {node}"
+    took = f"went on to node {got_path[common]}" if common < len(got_path) else "stopped"
+    should = f"go on to node {want_path[common]}" if common < len(want_path) else "stop and draw"
+    first = next((c for c in range(1, len(parents)) if parents[c] == node), None)
+    hint = ""
+    if first is not None:
+        x = tokens[first]
+        hint = (f"; its first child {first} has token {x}: r = {accept[first]:.9g}, q(x) = "
+                f"{q[node][x]:.9g}, p(x) = {p[node][x]:.9g}, accepted iff r q(x) < p(x)")
+    return f"at node {node} the kernel {took}, the specification would {should}{hint}"
+
+
+def compare_sampling(case: SamplingCase, path: torch.Tensor, next_token: torch.Tensor) -> SamplingComparison:
+    """Compare a kernel's (path, next_token) with pyspec_ref on every tree of the case (a case
+    marked exact allows no difference at all)."""
+    result = SamplingComparison()
+    path, next_token = path.cpu(), next_token.cpu()
+    batch, n = case.tokens.shape
+    if tuple(path.shape) != (batch, n) or tuple(next_token.shape) != (batch,):
+        result.trees = batch
+        result.wrong.append(f"path has shape {tuple(path.shape)} and next_token {tuple(next_token.shape)},"
+                            f" expected {(batch, n)} and {(batch,)}")
+        return result
+    for b in range(batch):
+        result.trees += 1
+        args = (case.parents[b], case.tokens[b].tolist(), case.q[b].tolist(), case.p[b].tolist(),
+                case.accept[b].tolist(), case.sample[b].tolist())
+        want_path, want_token = spec.tree_speculative_sampling(*args)
+        row = path[b].tolist()
+        got_path = [x for x in row if x >= 0]
+        got_token = int(next_token[b])
+        if row != got_path + [-1] * (n - len(got_path)):
+            result.wrong.append(f"tree {b}: path row {row} is not node ids followed by -1 padding")
+            continue
+        if (got_path, got_token) == (want_path, want_token):
+            result.exact += 1
+            continue
+        walk = reference_walk(*args)
+        if (walk.path, walk.token) != (want_path, want_token):
+            raise AssertionError("reference_walk disagrees with pyspec_ref: a bug in the check")
+        near = None if case.exact else walk.explains(got_path, got_token)
+        if near is not None:
+            result.within_rounding.append(f"tree {b}: {near.what}")
+        else:
+            result.wrong.append(
+                f"tree {b}: path {got_path}, next token {got_token}; expected path {want_path}, next "
+                f"token {want_token}: " + _divergence(got_path, got_token, want_path, want_token, *args[:5]))
+    return result
+
+
+# --------------------------------------------------------------------------- the cases
+
+
+def _special_cases(vocabulary: int, seed: int) -> list[SamplingCase]:
+    """Edge cases whose inputs are built by hand on top of random ones."""
+    cases = []
+    # All children rejected: tokens where the draft over-proposes (q(x) > 1.01 p(x)), r near 1.
+    case = sampling_case("star N=6, every child rejected: draw from the residual",
+                         [inputs.star(6)] * 2, vocabulary, seed + 10)
+    for b in range(2):
+        ratio = case.q[b, 0].double() / case.p[b, 0].double().clamp(min=1e-30)
+        over = torch.nonzero(ratio > 1.01).flatten()
+        for i in range(1, 6):
+            case.tokens[b, i] = int(over[(i * 7 + b) % len(over)])
+    case.accept.fill_(0.9999)
+    cases.append(case)
+    # r = 0 accepts every first child: the walk reaches a leaf and draws from its p.
+    rng = random.Random(seed + 11)
+    trees = [inputs.random_tree(12, rng, max_children=3) for _ in range(2)]
+    case = sampling_case("random tree N=12, r = 0: all accepted down to a leaf", trees, vocabulary, seed + 11)
+    case.accept.zero_()
+    cases.append(case)
+    # q(x) = 0 for the draft token: r * 0 < p(x) accepts, whatever r (p(x) > 0 here).
+    case = sampling_case("chain N=5, q(x) = 0 for every draft token: all accepted",
+                         [inputs.chain(5)] * 2, vocabulary, seed + 12)
+    q = case.q.double()
+    for b in range(2):
+        for i in range(1, 5):
+            q[b, i - 1, int(case.tokens[b, i])] = 0.0
+    case.q = (q / q.sum(dim=-1, keepdim=True)).to(torch.float32)
+    case.accept.fill_(0.9999)
+    cases.append(case)
+    # p <= q everywhere at the root (q = 1.0001 p, normalised within tolerance): a child can be
+    # rejected (r q(x) > p(x) for r > 1/1.0001) and leaves an empty residual, so p is kept.
+    case = sampling_case("star N=4, p <= q everywhere: rejections leave an empty residual, p is kept",
+                         [inputs.star(4)] * 2, vocabulary, seed + 13)
+    case.q[:, 0] = (case.p[:, 0].double() * 1.0001).to(torch.float32)
+    case.accept.fill_(0.99995)
+    cases.append(case)
+    # p = q at the root: every child is accepted (r < 1), so the walk always moves on.
+    case = sampling_case("star N=5, p = q at the root: the first child is accepted",
+                         [inputs.star(5)] * 2, vocabulary, seed + 14)
+    case.q[:, 0] = case.p[:, 0]
+    cases.append(case)
+    # Siblings with the same token: after rejecting x, p'(x) = max(0, p(x) - q(x)) / Z = 0 when
+    # q(x) >= p(x), so the duplicate is rejected too.
+    case = sampling_case("star N=5, all children the same token", [inputs.star(5)] * 2, vocabulary, seed + 15)
+    case.tokens[:, 2:] = case.tokens[:, 1:2]
+    cases.append(case)
+    # Ties in the draw: dyadic probabilities with zeros between them, u * total exactly on a CDF
+    # boundary; the draw must take the token after the boundary (strict >) and skip zeros.
+    mass = torch.zeros(vocabulary, dtype=torch.float64)
+    support = list(range(0, vocabulary, 2))[:16]
+    mass[support] = 1.0 / len(support)
+    p = mass.to(torch.float32).expand(4, 1, vocabulary).clone()
+    sample = torch.tensor([[0.0], [0.25], [0.5], [0.75]], dtype=torch.float32)
+    cases.append(SamplingCase("one node N=1, u * total exactly on a CDF boundary (ties), zeros between",
+                              [[-1]] * 4, torch.zeros((4, 1), dtype=torch.int32), p.clone(), p,
+                              torch.zeros((4, 1)), sample, exact=True))
+    cases.append(_second_child_case(vocabulary, seed + 16))
+    cases.append(_exact_test_case(vocabulary))
+    return cases
+
+
+def _exact_test_case(vocabulary: int) -> SamplingCase:
+    """The test r q(x) < p(x) at its boundary, with dyadic inputs (every sum exact): tree 0 has
+    r q(x) = p(x) exactly (rejected: the test is strict); tree 1 has r q(x) below p(x) by less
+    than half a float32 ulp, which a float32 product would round up to p(x) (accepted); tree 2
+    has q(x) = p(x) = 0 (rejected: 0 < 0 is false, the target forbids the token even for r = 0)."""
+    p = torch.zeros((3, 2, vocabulary), dtype=torch.float64)
+    q = torch.zeros((3, 2, vocabulary), dtype=torch.float64)
+    p[:, :, :16] = 1 / 16
+    q[:, :, :8] = 1 / 8
+    x = 3
+    p[1, 0, x] = (1 + 2.0 ** -23) / 16  # r q(x) = (1 + 2^-23 - 2^-45) / 16
+    q[1, 0, x] = (1 + 2.0 ** -22) / 8
+    tokens = torch.tensor([[0, x], [0, x], [0, 20]], dtype=torch.int32)
+    accept = torch.tensor([[0.0, 0.5], [0.0, 0.5 * (1 - 2.0 ** -23)], [0.0, 0.0]], dtype=torch.float32)
+    return SamplingCase("chain N=2: r q(x) = p(x) exactly, below it by 2^-45 relative, and q(x) = p(x) = 0",
+                        [inputs.chain(2)] * 3, tokens, q.to(torch.float32), p.to(torch.float32), accept,
+                        torch.full((3, 2), 0.3), exact=True)
+
+
+def _second_child_case(vocabulary: int, seed: int) -> SamplingCase:
+    """A root with two children: the first is rejected; the second's token y has p(y) > q(y),
+    and its r lies between the unnormalised and the renormalised residual's acceptance ratio,
+    w(y)/q(y) < r < w(y)/(q(y) Z) with w = max(0, p - q), Z = sum(w): accepted only if the test
+    uses the renormalised residual p' = w / Z (tree 0); tree 1 takes r above both (rejected)."""
+    case = sampling_case("star N=3: the second child is tested against the renormalised residual",
+                         [inputs.star(3)] * 2, vocabulary, seed)
+    for b in range(2):
+        p, q = case.p[b, 0].double(), case.q[b, 0].double()
+        ratio = q / p
+        case.tokens[b, 1] = int(torch.argmax(ratio))  # the most over-proposed token: rejected
+        w = (p - q).clamp(min=0.0)
+        z = float(w.sum())
+        # the token whose acceptance ratio changes most between w/q and w/(q Z), below 1
+        low, high = (w / q.clamp(min=1e-30)), (w / (q.clamp(min=1e-30) * z)).clamp(max=1.0)
+        if b == 0:
+            y = int(torch.argmax(torch.where(q > 0, high - low, torch.zeros_like(low))))
+            r = (float(low[y]) + float(high[y])) / 2
+        else:  # a token whose renormalised ratio is below 1, and an r above it
+            y = int(torch.argmax(torch.where((w > 0) & (high < 0.99), high, -torch.ones_like(high))))
+            r = (float(high[y]) + 1.0) / 2
+        case.tokens[b, 2] = y
+        case.accept[b, 1], case.accept[b, 2] = 0.9999, r
+    return case
+
+
+def sampling_cases(seed: int) -> list[SamplingCase]:
+    """The fixed edge cases, then fresh random trees from the seed."""
+    ragged = runtime.pick(sim=37, gpu=2500)  # not a multiple of any tile
+    whole = runtime.pick(sim=32, gpu=16384)  # a multiple of every tile
+    rng = random.Random(seed)
+    cases = [
+        sampling_case("one node N=1 (only the draw)", [[-1]] * 2, ragged, seed + 1),
+        sampling_case("chain N=5 (gamma = 4)", [inputs.chain(5)] * 3, ragged, seed + 2),
+        sampling_case("star N=9: eight candidates at the root", [inputs.star(9)] * 3, ragged, seed + 3,
+                      mismatch=2.0),
+        sampling_case(f"random trees N=10, V={whole} (a multiple of the tile)",
+                      [inputs.random_tree(10, rng, max_children=3) for _ in range(2)], whole, seed + 4),
+        sampling_case("random trees N=10 given as DFS times",
+                      [inputs.random_tree(10, rng, max_children=3, order=o) for o in ("bfs", "dfs")],
+                      ragged, seed + 5, as_times=True),
+        *_special_cases(ragged, seed),
+    ]
+    big = runtime.pick(sim=100, gpu=32000)
+    cases.append(sampling_case(f"random trees N=16, V={big} (seed {seed})",
+                               [inputs.random_tree(16, rng, max_children=4) for _ in range(3)], big,
+                               seed + 6, mismatch=1.5))
+    return cases
+
+
+def check_tree_sampling(module, seed: int):
+    """module.tree_speculative_sampling must equal pyspec_ref on every tree (or differ only
+    within rounding, rarely), run twice with the same result; a chain must give
+    pyspec_ref.speculative_sampling's result."""
+    device = runtime.torch_device()
+    for case in sampling_cases(seed):
+        def run(case=case):
+            got = case.run(module, device)
+            again = case.run(module, device)
+            comparison = compare_sampling(case, *got)
+            problem = comparison.problem() or rerun_problem(got, again)
+            if not problem and case.name.startswith("chain"):
+                problem = _chain_problem(case, *got)
+            return CaseResult(case.name, False, problem) if problem else None
+        yield case.name, run
+
+
+def _chain_problem(case: SamplingCase, path: torch.Tensor, next_token: torch.Tensor) -> str:
+    """A chain tree must give what chain speculative sampling gives on the same numbers: node
+    c + 1 holds draft token c, tested with accept[c + 1], drawn at node c with sample[c]."""
+    for b in range(len(case.parents)):
+        n = len(case.parents[b])
+        accepted, emitted = spec.speculative_sampling(
+            case.tokens[b, 1:].tolist(), case.q[b, : n - 1].tolist(), case.p[b].tolist(),
+            case.accept[b, 1:].tolist(), case.sample[b].tolist())
+        got = int((path[b] >= 0).sum()) - 1
+        if got != accepted or int(next_token[b]) != emitted[accepted]:
+            return (f"tree {b}: the chain accepted {got} and drew {int(next_token[b])}; chain speculative "
+                    f"sampling accepts {accepted} and emits {emitted}")
+    return ""
+
+
+# --------------------------------------------------------------------------- greedy
+
+
+def first_argmax(row: list[float]) -> int:
+    """The first index of the largest value (torch.argmax's rule on ties)."""
+    best = max(row)
+    return row.index(best)
+
+
+@dataclass
+class GreedyCase:
+    name: str
+    parents: list[list[int]]
+    tokens: torch.Tensor
+    target: torch.Tensor  # (B, N, V) floats, or (B, N) int32 argmax ids
+    as_times: bool = False
+
+    def expected_argmax(self) -> list[list[int]]:
+        if self.target.dim() == 2:
+            return self.target.tolist()
+        return [[first_argmax(row) for row in tree] for tree in self.target.float().tolist()]
+
+
+def greedy_case(name: str, trees, vocabulary: int, seed: int, *, match: float = 0.7,
+                dtype=torch.float32, ties: bool = False, as_times: bool = False) -> GreedyCase:
+    """Random target scores; each node's children get the target's argmax as one child's token
+    with probability `match` (else random tokens), so that paths of several nodes occur."""
+    rng = random.Random(seed)
+    parents = inputs.batch_of_trees(trees)
+    batch, n = parents.shape
+    target = inputs.random_tensor((batch, n, vocabulary), seed, torch.float32)
+    if ties:  # the maximum twice in each row: at its place and at a later (or earlier) index
+        for b in range(batch):
+            for i in range(n):
+                j = rng.randrange(vocabulary)
+                target[b, i, j] = target[b, i].max()
+    target = target.to(dtype)
+    best = [[first_argmax(row) for row in tree] for tree in target.float().tolist()]
+    tokens = torch.randint(0, vocabulary, (batch, n), generator=torch.Generator().manual_seed(seed),
+                           dtype=torch.int32)
+    for b, tree in enumerate(parents.tolist()):
+        for node in range(n):
+            kids = [c for c in range(n) if tree[c] == node]
+            if kids and rng.random() < match:
+                tokens[b, rng.choice(kids)] = best[b][node]
+    return GreedyCase(name, [list(t) for t in parents.tolist()], tokens, target, as_times)
+
+
+def greedy_cases(seed: int) -> list[GreedyCase]:
+    ragged = runtime.pick(sim=37, gpu=2500)
+    whole = runtime.pick(sim=32, gpu=16384)  # a multiple of every tile
+    rng = random.Random(seed)
+    cases = [
+        greedy_case("one node N=1", [[-1]] * 2, ragged, seed + 1),
+        greedy_case("chain N=6, every token the argmax: the whole chain", [inputs.chain(6)] * 2, ragged,
+                    seed + 2, match=1.0),
+        greedy_case(f"random trees N=12, V={whole} (a multiple of the tile)",
+                    [inputs.random_tree(12, rng, max_children=3) for _ in range(2)], whole, seed + 3),
+        greedy_case("random trees N=12, the maximum twice in every row (ties: the first index)",
+                    [inputs.random_tree(12, rng, max_children=3) for _ in range(2)], ragged, seed + 4,
+                    ties=True),
+        greedy_case("random trees N=10, float16 scores",
+                    [inputs.random_tree(10, rng, max_children=3) for _ in range(2)], ragged, seed + 5,
+                    dtype=torch.float16),
+        greedy_case("random trees N=10 given as DFS times",
+                    [inputs.random_tree(10, rng, max_children=3, order=o) for o in ("bfs", "dfs")],
+                    ragged, seed + 6, as_times=True),
+    ]
+    star = greedy_case("star N=7, two children with the argmax token: the first is taken",
+                       [inputs.star(7)] * 2, ragged, seed + 7, match=0.0)
+    best = star.expected_argmax()
+    for b in range(2):
+        star.tokens[b, 3] = star.tokens[b, 5] = best[b][0]
+    cases.append(star)
+    given = greedy_case("random trees N=12, argmax ids given (int32)",
+                        [inputs.random_tree(12, rng, max_children=3) for _ in range(2)], ragged, seed + 8)
+    given.target = torch.tensor(given.expected_argmax(), dtype=torch.int32)
+    cases.append(given)
+    return cases
+
+
+def check_greedy_verification(module, seed: int):
+    """module.greedy_tree_verification must equal pyspec_ref.greedy_tree_verification on the
+    target's argmax (first index on ties), and module.target_argmax that argmax."""
+    device = runtime.torch_device()
+    for case in greedy_cases(seed):
+        def run(case=case):
+            tree = (tuple(t.to(device) for t in inputs.dfs_times_tensors(case.parents)) if case.as_times
+                    else inputs.batch_of_trees(case.parents, device))
+            target = case.target.to(device)
+            got = module.greedy_tree_verification(tree, case.tokens.to(device), target, lazy=False)
+            again = module.greedy_tree_verification(tree, case.tokens.to(device), target, lazy=False)
+            best = case.expected_argmax()
+            if case.target.dim() == 3:
+                found = module.target_argmax(target).cpu().tolist()
+                if found != best:
+                    b, i = next((b, i) for b in range(len(best)) for i in range(len(best[b]))
+                                if found[b][i] != best[b][i])
+                    return CaseResult(case.name, False, f"tree {b}, node {i}: target_argmax = {found[b][i]}, "
+                                      f"expected {best[b][i]} (the first index of the maximum)")
+            # Lazily (the argmax taken inside the walk) only where there are scores to take it from.
+            lazily = (module.greedy_tree_verification(tree, case.tokens.to(device), target, lazy=True)
+                      if case.target.dim() == 3 else got)
+            for how, (path, next_token) in (("", got), (" (lazy=True)", lazily)):
+                path, next_token = path.cpu(), next_token.cpu()
+                for b, parents in enumerate(case.parents):
+                    want_path, want_token = spec.greedy_tree_verification(parents, case.tokens[b].tolist(),
+                                                                          best[b])
+                    row = path[b].tolist()
+                    expected_row = want_path + [-1] * (len(parents) - len(want_path))
+                    if row != expected_row or int(next_token[b]) != want_token:
+                        return CaseResult(case.name, False,
+                                          f"tree {b}{how}: path {row}, next token {int(next_token[b])}; "
+                                          f"expected path {expected_row}, next token {want_token}")
+            problem = rerun_problem(got, again)
+            return CaseResult(case.name, False, problem) if problem else None
+        yield case.name, run
+
+
+# --------------------------------------------------------------------------- distribution test
+
+
+def shifted(probabilities: list[float], shift: float) -> list[float]:
+    """The distribution with `shift` of mass moved from its most to its least likely token."""
+    out = list(probabilities)
+    out[out.index(max(out))] -= shift
+    out[out.index(min(out))] += shift
+    return out
+
+
+@dataclass
+class DistributionTest:
+    """Emitted-token counts at the first two positions of many walks, against the target."""
+
+    samples: int
+    first_counts: list[int]
+    first_target: list[float]
+    second_counts: list[int]
+    second_target: list[float]
+
+    def p_values(self) -> tuple[float, float]:
+        return (chi_square_p_value(self.first_counts, self.first_target),
+                chi_square_p_value(self.second_counts, self.second_target))
+
+    def smallest_detected_shift(self, shifts=(0.005, 0.01, 0.02, 0.05, 0.1)) -> float | None:
+        """The smallest shift of the first position's target (`shifted`) that these counts reject
+        at SIGNIFICANCE: how large an error of the kernel this many samples would catch."""
+        for shift in shifts:
+            if chi_square_p_value(self.first_counts, shifted(self.first_target, shift)) < SIGNIFICANCE:
+                return shift
+        return None
+
+
+def distribution_test(module, samples: int, seed: int = 0, vocabulary: int = 5) -> DistributionTest:
+    """Run the walk on `samples` independent trees of one shape: a root with 3 children, each
+    with 2 children; every depth-1 node shares one target p1, so the second emitted token must
+    follow p1 whenever the first was an accepted draft token, and the first must follow p_root.
+    Children's tokens are drawn from their parent's q, as a draft model draws them."""
+    device = runtime.torch_device()
+    parents = [-1, 0, 0, 0, 1, 1, 2, 2, 3, 3]
+    n = len(parents)
+    shape = (1, 3, vocabulary)
+    q1, p1 = draft_and_target(*shape[:2], vocabulary, seed, mismatch=1.5)  # rows: root, depth 1, leaves
+    q = torch.stack([q1[0, 0]] + [q1[0, 1]] * 3 + [q1[0, 2]] * 6).expand(samples, n, vocabulary).contiguous()
+    p = torch.stack([p1[0, 0]] + [p1[0, 1]] * 3 + [p1[0, 2]] * 6).expand(samples, n, vocabulary).contiguous()
+    tree = inputs.batch_of_trees([parents] * samples)
+    tokens = draft_tokens(tree, q, seed + 1)
+    path, next_token = module.tree_speculative_sampling(
+        tree.to(device), tokens.to(device), q.to(device), p.to(device),
+        uniforms(samples, n, seed + 2, device), uniforms(samples, n, seed + 3, device))
+    path, next_token = path.cpu(), next_token.cpu()
+    first, second = [0] * vocabulary, [0] * vocabulary
+    for b in range(samples):
+        nodes = [x for x in path[b].tolist() if x >= 0]
+        emitted = [int(tokens[b, x]) for x in nodes[1:]] + [int(next_token[b])]
+        first[emitted[0]] += 1
+        if len(nodes) > 1:  # the first token was an accepted draft token at a depth-1 node
+            second[emitted[1]] += 1
+    return DistributionTest(samples, first, p1[0, 0].double().tolist(), second, p1[0, 1].double().tolist())
