@@ -189,6 +189,9 @@ def answer_lines(module: str, sources: Mapping[str, str]) -> dict[int, tuple[str
     base = builds_on().get(module)
     if base is None:
         return answers
+    if base not in sources:
+        raise ReleaseError(f"solutions/{module}.py builds on {base}, whose solution the release needs "
+                           "to leave its answers out of the lesson: pass it in `sources`")
     inherited = answer_lines(base, sources)
     old, new = _code_lines(sources[base]), _code_lines(source)
     matcher = difflib.SequenceMatcher(None, [text for _, text in old], [text for _, text in new],
