@@ -209,38 +209,55 @@ def _statement_lines(statement: ast.stmt) -> range:
     return range(first - 1, statement.end_lineno)
 
 
-def _inherited_statements(body, lines, answers, is_open) -> list[tuple[ast.stmt, tuple[str, Region]]]:
-    """The largest statements whose every line of code is one open inherited region's answer."""
+def _together(lines: list[str]) -> str:
+    """Lines as one text to search in another: stripped, blank lines and markers left out."""
+    kept = [line.strip() for line in lines if line.strip() and not line.strip().startswith((BEGIN, END))]
+    return "\n" + "\n".join(kept) + "\n"
+
+
+def _inherited_statements(body, lines, answers, is_open, base: str) -> list[tuple[ast.stmt, tuple]]:
+    """The largest statements whose every line of code is one open inherited region's answer and
+    which stand in one piece in the rung this one builds on (`base`, as `_together` writes it)."""
     found = []
     for statement in body:
-        owners = {answers.get(i) for i in _statement_lines(statement) if _is_code(lines[i])}
+        span = _statement_lines(statement)
+        owners = {answers.get(i) for i in span if _is_code(lines[i])}
         owner = next(iter(owners)) if len(owners) == 1 else None
-        if owner is not None and is_open(owner[1].exercise):
+        if owner is not None and is_open(owner[1].exercise) \
+                and _together(lines[span.start : span.stop]) in base:
             found.append((statement, owner))
             continue
         for field in ("body", "orelse", "finalbody", "handlers"):
             inner = getattr(statement, field, None)
             if inner:
-                found += _inherited_statements(inner, lines, answers, is_open)
+                found += _inherited_statements(inner, lines, answers, is_open, base)
     return found
 
 
 def _inherited_holes(module: str, sources, tree, is_open, own: list[Hole]) -> list[Hole]:
     """Holes where `module`'s lesson would show an earlier rung's open answer: consecutive statements
-    from one region become one hole, with the comments just above them."""
+    from one region become one hole, with the comments just above them, as long as they stand in one
+    piece in the rung this one builds on (where the student copies them from)."""
+    from .ladder import builds_on
+
     lines = sources[module].splitlines()
     answers = {i: owner for i, owner in answer_lines(module, sources).items() if owner[0] != module}
+    if not answers:
+        return []
+    base = _together(sources[builds_on()[module]].splitlines())
     inside_own = {i for hole in own for i in range(hole.first, hole.last + 1)}
     spans: list[list] = []  # [first, last, owner]
-    for statement, owner in _inherited_statements(tree.body, lines, answers, is_open):
+    for statement, owner in _inherited_statements(tree.body, lines, answers, is_open, base):
         span = _statement_lines(statement)
         first, last = span.start, span.stop - 1
         while first > 0 and not _is_code(lines[first - 1]) and lines[first - 1].strip() \
-                and answers.get(first - 1) == owner and first - 1 not in inside_own:
+                and answers.get(first - 1) == owner and first - 1 not in inside_own \
+                and _together(lines[first - 1 : last + 1]) in base:
             first -= 1
         between = range(spans[-1][1] + 1, first) if spans else range(0)
         if spans and spans[-1][2] == owner and all(not _is_code(lines[i]) and i not in inside_own
-                                                     for i in between):
+                                                     for i in between) \
+                and _together(lines[spans[-1][0] : last + 1]) in base:
             spans[-1][1] = last
         else:
             spans.append([first, last, owner])

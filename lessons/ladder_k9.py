@@ -94,7 +94,10 @@ def tree_attention_kernel(q, k, v, start, end, out):
                 todo("ladder_k4.tree_attention_kernel", region=4, lines=1)
         cuda.syncthreads()
         # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 5 of ladder_k8.tree_attention_kernel that stand here
-        todo("ladder_k8.tree_attention_kernel", region=5, lines=31, defines="alpha, l_prev")
+        todo("ladder_k8.tree_attention_kernel", region=5, lines=14)
+        # Softmax, one thread per row (rows past N see nothing and write zeros).
+        # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 5 of ladder_k8.tree_attention_kernel that stand here
+        todo("ladder_k8.tree_attention_kernel", region=5, lines=17, defines="alpha, l_prev")
         # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 3 of ladder_k6.tree_attention_kernel that stand here
         todo("ladder_k6.tree_attention_kernel", region=3, lines=13)
         cuda.syncthreads()  # every thread is done with this key tile before it is overwritten

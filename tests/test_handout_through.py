@@ -188,3 +188,16 @@ def test_check_in_a_solved_handout_asks_for_the_rungs_own_code(tmp_path):
     assert ("not implemented yet: exercise ladder_k4.tree_attention_kernel, region 1 (about 1 line; "
             "defines q_t)") in check.stdout
     assert "lessons/ladder_k4.py" in check.stdout
+
+
+@pytest.mark.parametrize("module", sorted(builds_on()))
+def test_each_pasted_hole_holds_lines_that_stand_together_in_the_rung_before(module):
+    """What a `# COPY FROM YOUR lessons/<previous>.py` hole asks for is there, in one piece."""
+    sources = {path.stem: path.read_text() for path in SOLUTIONS.glob("*.py")}
+    previous = "\n".join(line.strip() for line in sources[builds_on()[module]].splitlines()
+                         if line.strip() and not line.strip().startswith(("### BEGIN", "### END")))
+    lines = sources[module].splitlines()
+    for hole in release.lesson_holes(module, sources):
+        if hole.module != module:
+            wanted = "\n".join(line.strip() for line in lines[hole.first : hole.last + 1] if line.strip())
+            assert wanted in previous, (module, hole.first + 1, hole.region.exercise)
