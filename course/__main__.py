@@ -58,10 +58,15 @@ def _sanitize(args) -> int:
 def _release(args) -> int:
     from . import release
 
+    if args.through or args.solved:
+        if not args.handout:
+            raise ValueError("--through and --solved shape a hand-out: pass --handout DIR too")
     if args.handout:
-        written = release.handout(args.handout)
+        selection = release.Selection(through=args.through, solved=args.solved)
+        written = release.handout(args.handout, selection=selection)
         print(f"wrote the hand-out to {args.handout}: {len(written)} files (no solutions/, no tests/; "
-              f"notebook cells tagged {release.HANDOUT_TAG!r} left out)")
+              f"notebook cells tagged {release.HANDOUT_TAG!r} left out; notebooks through "
+              f"{args.through or 'the last'}; exercises written through {args.solved or 'none'})")
         return 0
     if args.check:
         problems = release.differences()
@@ -137,6 +142,11 @@ def main(argv=None) -> int:
                          help="instead, write what students get into DIR (new or empty): the repository "
                               "without solutions/ and tests/, fresh lesson stubs, notebooks without the "
                               "cells that need solutions/")
+    release.add_argument("--through", metavar="NN",
+                         help="with --handout: only notebooks up to NN (e.g. 06, 11a) and their lessons")
+    release.add_argument("--solved", metavar="MM",
+                         help="with --handout: the exercises of notebooks up to MM come written, so a "
+                              "later rung builds on a finished one (e.g. --through 06 --solved 05)")
     release.set_defaults(run=_release)
     grade = commands.add_parser("grade", help="grade students' submissions (instructors)")
     grade.add_argument("submissions", help="a folder of submissions (repo copies, lessons/ folders, zips)")

@@ -1,14 +1,22 @@
 """Release: write the student copy `lessons/` from `solutions/`.
 
 Every exercise region of a solution module, the lines from `### BEGIN SOLUTION`
-to `### END SOLUTION`, becomes a stub that fails loudly:
+to `### END SOLUTION`, becomes a stub that fails loudly and says what goes in:
 
-    # YOUR CODE HERE: exercise trees.dfs_times (delete the todo line when you start)
-    todo("trees.dfs_times")
+    # YOUR CODE HERE: exercise ladder_k4.tree_attention_kernel, region 4 (delete the todo line ...)
+    todo("ladder_k4.tree_attention_kernel", region=4, lines=6, defines="key")
 
-The exercise is named after the module and the function that holds the region, or by
-the marker itself, `### BEGIN SOLUTION (module.function)`, for a helper that two kernels
+Regions are numbered per exercise, from 1, in the order the notebooks list them; `lines`
+counts the region's lines of code and `defines` names what it assigns that the code after
+it reads. The exercise is named after the module and the function that holds the region, or
+by the marker itself, `### BEGIN SOLUTION (module.function)`, for a helper that two kernels
 share and whose region belongs to the exercise of the kernel a notebook introduces it with.
+
+A ladder rung's kernel is the previous rung's with a few changes (`course.ladder`), so outside
+its own regions it holds the earlier rungs' answers. Those lines become stubs too, naming the
+earlier rung's exercise and region: the student pastes their own code there. A release can
+leave an exercise's regions filled instead (`solved`), so that a hand-out may give a later
+rung with an earlier, closed one finished.
 
 A find-the-bug exercise gives the student a defective kernel instead of a stub: its
 region holds the correct code, then a `### LESSON` line, then the defective code
@@ -19,15 +27,18 @@ same API as its solution and the checks can call either.
 
 `handout(folder)` writes what an instructor hands out: the repository without
 `solutions/` and `tests/`, with fresh stubs in `lessons/`, and notebooks that need
-no solutions (see `handout_notebook`).
+no solutions (see `handout_notebook`); `through` and `solved` pick the notebooks and
+the exercises that come finished.
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
 import json
 import re
 import shutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +50,8 @@ HEADER = (
     "# Student copy, generated from solutions/{path} by `python -m course release`.\n"
     "# Write your code where a todo(...) line stands; everything else matches the solution.\n"
 )
+# A todo(...) line of a lesson; group 1 is the exercise it names.
+TODO_LINE = re.compile(r'^\s*todo\("([\w.]+)"')
 
 
 class ReleaseError(ValueError):
@@ -50,17 +63,33 @@ class Region:
     first: int  # 0-based line index of the BEGIN marker
     last: int  # 0-based line index of the END marker
     exercise: str
+    number: int = 1  # its place among its exercise's regions, counted from 1 as the notebooks count
+
+
+@dataclass(frozen=True)
+class Hole:
+    """Lines of a lesson that hold an open exercise's answer, and what the todo(...) there says."""
+    first: int  # 0-based first line replaced (a BEGIN marker for the module's own region)
+    last: int  # 0-based last line replaced
+    region: Region  # whose answer the lines are: a region of this module or of a rung it builds on
+    module: str  # the module that holds `region`
+    lines: int  # lines of code it replaces
+    defines: tuple[str, ...]  # names it assigns that the code after it reads
 
 
 def _enclosing_functions(tree: ast.AST) -> list[ast.FunctionDef]:
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
-def _exercise_name(module: str, functions, line_number: int, where: str) -> str:
+def _innermost(functions, line_number: int):
     holders = [f for f in functions if f.lineno <= line_number <= (f.end_lineno or f.lineno)]
-    if not holders:
+    return max(holders, key=lambda f: f.lineno) if holders else None
+
+
+def _exercise_name(module: str, functions, line_number: int, where: str) -> str:
+    innermost = _innermost(functions, line_number)
+    if innermost is None:
         raise ReleaseError(f"{where}: a solution region must sit inside a function")
-    innermost = max(holders, key=lambda f: f.lineno)
     return f"{module}.{innermost.name}"
 
 
@@ -81,7 +110,7 @@ def find_regions(source: str, module: str, where: str) -> list[Region]:
     """The exercise regions of one solution module, in order."""
     functions = _enclosing_functions(ast.parse(source))
     lines = source.splitlines()
-    regions, opened = [], None
+    regions, opened, counts = [], None, {}
     for index, line in enumerate(lines):
         marker = line.strip()
         if marker.startswith(BEGIN):
@@ -93,33 +122,207 @@ def find_regions(source: str, module: str, where: str) -> list[Region]:
                 raise ReleaseError(f"{where}:{index + 1}: {END} without {BEGIN}")
             name = (_named_exercise(lines[opened].strip(), module, f"{where}:{opened + 1}")
                     or _exercise_name(module, functions, opened + 1, f"{where}:{opened + 1}"))
-            regions.append(Region(opened, index, name))
+            counts[name] = counts.get(name, 0) + 1
+            regions.append(Region(opened, index, name, counts[name]))
             opened = None
     if opened is not None:
         raise ReleaseError(f"{where}:{opened + 1}: {BEGIN} is never closed")
     return regions
 
 
-def stub_source(source: str, module: str, where: str) -> str:
-    """The lesson version of one solution module."""
+def _is_code(line: str) -> bool:
+    stripped = line.strip()
+    return bool(stripped) and not stripped.startswith("#")
+
+
+def _bug_part(lines: list[str], region: Region) -> int | None:
+    """Index of a find-the-bug region's `### LESSON` line, or None for an ordinary region."""
+    return next((i for i in range(region.first + 1, region.last) if lines[i].strip() == LESSON), None)
+
+
+def _defines(tree: ast.AST, first: int, last: int) -> tuple[str, ...]:
+    """Names assigned on lines first..last (0-based) that the enclosing function reads after them
+    before assigning them again, in the order they are assigned: what the code after a hole needs."""
+    function = _innermost(_enclosing_functions(tree), first + 1)
+    names = [n for n in ast.walk(function) if isinstance(n, ast.Name)] if function is not None else []
+    assigned = sorted((n.lineno, n.col_offset, n.id) for n in names
+                      if isinstance(n.ctx, ast.Store) and first < n.lineno <= last + 1)
+    # On one line the right-hand side is read before the left is assigned.
+    later = sorted((n for n in names if n.lineno > last + 1),
+                   key=lambda n: (n.lineno, isinstance(n.ctx, ast.Store), n.col_offset))
+    first_use = {}
+    for name in later:
+        first_use.setdefault(name.id, name.ctx)
+    return tuple(dict.fromkeys(name for _, _, name in assigned if isinstance(first_use.get(name), ast.Load)))
+
+
+def _own_holes(source: str, module: str, where: str, tree: ast.AST) -> list[Hole]:
+    lines = source.splitlines()
+    holes = []
+    for region in find_regions(source, module, where):
+        end = _bug_part(lines, region) or region.last
+        code = sum(_is_code(line) for line in lines[region.first + 1 : end])
+        holes.append(Hole(region.first, region.last, region, module, code,
+                          _defines(tree, region.first, end)))
+    return holes
+
+
+# ----------------------------------------------------------------------- answers a lesson inherits
+
+def _code_lines(source: str) -> list[tuple[int, str]]:
+    """(line index, stripped text) of every line but the markers: what two rungs share."""
+    return [(index, line.strip()) for index, line in enumerate(source.splitlines())
+            if not line.strip().startswith((BEGIN, END))]
+
+
+def answer_lines(module: str, sources: Mapping[str, str]) -> dict[int, tuple[str, Region]]:
+    """Line index of `module`'s solution -> (module, region) whose answer that line is: its own
+    regions, and the lines it keeps unchanged from the answers of the rung it builds on (and so,
+    through that rung, from every earlier one)."""
+    from .ladder import builds_on
+
+    source = sources[module]
+    answers = {}
+    for region in find_regions(source, module, f"solutions/{module}.py"):
+        for index in range(region.first + 1, region.last):
+            answers[index] = (module, region)
+    base = builds_on().get(module)
+    if base is None:
+        return answers
+    if base not in sources:
+        raise ReleaseError(f"solutions/{module}.py builds on {base}, whose solution the release needs "
+                           "to leave its answers out of the lesson: pass it in `sources`")
+    inherited = answer_lines(base, sources)
+    old, new = _code_lines(sources[base]), _code_lines(source)
+    matcher = difflib.SequenceMatcher(None, [text for _, text in old], [text for _, text in new],
+                                      autojunk=False)
+    for block in matcher.get_matching_blocks():
+        for offset in range(block.size):
+            here, there = new[block.b + offset][0], old[block.a + offset][0]
+            if here not in answers and there in inherited and new[block.b + offset][1]:
+                answers[here] = inherited[there]
+    return answers
+
+
+def _statement_lines(statement: ast.stmt) -> range:
+    first = min([statement.lineno, *(d.lineno for d in getattr(statement, "decorator_list", []))])
+    return range(first - 1, statement.end_lineno)
+
+
+def _together(lines: list[str]) -> str:
+    """Lines as one text to search in another: stripped, blank lines and markers left out."""
+    kept = [line.strip() for line in lines if line.strip() and not line.strip().startswith((BEGIN, END))]
+    return "\n" + "\n".join(kept) + "\n"
+
+
+def _inherited_statements(body, lines, answers, is_open, base: str) -> list[tuple[ast.stmt, tuple]]:
+    """The largest statements whose every line of code is one open inherited region's answer and
+    which stand in one piece in the rung this one builds on (`base`, as `_together` writes it)."""
+    found = []
+    for statement in body:
+        span = _statement_lines(statement)
+        owners = {answers.get(i) for i in span if _is_code(lines[i])}
+        owner = next(iter(owners)) if len(owners) == 1 else None
+        if owner is not None and is_open(owner[1].exercise) \
+                and _together(lines[span.start : span.stop]) in base:
+            found.append((statement, owner))
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            inner = getattr(statement, field, None)
+            if inner:
+                found += _inherited_statements(inner, lines, answers, is_open, base)
+    return found
+
+
+def _inherited_holes(module: str, sources, tree, is_open, own: list[Hole]) -> list[Hole]:
+    """Holes where `module`'s lesson would show an earlier rung's open answer: consecutive statements
+    from one region become one hole, with the comments just above them, as long as they stand in one
+    piece in the rung this one builds on (where the student copies them from)."""
+    from .ladder import builds_on
+
+    lines = sources[module].splitlines()
+    answers = {i: owner for i, owner in answer_lines(module, sources).items() if owner[0] != module}
+    if not answers:
+        return []
+    base = _together(sources[builds_on()[module]].splitlines())
+    inside_own = {i for hole in own for i in range(hole.first, hole.last + 1)}
+    spans: list[list] = []  # [first, last, owner]
+    for statement, owner in _inherited_statements(tree.body, lines, answers, is_open, base):
+        span = _statement_lines(statement)
+        first, last = span.start, span.stop - 1
+        while first > 0 and not _is_code(lines[first - 1]) and lines[first - 1].strip() \
+                and answers.get(first - 1) == owner and first - 1 not in inside_own \
+                and _together(lines[first - 1 : last + 1]) in base:
+            first -= 1
+        between = range(spans[-1][1] + 1, first) if spans else range(0)
+        if spans and spans[-1][2] == owner and all(not _is_code(lines[i]) and i not in inside_own
+                                                     for i in between) \
+                and _together(lines[spans[-1][0] : last + 1]) in base:
+            spans[-1][1] = last
+        else:
+            spans.append([first, last, owner])
+    return [Hole(first, last, owner[1], owner[0], sum(_is_code(line) for line in lines[first : last + 1]),
+                 _defines(tree, first, last)) for first, last, owner in spans]
+
+
+def lesson_holes(module: str, sources: Mapping[str, str],
+                 is_open: Callable[[str], bool] = lambda exercise: True) -> list[Hole]:
+    """Where `module`'s lesson has todo(...) lines, in order: its own open regions and the lines
+    that hold an earlier rung's open answer. `is_open(exercise)` is False for an exercise whose
+    answer the lesson may show (a closed one, in a hand-out that builds on it)."""
+    where = f"solutions/{module}.py"
+    tree = ast.parse(sources[module])
+    own = [hole for hole in _own_holes(sources[module], module, where, tree) if is_open(hole.region.exercise)]
+    holes = own + _inherited_holes(module, sources, tree, is_open, own)
+    return sorted(holes, key=lambda hole: hole.first)
+
+
+def _stub_lines(hole: Hole, module: str, indent: str) -> list[str]:
+    """The comment and the todo(...) line of a hole. In a hole of an earlier rung's answer the
+    student pastes their own lines, which stand at the same place in the rung this one builds on."""
+    from .ladder import builds_on
+
+    region = hole.region
+    arguments = f'"{region.exercise}", region={region.number}, lines={hole.lines}'
+    arguments += f', defines="{", ".join(hole.defines)}"' if hole.defines else ""
+    if hole.module == module:
+        comment = (f"# YOUR CODE HERE: exercise {region.exercise}, region {region.number} "
+                   "(delete the todo line when you start)")
+    else:
+        comment = (f"# COPY FROM YOUR lessons/{builds_on()[module]}.py: the lines of region {region.number} "
+                   f"of {region.exercise} that stand here")
+    return [f"{indent}{comment}\n", f"{indent}todo({arguments})\n"]
+
+
+def stub_source(source: str, module: str, where: str, sources: Mapping[str, str] | None = None,
+                is_open: Callable[[str], bool] = lambda exercise: True) -> str:
+    """The lesson version of one solution module. `sources` (module -> solution source) holds the
+    rungs it builds on, whose open answers it must not show either; `is_open` as in lesson_holes."""
     regions = find_regions(source, module, where)
     if regions and not re.search(r"^from course\.exercise import .*\btodo\b", source, re.MULTILINE):
         raise ReleaseError(f"{where}: has exercise regions, so it must import todo from course.exercise")
+    sources = {**(sources or {}), module: source}
     lines = source.splitlines(keepends=True)
-    out, cursor = [], 0
-    for region in regions:
-        out.extend(lines[cursor : region.first])
-        cursor = region.last + 1
-        body = lines[region.first + 1 : region.last]
-        bug = [index for index, line in enumerate(body) if line.strip() == LESSON]
-        if bug:
-            out.extend(_uncomment(line) for line in body[bug[0] + 1 :])
-            continue
-        indent = lines[region.first][: len(lines[region.first]) - len(lines[region.first].lstrip())]
-        out.append(f"{indent}# YOUR CODE HERE: exercise {region.exercise} "
-                   "(delete the todo line when you start)\n")
-        out.append(f'{indent}todo("{region.exercise}")\n')
-    out.extend(lines[cursor:])
+    holes = {hole.first: hole for hole in lesson_holes(module, sources, is_open)}
+    out, index = [], 0
+    while index < len(lines):
+        stripped = lines[index].strip()
+        hole = holes.get(index)
+        if hole is not None and hole.module == module and _bug_part(source.splitlines(), hole.region):
+            lesson = _bug_part(source.splitlines(), hole.region)
+            out.extend(_uncomment(line) for line in lines[lesson + 1 : hole.last])
+            index = hole.last + 1
+        elif hole is not None:
+            indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
+            out.extend(_stub_lines(hole, module, indent))
+            index = hole.last + 1
+        elif stripped.startswith((BEGIN, END)):  # a solved region: its code stays, its markers go
+            index += 1
+        elif stripped == LESSON:  # a solved find-the-bug region: the correct code, not the defect
+            index = next(i for i in range(index, len(lines)) if lines[i].strip().startswith(END)) + 1
+        else:
+            out.append(lines[index])
+            index += 1
     return "".join(out)
 
 
@@ -144,25 +347,26 @@ def _check_relative_imports(source: str, where: str) -> None:
             )
 
 
-def render(solutions: Path) -> dict[Path, bytes]:
-    """Every file of the lessons tree, by relative path, as the release would write it."""
+def render(solutions: Path, is_open: Callable[[str], bool] = lambda exercise: True) -> dict[Path, bytes]:
+    """Every file of the lessons tree, by relative path, as the release would write it. Each open
+    exercise (all of them, unless `is_open` says otherwise) is a stub wherever its answer would stand."""
     if not (solutions / "__init__.py").is_file():
         raise ReleaseError(
             f"solutions: {solutions} is not here. Releasing and grading need the course's own "
             "repository; a hand-out (`python -m course release --handout`) has no solutions/.")
+    paths = [p for p in sorted(solutions.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
+    sources = {".".join(p.relative_to(solutions).with_suffix("").parts): p.read_text()
+               for p in paths if p.suffix == ".py"}
     files = {}
-    for path in sorted(solutions.rglob("*")):
+    for path in paths:
         relative = path.relative_to(solutions)
-        if path.is_dir() or "__pycache__" in relative.parts:
-            continue
         if path.suffix != ".py":
             files[relative] = path.read_bytes()
             continue
-        source = path.read_text()
         where = f"solutions/{relative.as_posix()}"
-        _check_relative_imports(source, where)
         module = ".".join(relative.with_suffix("").parts)
-        body = stub_source(source, module, where)
+        _check_relative_imports(sources[module], where)
+        body = stub_source(sources[module], module, where, sources, is_open)
         files[relative] = (HEADER.format(path=relative.as_posix()) + body).encode()
     return files
 
@@ -207,9 +411,10 @@ def edited_exercises(solutions: Path = ROOT / "solutions", lessons: Path = ROOT 
             continue
         present = target.read_text()
         for line in content.decode().splitlines():
-            if line.strip().startswith('todo("') and line.strip() not in present:
-                edited.append(line.strip()[len('todo("'):-2])
-    return edited
+            stub = TODO_LINE.match(line)
+            if stub and line.strip() not in present:
+                edited.append(stub.group(1))
+    return list(dict.fromkeys(edited))
 
 
 # ------------------------------------------------------------------------------------------ hand-out
@@ -322,8 +527,49 @@ def handout_notebook(text: str, where: str) -> str:
     return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
 
 
-def handout_files(root: Path = ROOT) -> dict[Path, bytes]:
+def notebook_number(name: str) -> str:
+    """'06' for notebooks/06_coalesced_tiles.ipynb (or the exercise table's '06_coalesced_tiles'). As
+    strings the numbers sort in course order: '11' < '11a' < '11c' < '12'."""
+    return Path(name).name.split("_")[0]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a hand-out gives: the notebooks up to `through` (all when None) with their lessons, and the
+    exercises of notebooks up to `solved` (none when None) already written, so that a later rung can
+    build on a closed one. Every other exercise is a stub wherever its answer would stand."""
+    through: str | None = None
+    solved: str | None = None
+
+    def validate(self, notebooks: list[str]) -> None:
+        numbers = sorted(notebook_number(n) for n in notebooks)
+        for option, value in (("through", self.through), ("solved", self.solved)):
+            if value is not None and value not in numbers:
+                raise ReleaseError(f"handout: --{option} must be a notebook number ({', '.join(numbers)}), "
+                                   f"got {value!r}")
+        if self.through is not None and self.solved is not None and self.solved > self.through:
+            raise ReleaseError(f"handout: --solved {self.solved} lies past --through {self.through}: a "
+                               "hand-out cannot finish exercises of notebooks it leaves out")
+
+    def gives(self, notebook: str) -> bool:
+        return self.through is None or notebook_number(notebook) <= self.through
+
+    def is_open(self, exercise: str) -> bool:
+        from .exercises import EXERCISES
+
+        return self.solved is None or notebook_number(EXERCISES[exercise].notebook) > self.solved
+
+    def gives_lesson(self, module: str) -> bool:
+        """A lesson module comes with the first notebook that has one of its exercises."""
+        from .exercises import EXERCISES
+
+        notebooks = [e.notebook for e in EXERCISES.values() if e.module == module]
+        return not notebooks or self.gives(min(notebooks, key=notebook_number))
+
+
+def handout_files(root: Path = ROOT, selection: Selection = Selection()) -> dict[Path, bytes]:
     """Every file of the hand-out, by relative path."""
+    selection.validate([p.name for p in (root / "notebooks").glob("*.ipynb")])
     files = {}
     for part in HANDOUT_PARTS:
         path = root / part
@@ -335,15 +581,17 @@ def handout_files(root: Path = ROOT) -> dict[Path, bytes]:
                     or found.suffix == ".pyc":
                 continue
             if found.suffix == ".ipynb":
-                files[relative] = handout_notebook(found.read_text(), relative.as_posix()).encode()
+                if selection.gives(found.name):
+                    files[relative] = handout_notebook(found.read_text(), relative.as_posix()).encode()
             else:
                 files[relative] = found.read_bytes()
-    for relative, content in render(root / "solutions").items():
-        files[Path("lessons") / relative] = content
+    for relative, content in render(root / "solutions", selection.is_open).items():
+        if relative.suffix != ".py" or selection.gives_lesson(".".join(relative.with_suffix("").parts)):
+            files[Path("lessons") / relative] = content
     return files
 
 
-def handout(folder: Path, root: Path = ROOT) -> list[Path]:
+def handout(folder: Path, root: Path = ROOT, selection: Selection = Selection()) -> list[Path]:
     """Write the hand-out into `folder` (new or empty); returns the files written."""
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
@@ -352,7 +600,7 @@ def handout(folder: Path, root: Path = ROOT) -> list[Path]:
     if any(inside == (root / part).resolve() or (root / part).resolve() in inside.parents
            for part in (*HANDOUT_PARTS, "solutions", "lessons")):
         raise ReleaseError(f"handout: {folder} lies inside a folder the hand-out copies; pick another place")
-    files = handout_files(root)
+    files = handout_files(root, selection)
     for relative, content in files.items():
         target = folder / relative
         target.parent.mkdir(parents=True, exist_ok=True)

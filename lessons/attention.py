@@ -35,8 +35,8 @@ def online_softmax(x: torch.Tensor, block: int) -> torch.Tensor:
     require_tensor(x, "x", ndim=(1, 2, 3, 4), dtypes=FLOAT_DTYPES, on_kernel_device=False,
                        contiguous=False)
     _require_block(block, "block")
-    # YOUR CODE HERE: exercise attention.online_softmax (delete the todo line when you start)
-    todo("attention.online_softmax")
+    # YOUR CODE HERE: exercise attention.online_softmax, region 1 (delete the todo line when you start)
+    todo("attention.online_softmax", region=1, lines=8)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None,
@@ -51,8 +51,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None
     _require_attention_inputs(q, k, v, mask)
     _require_block(block_k, "block_k")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    # YOUR CODE HERE: exercise attention.flash_attention (delete the todo line when you start)
-    todo("attention.flash_attention")
+    # YOUR CODE HERE: exercise attention.flash_attention, region 1 (delete the todo line when you start)
+    todo("attention.flash_attention", region=1, lines=16)
 
 
 def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
@@ -79,8 +79,8 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
     if out_a.shape != out_b.shape:
         raise ValueError(f"out_a and out_b must have the same shape, got {tuple(out_a.shape)} "
                          f"and {tuple(out_b.shape)}")
-    # YOUR CODE HERE: exercise attention.merge_attention (delete the todo line when you start)
-    todo("attention.merge_attention")
+    # YOUR CODE HERE: exercise attention.merge_attention, region 1 (delete the todo line when you start)
+    todo("attention.merge_attention", region=1, lines=7)
 
 
 def _require_lse(lse, name, shape):

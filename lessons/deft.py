@@ -361,8 +361,8 @@ def tile_rows(q, member_query, tile, first, count, kv_head, stride_q_row, stride
     """
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, D)
-    # YOUR CODE HERE: exercise deft.deft_node_kernel (delete the todo line when you start)
-    todo("deft.deft_node_kernel")
+    # YOUR CODE HERE: exercise deft.deft_node_kernel, region 1 (delete the todo line when you start)
+    todo("deft.deft_node_kernel", region=1, lines=6, defines="member, head, valid, q_tile")
     return member, head, valid, q_tile
 
 
@@ -380,8 +380,8 @@ def store_partials(out_part, lse_part, m, l, acc, first, member, head, valid,
     out = acc / l[:, None]
     lse = (m + tl.log2(l)) * LN2  # back to natural log
     cols = tl.arange(0, D)
-    # YOUR CODE HERE: exercise deft.deft_node_kernel (delete the todo line when you start)
-    todo("deft.deft_node_kernel")
+    # YOUR CODE HERE: exercise deft.deft_node_kernel, region 2 (delete the todo line when you start)
+    todo("deft.deft_node_kernel", region=2, lines=4)
 
 
 @triton.jit
@@ -465,8 +465,8 @@ def deft_flatten_kernel(
             # visible[r, c]: row r's query sees token c of this tile (the bit of its member number
             # in word `word` of token c's bitmask, token_words), and the token lies inside the block.
             # The row's bit is fixed (row_bit, above the loop): one AND per entry, no 64-bit shift.
-            # YOUR CODE HERE: exercise deft.deft_flatten_kernel (delete the todo line when you start)
-            todo("deft.deft_flatten_kernel")
+            # YOUR CODE HERE: exercise deft.deft_flatten_kernel, region 1 (delete the todo line when you start)
+            todo("deft.deft_flatten_kernel", region=1, lines=2, defines="visible")
             # A row may see nothing in this tile (or in none so far): the step keeps its max at -inf
             # and its sums at 0, without a NaN (it subtracts 0 instead of -inf).
             m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, visible, m, l, acc, qk_scale, PRECISION)
@@ -505,8 +505,8 @@ def reduce_partials_kernel(
         out_p = tl.load(out_part + (part * HEADS_Q + heads[:, None]) * D + cols[None, :], mask=real[:, None],
                         other=0.0)
         # Fold this partial into (m, l, acc): the Flash-Decoding merge as a running recurrence.
-        # YOUR CODE HERE: exercise deft.reduce_partials_kernel (delete the todo line when you start)
-        todo("deft.reduce_partials_kernel")
+        # YOUR CODE HERE: exercise deft.reduce_partials_kernel, region 1 (delete the todo line when you start)
+        todo("deft.reduce_partials_kernel", region=1, lines=6, defines="l, acc, m")
     result = acc / l[:, None]
     where = query * HEADS_Q + heads
     tl.store(out + where[:, None] * D + cols[None, :], result.to(out.dtype.element_ty), mask=real[:, None])

@@ -112,8 +112,8 @@ def unpadded_attention_kernel(
     # empty samples, whose offsets equal the next one's), by STEPS = ceil(log2 BATCH) halvings of
     # [lo, hi]; then position[r] = t[r] - offsets[sample[r]], the row's index among its sample's
     # new tokens. (The paper's Algorithm 2 scans the counts from sample 0 instead: BATCH steps.)
-    # YOUR CODE HERE: exercise emssd.unpadded_attention_kernel (delete the todo line when you start)
-    todo("emssd.unpadded_attention_kernel")
+    # YOUR CODE HERE: exercise emssd.unpadded_attention_kernel, region 1 (delete the todo line when you start)
+    todo("emssd.unpadded_attention_kernel", region=1, lines=9, defines="sample, position")
     q_tile = tl.load(q + rows.to(tl.int64)[:, None] * stride_q_row + head * stride_q_head + cols[None, :],
                      mask=valid[:, None], other=0.0)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scores (log2 units)
@@ -140,8 +140,8 @@ def unpadded_attention_kernel(
                 # visible[r, c]: row r belongs to sample b and key j0 + c is one it sees: b's
                 # cache and b's new tokens up to its own position (causal), i.e.
                 # j <= kv_len + position[r] (which also keeps j inside b's region).
-                # YOUR CODE HERE: exercise emssd.unpadded_attention_kernel (delete the todo line when you start)
-                todo("emssd.unpadded_attention_kernel")
+                # YOUR CODE HERE: exercise emssd.unpadded_attention_kernel, region 2 (delete the todo line when you start)
+                todo("emssd.unpadded_attention_kernel", region=2, lines=1, defines="visible")
                 # The online softmax step of notebook 12. Rows of other samples see nothing here:
                 # their max may still be -inf, and the step keeps them at -inf and 0, without NaN.
                 m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, visible, m, l, acc, qk_scale,

@@ -47,101 +47,53 @@ D_PADDED = D + 1  # the value tile's row length: its rows start in different ban
 
 
 def tree_attention_kernel(q, k, v, mask, out):
-    b, h, i = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+    # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 1 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=1, lines=1, defines="b, h, i")
     t = cuda.threadIdx.x
     n = q.shape[2]
     tiles = (n + TILE - 1) // TILE
-    q_t = cuda.shared.array((D, PADDED), float32)  # transposed; +1 spreads the store's banks
-    k_t = cuda.shared.array((D, PADDED), float32)  # transposed, like q_t
-    v_tile = cuda.shared.array((TILE, D_PADDED), float32)  # also stages the output tile
-    s_t = cuda.shared.array((TILE, PADDED), float32)  # transposed: s_t[key, row]
-    row_scale = cuda.shared.array(TILE, float32)  # each row's alpha, from its softmax thread
-    row_sum = cuda.shared.array(TILE, float32)
-    # Thread (ty, tx) owns output rows ROWS*ty .. ROWS*ty+3, columns tx, tx + COL_STRIDE, ...
-    ty, tx = t // COL_STRIDE, t % COL_STRIDE
-    acc = cuda.local.array((ROWS, COLS), float32)
-    p_reg = cuda.local.array(ROWS, float32)
-    q_reg = cuda.local.array(ROWS, float32)
-    s_reg = cuda.local.array((ROWS, KEYS), float32)
-    row = i * TILE + t
-    for r in range(TILE):  # the 32 threads load row r together: one coalesced read
-        for x0 in range(0, D, TILE):
-            q_t[x0 + t, r] = q[b, h, i * TILE + r, x0 + t] if i * TILE + r < n else ZERO
-    for rr in range(ROWS):
-        for cc in range(COLS):
-            acc[rr, cc] = ZERO
-    m_prev = NEG_INF
-    l_prev = ZERO
+    # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 1 of ladder_k4.tree_attention_kernel that stand here
+    todo("ladder_k4.tree_attention_kernel", region=1, lines=1, defines="q_t")
+    # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 1 of ladder_k8.tree_attention_kernel that stand here
+    todo("ladder_k8.tree_attention_kernel", region=1, lines=1, defines="k_t")
+    # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 1 of ladder_k7.tree_attention_kernel that stand here
+    todo("ladder_k7.tree_attention_kernel", region=1, lines=1, defines="v_tile")
+    # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 2 of ladder_k8.tree_attention_kernel that stand here
+    todo("ladder_k8.tree_attention_kernel", region=2, lines=1, defines="s_t")
+    # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 1 of ladder_k6.tree_attention_kernel that stand here
+    todo("ladder_k6.tree_attention_kernel", region=1, lines=5, defines="row_scale, row_sum, ty, tx, acc, p_reg")
+    # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 3 of ladder_k8.tree_attention_kernel that stand here
+    todo("ladder_k8.tree_attention_kernel", region=3, lines=2, defines="q_reg, s_reg")
+    # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 2 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=2, lines=1, defines="row")
+    # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 3 of ladder_k4.tree_attention_kernel that stand here
+    todo("ladder_k4.tree_attention_kernel", region=3, lines=3)
+    # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 2 of ladder_k6.tree_attention_kernel that stand here
+    todo("ladder_k6.tree_attention_kernel", region=2, lines=3)
+    # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 2 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=2, lines=2, defines="m_prev, l_prev")
     for j in range(tiles):
         # The threads load each key row together (zeros past N, so no NaN reaches P.V).
         for r in range(TILE):
-            key_r = j * TILE + r
+            # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 4 of ladder_k4.tree_attention_kernel that stand here
+            todo("ladder_k4.tree_attention_kernel", region=4, lines=1, defines="key_r")
             for x0 in range(0, D, TILE):
-                k_t[x0 + t, r] = k[b, h, key_r, x0 + t] if key_r < n else ZERO
-                v_tile[r, x0 + t] = v[b, h, key_r, x0 + t] if key_r < n else ZERO
+                # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 4 of ladder_k8.tree_attention_kernel that stand here
+                todo("ladder_k8.tree_attention_kernel", region=4, lines=1)
+                # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 4 of ladder_k4.tree_attention_kernel that stand here
+                todo("ladder_k4.tree_attention_kernel", region=4, lines=1)
         cuda.syncthreads()
-        # Q.K^T on a register tile: 4 query and 8 key elements feed 4 x 8 multiply-adds.
-        for rr in range(ROWS):
-            for cc in range(KEYS):
-                s_reg[rr, cc] = ZERO
-        for x in range(D):
-            for rr in range(ROWS):
-                q_reg[rr] = q_t[x, ROWS * ty + rr]
-            for cc in range(KEYS):
-                k_c = k_t[x, tx + COL_STRIDE * cc]
-                for rr in range(ROWS):
-                    s_reg[rr, cc] += q_reg[rr] * k_c
-        for rr in range(ROWS):
-            for cc in range(KEYS):
-                s_t[tx + COL_STRIDE * cc, ROWS * ty + rr] = s_reg[rr, cc] * SCALE
-        cuda.syncthreads()
-        # Softmax, one thread per row (rows past N see nothing and write zeros).
-        visible = 0  # bit c: this row sees key c of the tile
-        # YOUR CODE HERE: exercise ladder_dense.tree_attention_kernel (delete the todo line when you start)
-        todo("ladder_dense.tree_attention_kernel")
-        m_new = m_prev
-        for c in range(TILE):
-            if (visible >> c) & 1:
-                m_new = max(m_new, s_t[c, t])
-        alpha = ONE
-        if m_new != NEG_INF:
-            l_tile = ZERO
-            for c in range(TILE):
-                p = math.exp(s_t[c, t] - m_new) if (visible >> c) & 1 else ZERO
-                s_t[c, t] = p
-                l_tile += p
-            alpha = math.exp(m_prev - m_new)  # rescales what earlier tiles added
-            l_prev = alpha * l_prev + l_tile
-            m_prev = m_new
-        else:  # no key seen yet: every probability is 0 (not exp(-inf + inf) = NaN)
-            for c in range(TILE):
-                s_t[c, t] = ZERO
-        row_scale[t] = alpha
-        cuda.syncthreads()  # P and alpha are complete before other threads read them
-        # P.V on a register tile: 4 probabilities and D/4 values feed 4 x D/4 multiply-adds.
-        for rr in range(ROWS):
-            alpha_r = row_scale[ROWS * ty + rr]
-            for cc in range(COLS):
-                acc[rr, cc] *= alpha_r
-        for c in range(TILE):
-            for rr in range(ROWS):
-                p_reg[rr] = s_t[c, ROWS * ty + rr]
-            for cc in range(COLS):
-                v_c = v_tile[c, tx + COL_STRIDE * cc]
-                for rr in range(ROWS):
-                    acc[rr, cc] += p_reg[rr] * v_c
+        # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 5 of ladder_k8.tree_attention_kernel that stand here
+        todo("ladder_k8.tree_attention_kernel", region=5, lines=15)
+        # YOUR CODE HERE: exercise ladder_dense.tree_attention_kernel, region 1 (delete the todo line when you start)
+        todo("ladder_dense.tree_attention_kernel", region=1, lines=3, defines="visible")
+        # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 5 of ladder_k8.tree_attention_kernel that stand here
+        todo("ladder_k8.tree_attention_kernel", region=5, lines=17, defines="alpha, l_prev")
+        # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 3 of ladder_k6.tree_attention_kernel that stand here
+        todo("ladder_k6.tree_attention_kernel", region=3, lines=13)
         cuda.syncthreads()  # every thread is done with this key tile before it is overwritten
-    row_sum[t] = l_prev if row < n else ONE  # a row past N has no keys: keep 0/0 out of the tile
-    cuda.syncthreads()
-    for rr in range(ROWS):
-        for cc in range(COLS):
-            v_tile[ROWS * ty + rr, tx + COL_STRIDE * cc] = acc[rr, cc] / row_sum[ROWS * ty + rr]
-    cuda.syncthreads()
-    for r in range(TILE):  # the 32 threads write row r together: one coalesced store
-        out_row = i * TILE + r
-        if out_row < n:
-            for x0 in range(0, D, TILE):
-                out[b, h, out_row, x0 + t] = v_tile[r, x0 + t]
+    # COPY FROM YOUR lessons/ladder_k8.py: the lines of region 2 of ladder_k7.tree_attention_kernel that stand here
+    todo("ladder_k7.tree_attention_kernel", region=2, lines=11)
 
 
 @functools.cache

@@ -40,8 +40,8 @@ SCALE = np.float32(1 / math.sqrt(D))  # softmax(QK^T / sqrt(d))
 
 
 def tree_attention_kernel(q, k, v, start, end, out):
-    # YOUR CODE HERE: exercise ladder_k2.tree_attention_kernel (delete the todo line when you start)
-    todo("ladder_k2.tree_attention_kernel")
+    # YOUR CODE HERE: exercise ladder_k2.tree_attention_kernel, region 1 (delete the todo line when you start)
+    todo("ladder_k2.tree_attention_kernel", region=1, lines=1, defines="b, h, i")
     t = cuda.threadIdx.x
     n = q.shape[2]
     tiles = (n + TILE - 1) // TILE
@@ -49,8 +49,8 @@ def tree_attention_kernel(q, k, v, start, end, out):
     k_tile = cuda.shared.array((TILE, D), float32)
     v_tile = cuda.shared.array((TILE, D), float32)
     s = cuda.shared.array((TILE, TILE), float32)
-    # YOUR CODE HERE: exercise ladder_k2.tree_attention_kernel (delete the todo line when you start)
-    todo("ladder_k2.tree_attention_kernel")
+    # YOUR CODE HERE: exercise ladder_k2.tree_attention_kernel, region 2 (delete the todo line when you start)
+    todo("ladder_k2.tree_attention_kernel", region=2, lines=7, defines="acc, row, m_prev, l_prev")
     for j in range(tiles):
         # Thread t loads key row t of the tile (zeros past N, so no NaN reaches P.V).
         key = j * TILE + t
@@ -58,11 +58,11 @@ def tree_attention_kernel(q, k, v, start, end, out):
             k_tile[t, x] = k[b, h, key, x] if key < n else ZERO
             v_tile[t, x] = v[b, h, key, x] if key < n else ZERO
         cuda.syncthreads()
-        # YOUR CODE HERE: exercise ladder_k2.tree_attention_kernel (delete the todo line when you start)
-        todo("ladder_k2.tree_attention_kernel")
+        # YOUR CODE HERE: exercise ladder_k2.tree_attention_kernel, region 3 (delete the todo line when you start)
+        todo("ladder_k2.tree_attention_kernel", region=3, lines=26, defines="l_prev")
         cuda.syncthreads()  # every thread is done with this key tile before it is overwritten
-    # YOUR CODE HERE: exercise ladder_k2.tree_attention_kernel (delete the todo line when you start)
-    todo("ladder_k2.tree_attention_kernel")
+    # YOUR CODE HERE: exercise ladder_k2.tree_attention_kernel, region 4 (delete the todo line when you start)
+    todo("ladder_k2.tree_attention_kernel", region=4, lines=3)
 
 
 @functools.cache

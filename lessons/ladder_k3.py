@@ -40,7 +40,8 @@ SCALE = np.float32(1 / math.sqrt(D))  # softmax(QK^T / sqrt(d))
 
 
 def tree_attention_kernel(q, k, v, start, end, out):
-    b, h, i = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+    # COPY FROM YOUR lessons/ladder_k2.py: the lines of region 1 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=1, lines=1, defines="b, h, i")
     t = cuda.threadIdx.x
     n = q.shape[2]
     tiles = (n + TILE - 1) // TILE
@@ -48,54 +49,36 @@ def tree_attention_kernel(q, k, v, start, end, out):
     k_tile = cuda.shared.array((TILE, D), float32)
     v_tile = cuda.shared.array((TILE, D), float32)
     s = cuda.shared.array((TILE, TILE), float32)
-    # YOUR CODE HERE: exercise ladder_k3.tree_attention_kernel (delete the todo line when you start)
-    todo("ladder_k3.tree_attention_kernel")
-    # This block's query tile is loaded once; the row's state lives in the thread.
-    acc = cuda.local.array(D, float32)  # this row's unnormalised output
-    row = i * TILE + t
-    for x in range(D):
-        q_tile[t, x] = q[b, h, row, x] if row < n else ZERO
-        acc[x] = ZERO
-    # YOUR CODE HERE: exercise ladder_k3.tree_attention_kernel (delete the todo line when you start)
-    todo("ladder_k3.tree_attention_kernel")
-    m_prev = NEG_INF
-    l_prev = ZERO
+    # YOUR CODE HERE: exercise ladder_k3.tree_attention_kernel, region 1 (delete the todo line when you start)
+    todo("ladder_k3.tree_attention_kernel", region=1, lines=2, defines="key_start, key_end")
+    # COPY FROM YOUR lessons/ladder_k2.py: the lines of region 2 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=2, lines=5, defines="acc, row")
+    # YOUR CODE HERE: exercise ladder_k3.tree_attention_kernel, region 2 (delete the todo line when you start)
+    todo("ladder_k3.tree_attention_kernel", region=2, lines=2, defines="my_start, my_end")
+    # COPY FROM YOUR lessons/ladder_k2.py: the lines of region 2 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=2, lines=2, defines="m_prev, l_prev")
     for j in range(tiles):
         # Thread t loads key row t of the tile (zeros past N, so no NaN reaches P.V).
         key = j * TILE + t
         for x in range(D):
             k_tile[t, x] = k[b, h, key, x] if key < n else ZERO
             v_tile[t, x] = v[b, h, key, x] if key < n else ZERO
-        # YOUR CODE HERE: exercise ladder_k3.tree_attention_kernel (delete the todo line when you start)
-        todo("ladder_k3.tree_attention_kernel")
+        # YOUR CODE HERE: exercise ladder_k3.tree_attention_kernel, region 3 (delete the todo line when you start)
+        todo("ladder_k3.tree_attention_kernel", region=3, lines=2)
         cuda.syncthreads()
         if row < n:
-            # Scores of this row against the tile's keys; hidden keys score -inf.
-            m_new = m_prev
+            # COPY FROM YOUR lessons/ladder_k2.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+            todo("ladder_k2.tree_attention_kernel", region=3, lines=1, defines="m_new")
             for c in range(TILE):
-                score = NEG_INF
-                # YOUR CODE HERE: exercise ladder_k3.tree_attention_kernel (delete the todo line when you start)
-                todo("ladder_k3.tree_attention_kernel")
-                s[t, c] = score
-                m_new = max(m_new, score)
-            if m_new != NEG_INF:  # otherwise no key seen yet: nothing to add
-                l_tile = ZERO
-                for c in range(TILE):
-                    p = math.exp(s[t, c] - m_new)
-                    s[t, c] = p
-                    l_tile += p
-                alpha = math.exp(m_prev - m_new)  # rescales what earlier tiles added
-                for x in range(D):
-                    pv = ZERO
-                    for c in range(TILE):
-                        pv += s[t, c] * v_tile[c, x]
-                    acc[x] = alpha * acc[x] + pv
-                l_prev = alpha * l_prev + l_tile
-                m_prev = m_new
+                # COPY FROM YOUR lessons/ladder_k2.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+                todo("ladder_k2.tree_attention_kernel", region=3, lines=1)
+                # YOUR CODE HERE: exercise ladder_k3.tree_attention_kernel, region 4 (delete the todo line when you start)
+                todo("ladder_k3.tree_attention_kernel", region=4, lines=5, defines="score")
+                # COPY FROM YOUR lessons/ladder_k2.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+                todo("ladder_k2.tree_attention_kernel", region=3, lines=16, defines="l_prev")
         cuda.syncthreads()  # every thread is done with this key tile before it is overwritten
-    if row < n:
-        for x in range(D):
-            out[b, h, row, x] = acc[x] / l_prev  # l_prev > 0: every query sees itself
+    # COPY FROM YOUR lessons/ladder_k2.py: the lines of region 4 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=4, lines=3)
 
 
 @functools.cache

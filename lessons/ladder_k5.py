@@ -41,70 +41,67 @@ SCALE = np.float32(1 / math.sqrt(D))  # softmax(QK^T / sqrt(d))
 
 
 def tree_attention_kernel(q, k, v, start, end, out):
-    b, h, i = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+    # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 1 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=1, lines=1, defines="b, h, i")
     t = cuda.threadIdx.x
     n = q.shape[2]
     tiles = (n + TILE - 1) // TILE
-    q_t = cuda.shared.array((D, PADDED), float32)  # transposed; +1 spreads the store's banks
+    # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 1 of ladder_k4.tree_attention_kernel that stand here
+    todo("ladder_k4.tree_attention_kernel", region=1, lines=1, defines="q_t")
     k_tile = cuda.shared.array((TILE, D), float32)
     v_tile = cuda.shared.array((TILE, D), float32)
-    s_t = cuda.shared.array((TILE, TILE), float32)  # transposed: s_t[key, row]
-    key_start = cuda.shared.array(TILE, int32)
-    key_end = cuda.shared.array(TILE, int32)
-    # This block's query tile is loaded once; the row's state lives in the thread.
-    acc = cuda.local.array(D, float32)  # this row's unnormalised output
-    row = i * TILE + t
-    for r in range(TILE):  # the 32 threads load row r together: one coalesced read
-        for x0 in range(0, D, TILE):
-            q_t[x0 + t, r] = q[b, h, i * TILE + r, x0 + t] if i * TILE + r < n else ZERO
-    for x in range(D):
-        acc[x] = ZERO
-    # A row past N gets start -1 so that no key's interval contains it.
-    my_start = start[b, row] if row < n else NOBODY
-    my_end = end[b, row] if row < n else NOBODY
-    m_prev = NEG_INF
-    l_prev = ZERO
+    # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 2 of ladder_k4.tree_attention_kernel that stand here
+    todo("ladder_k4.tree_attention_kernel", region=2, lines=1, defines="s_t")
+    # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 1 of ladder_k3.tree_attention_kernel that stand here
+    todo("ladder_k3.tree_attention_kernel", region=1, lines=2, defines="key_start, key_end")
+    # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 2 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=2, lines=2, defines="acc, row")
+    # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 3 of ladder_k4.tree_attention_kernel that stand here
+    todo("ladder_k4.tree_attention_kernel", region=3, lines=5)
+    # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 2 of ladder_k3.tree_attention_kernel that stand here
+    todo("ladder_k3.tree_attention_kernel", region=2, lines=2, defines="my_start, my_end")
+    # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 2 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=2, lines=2, defines="m_prev, l_prev")
     for j in range(tiles):
-        # The threads load each key row together (zeros past N, so no NaN reaches P.V).
-        for r in range(TILE):
-            key_r = j * TILE + r
-            for x0 in range(0, D, TILE):
-                k_tile[r, x0 + t] = k[b, h, key_r, x0 + t] if key_r < n else ZERO
-                v_tile[r, x0 + t] = v[b, h, key_r, x0 + t] if key_r < n else ZERO
-        key = j * TILE + t
-        # A key past N gets the empty interval [N, -1], which contains no row.
-        key_start[t] = start[b, key] if key < n else n
-        key_end[t] = end[b, key] if key < n else NOBODY
+        # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 4 of ladder_k4.tree_attention_kernel that stand here
+        todo("ladder_k4.tree_attention_kernel", region=4, lines=6, defines="key")
+        # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 3 of ladder_k3.tree_attention_kernel that stand here
+        todo("ladder_k3.tree_attention_kernel", region=3, lines=2)
         cuda.syncthreads()
         if row < n:
             # Scores of this row against the tile's keys; hidden keys score -inf.
-            # YOUR CODE HERE: exercise ladder_k5.tree_attention_kernel (delete the todo line when you start)
-            todo("ladder_k5.tree_attention_kernel")
-            m_new = m_prev
+            # YOUR CODE HERE: exercise ladder_k5.tree_attention_kernel, region 1 (delete the todo line when you start)
+            todo("ladder_k5.tree_attention_kernel", region=1, lines=4, defines="visible")
+            # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+            todo("ladder_k2.tree_attention_kernel", region=3, lines=1, defines="m_new")
             for c in range(TILE):
-                score = NEG_INF
-                # YOUR CODE HERE: exercise ladder_k5.tree_attention_kernel (delete the todo line when you start)
-                todo("ladder_k5.tree_attention_kernel")
-                s_t[c, t] = score
-                m_new = max(m_new, score)
+                # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+                todo("ladder_k2.tree_attention_kernel", region=3, lines=1)
+                # YOUR CODE HERE: exercise ladder_k5.tree_attention_kernel, region 2 (delete the todo line when you start)
+                todo("ladder_k5.tree_attention_kernel", region=2, lines=5, defines="score")
+                # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 5 of ladder_k4.tree_attention_kernel that stand here
+                todo("ladder_k4.tree_attention_kernel", region=5, lines=1)
+                # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+                todo("ladder_k2.tree_attention_kernel", region=3, lines=1, defines="m_new")
             if m_new != NEG_INF:  # otherwise no key seen yet: nothing to add
-                l_tile = ZERO
+                # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+                todo("ladder_k2.tree_attention_kernel", region=3, lines=1)
                 for c in range(TILE):
-                    p = math.exp(s_t[c, t] - m_new)
-                    s_t[c, t] = p
-                    l_tile += p
-                alpha = math.exp(m_prev - m_new)  # rescales what earlier tiles added
+                    # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 6 of ladder_k4.tree_attention_kernel that stand here
+                    todo("ladder_k4.tree_attention_kernel", region=6, lines=2, defines="p")
+                    # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+                    todo("ladder_k2.tree_attention_kernel", region=3, lines=2, defines="l_tile, alpha")
                 for x in range(D):
-                    pv = ZERO
+                    # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+                    todo("ladder_k2.tree_attention_kernel", region=3, lines=1)
                     for c in range(TILE):
-                        pv += s_t[c, t] * v_tile[c, x]
-                    acc[x] = alpha * acc[x] + pv
-                l_prev = alpha * l_prev + l_tile
-                m_prev = m_new
+                        # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 7 of ladder_k4.tree_attention_kernel that stand here
+                        todo("ladder_k4.tree_attention_kernel", region=7, lines=1, defines="pv")
+                    # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+                    todo("ladder_k2.tree_attention_kernel", region=3, lines=3, defines="l_prev")
         cuda.syncthreads()  # every thread is done with this key tile before it is overwritten
-    if row < n:
-        for x in range(D):
-            out[b, h, row, x] = acc[x] / l_prev  # l_prev > 0: every query sees itself
+    # COPY FROM YOUR lessons/ladder_k4.py: the lines of region 4 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=4, lines=3)
 
 
 @functools.cache

@@ -49,46 +49,42 @@ COLS = D // COL_STRIDE  # output columns per thread in P.V
 
 
 def tree_attention_kernel(q, k, v, start, end, out):
-    b, h, i = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+    # COPY FROM YOUR lessons/ladder_k5.py: the lines of region 1 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=1, lines=1, defines="b, h, i")
     t = cuda.threadIdx.x
     n = q.shape[2]
     tiles = (n + TILE - 1) // TILE
-    q_t = cuda.shared.array((D, PADDED), float32)  # transposed; +1 spreads the store's banks
+    # COPY FROM YOUR lessons/ladder_k5.py: the lines of region 1 of ladder_k4.tree_attention_kernel that stand here
+    todo("ladder_k4.tree_attention_kernel", region=1, lines=1, defines="q_t")
     k_tile = cuda.shared.array((TILE, D), float32)
     v_tile = cuda.shared.array((TILE, D), float32)
-    s_t = cuda.shared.array((TILE, TILE), float32)  # transposed: s_t[key, row]
-    key_start = cuda.shared.array(TILE, int32)
-    key_end = cuda.shared.array(TILE, int32)
-    # YOUR CODE HERE: exercise ladder_k6.tree_attention_kernel (delete the todo line when you start)
-    todo("ladder_k6.tree_attention_kernel")
-    row = i * TILE + t
-    for r in range(TILE):  # the 32 threads load row r together: one coalesced read
-        for x0 in range(0, D, TILE):
-            q_t[x0 + t, r] = q[b, h, i * TILE + r, x0 + t] if i * TILE + r < n else ZERO
-    # YOUR CODE HERE: exercise ladder_k6.tree_attention_kernel (delete the todo line when you start)
-    todo("ladder_k6.tree_attention_kernel")
-    # A row past N gets start -1 so that no key's interval contains it.
-    my_start = start[b, row] if row < n else NOBODY
-    my_end = end[b, row] if row < n else NOBODY
-    m_prev = NEG_INF
-    l_prev = ZERO
+    # COPY FROM YOUR lessons/ladder_k5.py: the lines of region 2 of ladder_k4.tree_attention_kernel that stand here
+    todo("ladder_k4.tree_attention_kernel", region=2, lines=1, defines="s_t")
+    # COPY FROM YOUR lessons/ladder_k5.py: the lines of region 1 of ladder_k3.tree_attention_kernel that stand here
+    todo("ladder_k3.tree_attention_kernel", region=1, lines=2, defines="key_start, key_end")
+    # YOUR CODE HERE: exercise ladder_k6.tree_attention_kernel, region 1 (delete the todo line when you start)
+    todo("ladder_k6.tree_attention_kernel", region=1, lines=5, defines="row_scale, row_sum, ty, tx, acc, p_reg")
+    # COPY FROM YOUR lessons/ladder_k5.py: the lines of region 2 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=2, lines=1, defines="row")
+    # COPY FROM YOUR lessons/ladder_k5.py: the lines of region 3 of ladder_k4.tree_attention_kernel that stand here
+    todo("ladder_k4.tree_attention_kernel", region=3, lines=3)
+    # YOUR CODE HERE: exercise ladder_k6.tree_attention_kernel, region 2 (delete the todo line when you start)
+    todo("ladder_k6.tree_attention_kernel", region=2, lines=3)
+    # COPY FROM YOUR lessons/ladder_k5.py: the lines of region 2 of ladder_k3.tree_attention_kernel that stand here
+    todo("ladder_k3.tree_attention_kernel", region=2, lines=2, defines="my_start, my_end")
+    # COPY FROM YOUR lessons/ladder_k5.py: the lines of region 2 of ladder_k2.tree_attention_kernel that stand here
+    todo("ladder_k2.tree_attention_kernel", region=2, lines=2, defines="m_prev, l_prev")
     for j in range(tiles):
-        # The threads load each key row together (zeros past N, so no NaN reaches P.V).
-        for r in range(TILE):
-            key_r = j * TILE + r
-            for x0 in range(0, D, TILE):
-                k_tile[r, x0 + t] = k[b, h, key_r, x0 + t] if key_r < n else ZERO
-                v_tile[r, x0 + t] = v[b, h, key_r, x0 + t] if key_r < n else ZERO
-        key = j * TILE + t
-        # A key past N gets the empty interval [N, -1], which contains no row.
-        key_start[t] = start[b, key] if key < n else n
-        key_end[t] = end[b, key] if key < n else NOBODY
+        # COPY FROM YOUR lessons/ladder_k5.py: the lines of region 4 of ladder_k4.tree_attention_kernel that stand here
+        todo("ladder_k4.tree_attention_kernel", region=4, lines=6, defines="key")
+        # COPY FROM YOUR lessons/ladder_k5.py: the lines of region 3 of ladder_k3.tree_attention_kernel that stand here
+        todo("ladder_k3.tree_attention_kernel", region=3, lines=2)
         cuda.syncthreads()
-        # YOUR CODE HERE: exercise ladder_k6.tree_attention_kernel (delete the todo line when you start)
-        todo("ladder_k6.tree_attention_kernel")
+        # YOUR CODE HERE: exercise ladder_k6.tree_attention_kernel, region 3 (delete the todo line when you start)
+        todo("ladder_k6.tree_attention_kernel", region=3, lines=40, defines="l_prev")
         cuda.syncthreads()  # every thread is done with this key tile before it is overwritten
-    # YOUR CODE HERE: exercise ladder_k6.tree_attention_kernel (delete the todo line when you start)
-    todo("ladder_k6.tree_attention_kernel")
+    # YOUR CODE HERE: exercise ladder_k6.tree_attention_kernel, region 4 (delete the todo line when you start)
+    todo("ladder_k6.tree_attention_kernel", region=4, lines=7)
 
 
 @functools.cache

@@ -127,8 +127,8 @@ def first_crossing(weights, offset, threshold, BLOCK: tl.constexpr):
     next level's search. A zero weight is never chosen; a block with no positive weight gives
     j = -1 (only a row of sigmoid weights that all underflow: the resample kernel emits PAD).
     """
-    # YOUR CODE HERE: exercise spec_sampling.first_crossing (delete the todo line when you start)
-    todo("spec_sampling.first_crossing")
+    # YOUR CODE HERE: exercise spec_sampling.first_crossing, region 1 (delete the todo line when you start)
+    todo("spec_sampling.first_crossing", region=1, lines=8, defines="j, before")
     return j, before
 
 
@@ -181,8 +181,8 @@ def tile_pass_kernel(X, P, Q, R, accept, residual_sums, target_sums, p_max, p_su
     inside = idx < V  # the last tile is ragged when V is not a multiple of TILE
     p = load_weights(P, row, V, idx, inside, m_p, l_p, alpha, beta, FORM)
     q = load_weights(Q, q_row, V, idx, inside & has_draft, m_q, l_q, alpha, beta, FORM)
-    # YOUR CODE HERE: exercise spec_sampling.tile_pass_kernel (delete the todo line when you start)
-    todo("spec_sampling.tile_pass_kernel")
+    # YOUR CODE HERE: exercise spec_sampling.tile_pass_kernel, region 1 (delete the todo line when you start)
+    todo("spec_sampling.tile_pass_kernel", region=1, lines=11)
 
 
 @triton.jit

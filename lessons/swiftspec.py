@@ -84,8 +84,8 @@ def compact_kernel(cache, src, dst, counts, D, stride_b, stride_r, stride_c, str
         # Move this chunk's BLOCK_M rows (each of D columns): read every source row of the chunk,
         # wait until all threads have read (a destination of one move can be the source of
         # another move of the chunk), then write the destinations.
-        # YOUR CODE HERE: exercise swiftspec.compact_kernel (delete the todo line when you start)
-        todo("swiftspec.compact_kernel")
+        # YOUR CODE HERE: exercise swiftspec.compact_kernel, region 1 (delete the todo line when you start)
+        todo("swiftspec.compact_kernel", region=1, lines=3)
 
 
 # --------------------------------------------------------------------------- non-square attention
@@ -157,8 +157,8 @@ def tree_cache_attention_kernel(
         ke = tl.load(kv_end + b64 * C + keys, mask=tree_row, other=-1)
         # visible[r, c]: packed row r is a real query and key c is a prefix row, or a tree row
         # holding an ancestor of r's node (or the node itself): FlashSpecInfer's interval test.
-        # YOUR CODE HERE: exercise swiftspec.tree_cache_attention_kernel (delete the todo line when you start)
-        todo("swiftspec.tree_cache_attention_kernel")
+        # YOUR CODE HERE: exercise swiftspec.tree_cache_attention_kernel, region 1 (delete the todo line when you start)
+        todo("swiftspec.tree_cache_attention_kernel", region=1, lines=2, defines="visible")
         if tl.max(tl.max(visible.to(tl.int32), axis=1), axis=0) > 0:  # else skip the block's K, V
             rows64 = keys.to(tl.int64)
             k = tl.load(k_base + rows64[:, None] * stride_kc + dims[None, :] * stride_kd,

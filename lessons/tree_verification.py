@@ -173,8 +173,8 @@ def tree_walk_kernel(parents, tokens, q, p, accept_uniforms, path, final_node, f
             row = (b * N + node).to(tl.int64) * V
             p_x = tl.load(p + row + x).to(tl.float64)
             q_x = tl.load(q + row + x).to(tl.float64)
-            # YOUR CODE HERE: exercise tree_verification.tree_walk_kernel (delete the todo line when you start)
-            todo("tree_verification.tree_walk_kernel")
+            # YOUR CODE HERE: exercise tree_verification.tree_walk_kernel, region 1 (delete the todo line when you start)
+            todo("tree_verification.tree_walk_kernel", region=1, lines=13, defines="depth, node, c, z")
             last = child  # the next child tried (if any) has a larger id
     tl.store(path + b * N + ids, -1, mask=(ids > depth) & (ids < N))  # pad after the last node
     tl.store(final_node + b, node)
@@ -255,8 +255,8 @@ def greedy_walk_kernel(parents, tokens, best, target, path, next_token, N, V: tl
             wanted = row_argmax(target, b * N + node, V, BLOCK_V)
         else:
             wanted = tl.load(best + b * N + node)
-        # YOUR CODE HERE: exercise tree_verification.greedy_walk_kernel (delete the todo line when you start)
-        todo("tree_verification.greedy_walk_kernel")
+        # YOUR CODE HERE: exercise tree_verification.greedy_walk_kernel, region 1 (delete the todo line when you start)
+        todo("tree_verification.greedy_walk_kernel", region=1, lines=5, defines="depth")
     tl.store(path + b * N + ids, -1, mask=(ids > depth) & (ids < N))  # pad after the last node
     tl.store(next_token + b, wanted)  # the argmax at the last node: the walk stopped there
 

@@ -38,8 +38,8 @@ def dfs_times_kernel(parents, start, end, cursor):
     if b >= parents.shape[0]:
         return
     n = parents.shape[1]
-    # YOUR CODE HERE: exercise trees.dfs_times_kernel (delete the todo line when you start)
-    todo("trees.dfs_times_kernel")
+    # YOUR CODE HERE: exercise trees.dfs_times_kernel, region 1 (delete the todo line when you start)
+    todo("trees.dfs_times_kernel", region=1, lines=13)
 
 
 def dfs_times(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,8 +60,8 @@ def tree_mask_kernel(start, end, mask):
     b = cuda.blockIdx.z
     q, k = cuda.grid(2)
     n = start.shape[1]
-    # YOUR CODE HERE: exercise trees.tree_mask_kernel (delete the todo line when you start)
-    todo("trees.tree_mask_kernel")
+    # YOUR CODE HERE: exercise trees.tree_mask_kernel, region 1 (delete the todo line when you start)
+    todo("trees.tree_mask_kernel", region=1, lines=2)
 
 
 def tree_mask(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
@@ -87,8 +87,8 @@ def tree_bitmask_kernel(start, end, words):
     n = start.shape[1]
     if q >= n:
         return
-    # YOUR CODE HERE: exercise trees.tree_bitmask_kernel (delete the todo line when you start)
-    todo("trees.tree_bitmask_kernel")
+    # YOUR CODE HERE: exercise trees.tree_bitmask_kernel, region 1 (delete the todo line when you start)
+    todo("trees.tree_bitmask_kernel", region=1, lines=6)
 
 
 def tree_bitmask(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:

@@ -126,8 +126,8 @@ def online_softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_PRECISION
     """
     # The block's scores s (BLOCK_M, BLOCK_N), -inf where not visible; the new row max m_new; the
     # rescale factor of the old state; the probabilities p; the updated l_i and acc.
-    # YOUR CODE HERE: exercise triton_attention.online_softmax_step (delete the todo line when you start)
-    todo("triton_attention.online_softmax_step")
+    # YOUR CODE HERE: exercise triton_attention.online_softmax_step, region 1 (delete the todo line when you start)
+    todo("triton_attention.online_softmax_step", region=1, lines=8, defines="m_new, l_i, acc")
     return m_new, l_i, acc
 
 
@@ -164,8 +164,8 @@ def tree_attention_kernel(Q, K, V, start, end, kv_count, kv_list, Out, Lse, N, H
         key_end = tl.load(end + b * N + keys, mask=key_in, other=-1)
         # sees (BLOCK_M, BLOCK_N): the tree mask of this pair of blocks, two vectors of intervals
         # compared by broadcasting.
-        # YOUR CODE HERE: exercise triton_attention.tree_attention_kernel (delete the todo line when you start)
-        todo("triton_attention.tree_attention_kernel")
+        # YOUR CODE HERE: exercise triton_attention.tree_attention_kernel, region 1 (delete the todo line when you start)
+        todo("triton_attention.tree_attention_kernel", region=1, lines=1, defines="sees")
         m_i, l_i, acc = online_softmax_step(q, k, v, sees, m_i, l_i, acc, qk_scale, DOT_PRECISION)
     # Every real row sees itself, so l > 0; a row past N has l = 0 and must not divide by it.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)

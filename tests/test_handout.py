@@ -47,7 +47,7 @@ def test_handout_has_no_solutions_and_fresh_stubs(handout):
     present = {p.relative_to(handout / "lessons") for p in (handout / "lessons").rglob("*") if p.is_file()}
     assert present == set(expected)
     assert all((handout / "lessons" / p).read_bytes() == content for p, content in expected.items())
-    assert 'todo("trees.dfs_times_kernel")' in (handout / "lessons" / "trees.py").read_text()
+    assert 'todo("trees.dfs_times_kernel", region=1' in (handout / "lessons" / "trees.py").read_text()
     assert not list(handout.rglob("__pycache__"))
 
 

@@ -1,12 +1,15 @@
 """The release turns solutions/ into lessons/: in sync, same API, loud stubs."""
 
 import importlib
+import importlib.util
+import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from course import release
+from course.checks import run_cases
 from course.exercise import ExerciseNotImplemented, kernel_stub_name
 from course.exercises import EXERCISES
 
@@ -30,7 +33,7 @@ def test_every_region_becomes_a_named_stub():
             ### END SOLUTION
     ''')
     stub = release.stub_source(source, "shapes", "shapes.py")
-    assert 'todo("shapes.area")' in stub
+    assert 'todo("shapes.area", region=1, lines=1)' in stub
     assert "return w * h" not in stub
     assert '"""Docstring stays."""' in stub and 'raise ValueError("w")' in stub
 
@@ -48,7 +51,7 @@ def test_a_helper_region_may_belong_to_the_exercise_of_its_caller():
             return _rows(n)
     ''')
     assert [r.exercise for r in release.find_regions(source, "shapes", "shapes.py")] == ["shapes.kernel"]
-    assert 'todo("shapes.kernel")' in release.stub_source(source, "shapes", "shapes.py")
+    assert 'todo("shapes.kernel", region=1, lines=1)' in release.stub_source(source, "shapes", "shapes.py")
 
 
 @pytest.mark.parametrize("broken, message", [
@@ -72,12 +75,13 @@ def test_region_without_todo_import_is_rejected():
                             "m", "m.py")
 
 
-def _lesson_stubs() -> set[str]:
+def _lesson_stubs(module: str = "*") -> set[str]:
+    """The exercises the todo(...) lines of lessons/<module>.py name."""
     stubs = set()
-    for path in (ROOT / "lessons").rglob("*.py"):
+    for path in (ROOT / "lessons").rglob(f"{module}.py"):
         for line in path.read_text().splitlines():
-            if line.strip().startswith('todo("'):
-                stubs.add(line.strip()[len('todo("'):-2])
+            if stub := release.TODO_LINE.match(line):
+                stubs.add(stub.group(1))
     return stubs
 
 
@@ -112,9 +116,10 @@ def test_lessons_have_the_same_public_api_as_solutions():
 def test_every_lesson_stub_fails_loudly(exercise):
     report = EXERCISES[exercise].run(impl="lessons", seed=0)
     assert not report.passed
-    # It names itself, or an exercise it requires that is still a stub too (those come first).
+    # It names itself, an exercise it requires that is still a stub too, or an earlier rung whose
+    # answer its lesson leaves for the student to paste (those may come first).
     named = [f"not implemented yet: exercise {e}" in report.not_implemented
-             for e in (exercise, *EXERCISES[exercise].requires)]
+             for e in (exercise, *EXERCISES[exercise].requires, *_lesson_stubs(EXERCISES[exercise].module))]
     assert any(named), report.not_implemented
 
 
@@ -135,7 +140,7 @@ def test_release_refuses_to_erase_written_exercises(tmp_path):
     release.release(lessons=lessons)
     assert release.edited_exercises(lessons=lessons) == []
     trees = lessons / "trees.py"
-    trees.write_text(trees.read_text().replace('todo("trees.tree_mask_kernel")', "pass"))
+    trees.write_text(re.sub(r'todo\("trees.tree_mask_kernel".*\)', "pass", trees.read_text()))
     assert release.edited_exercises(lessons=lessons) == ["trees.tree_mask_kernel"]
 
 
@@ -149,6 +154,17 @@ def test_every_generated_lesson_compiles():
 
 
 @pytest.mark.parametrize("exercise", sorted(_bug_exercises()))
-def test_every_find_the_bug_lesson_is_caught_by_its_check(exercise):
-    report = EXERCISES[exercise].run(impl="lessons", seed=0)
+def test_every_find_the_bug_lesson_is_caught_by_its_check(exercise, tmp_path):
+    """The defective kernel stands on the rung it copies: with that rung's answers pasted in (here the
+    solution's, as a hand-out with that rung solved gives them), it runs, and its check fails."""
+    module = EXERCISES[exercise].module
+    only_the_bug_open = release.render(ROOT / "solutions", lambda e: e == exercise)
+    path = tmp_path / f"{module}.py"
+    path.write_bytes(only_the_bug_open[Path(f"{module}.py")])
+    spec = importlib.util.spec_from_file_location(f"lessons.{module}_on_rung", path)
+    lesson = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lesson)
+    report = run_cases(exercise, EXERCISES[exercise].cases(lesson, 0))
     assert not report.passed and not report.not_implemented
+    plain = EXERCISES[exercise].run(impl="lessons", seed=0)  # the rung's answers still to paste
+    assert "not implemented yet" in plain.not_implemented

@@ -44,3 +44,13 @@ BY_MODULE = {rung.module: rung for rung in RUNGS}
 def edits() -> list[tuple[str, str]]:
     """(previous module, module) for every rung that edits another."""
     return [(rung.previous, rung.module) for rung in RUNGS if rung.previous]
+
+
+# Notebook 05's find-the-bug kernel is rung 3 with one defect.
+FIND_THE_BUG = {"ladder_bug": "ladder_k3"}
+
+
+def builds_on() -> dict[str, str]:
+    """Module -> the module whose kernel it edits: each rung's previous one, and the defective copy
+    of rung 3. A lesson shows what it keeps of that kernel, so it must not keep an open answer."""
+    return {rung.module: rung.previous for rung in RUNGS if rung.previous} | FIND_THE_BUG

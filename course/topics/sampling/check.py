@@ -23,6 +23,7 @@ whose float32 sums are exact) allow none at all.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field, replace
 
@@ -370,14 +371,67 @@ def run_case(sampler, case: SamplingCase, device=None, tile: int | None = None) 
     return classify(case, *first, tile=tile), rerun_problem(tuple(first), tuple(second))
 
 
+class TilePassStandIn:
+    """The per-tile pass in PyTorch, launched as the kernel is (`stand_in[grid](...)`, the same
+    arguments): acceptance tests in float64 of the float32 weights, and each tile's float32 sums of
+    max(0, p - q) and of p. The check of the draw runs on it while the student's tile_pass_kernel is
+    still a stub, so that the two exercises of notebook 15 are checked independently."""
+
+    def __getitem__(self, grid):
+        return self.run
+
+    @staticmethod
+    def _weights(logits_or_probs, max_tiles, sum_tiles, alpha, beta, form):
+        """(rows, V) float32 weights, as `load_weights` computes them (form 0, 1, 2 as in FORMS)."""
+        z = logits_or_probs.float()
+        if form == 0:
+            return z
+        if form == 2:
+            return torch.sigmoid(alpha * z + beta)
+        m = max_tiles.max(dim=-1, keepdim=True).values  # the row's statistics from the tiles' pairs
+        l = (sum_tiles * torch.exp(max_tiles - m)).sum(dim=-1, keepdim=True)
+        return torch.exp(z - m) / l
+
+    def run(self, X, P, Q, R, accept, residual_sums, target_sums, p_max, p_sum, q_max, q_sum, V, T, GAMMA,
+            alpha, beta, *, FORM, TILE, TILES_BLOCK, num_warps=None):
+        batch = X.shape[0]
+        rows = (batch, GAMMA + 1, T)
+        p = self._weights(P.reshape(batch, GAMMA + 1, V), p_max.view(rows), p_sum.view(rows), alpha, beta,
+                          FORM)
+        q = torch.zeros_like(p)
+        q[:, :GAMMA] = self._weights(Q.reshape(batch, GAMMA, V), q_max.view(rows)[:, :GAMMA],
+                                     q_sum.view(rows)[:, :GAMMA], alpha, beta, FORM)
+        padded = T * TILE - V  # the ragged last tile, padded with zero weights
+        by_tiles = [torch.nn.functional.pad(w, (0, padded)).view(batch, GAMMA + 1, T, TILE) for w in (p, q)]
+        residual_sums.view(rows).copy_(torch.clamp(by_tiles[0] - by_tiles[1], min=0.0).sum(dim=-1))
+        target_sums.view(rows).copy_(by_tiles[0].sum(dim=-1))
+        tokens = X.long().unsqueeze(-1)
+        p_x = p[:, :GAMMA].gather(-1, tokens).squeeze(-1).double()
+        q_x = q[:, :GAMMA].gather(-1, tokens).squeeze(-1).double()
+        accept.view(batch, GAMMA).copy_((R.view(batch, GAMMA).double() * q_x <= p_x).to(torch.int8))
+
+
+def _tile_pass_of(module):
+    """A context in which `module` runs the stand-in tile pass if its own is still a stub."""
+    from unittest import mock
+
+    from ..exercise import kernel_stub_name
+
+    if kernel_stub_name(module.tile_pass_kernel) is None:
+        return contextlib.nullcontext()
+    return mock.patch.object(module, "tile_pass_kernel", TilePassStandIn())
+
+
 def check_spec_sampling(module, seed: int):
     """module.speculative_sampling must emit pyspec_ref's tokens (within float32 rounding of a draw's
-    threshold, counted and bounded; bit-exact acceptance from probabilities)."""
+    threshold, counted and bounded; bit-exact acceptance from probabilities). While the module's
+    tile_pass_kernel is a stub, the draw runs on `TilePassStandIn`."""
     for case in edge_cases(seed):
         def run(case=case):
             def sampler(*arguments):
-                return module.speculative_sampling(*arguments, from_logits=case.form == "logits",
-                                                   tile=case.tile)
+                with _tile_pass_of(module):
+                    return module.speculative_sampling(*arguments, from_logits=case.form == "logits",
+                                                       tile=case.tile)
 
             tally, race = run_case(sampler, case, tile=module.TILE)
             problem = _summary(tally.problems) or race
