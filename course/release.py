@@ -179,7 +179,7 @@ def answer_lines(module: str, sources: Mapping[str, str]) -> dict[int, tuple[str
     """Line index of `module`'s solution -> (module, region) whose answer that line is: its own
     regions, and the lines it keeps unchanged from the answers of the rung it builds on (and so,
     through that rung, from every earlier one)."""
-    from .ladder import builds_on
+    from .topics.ladder.rungs import builds_on
 
     source = sources[module]
     answers = {}
@@ -238,7 +238,7 @@ def _inherited_holes(module: str, sources, tree, is_open, own: list[Hole]) -> li
     """Holes where `module`'s lesson would show an earlier rung's open answer: consecutive statements
     from one region become one hole, with the comments just above them, as long as they stand in one
     piece in the rung this one builds on (where the student copies them from)."""
-    from .ladder import builds_on
+    from .topics.ladder.rungs import builds_on
 
     lines = sources[module].splitlines()
     answers = {i: owner for i, owner in answer_lines(module, sources).items() if owner[0] != module}
@@ -280,7 +280,7 @@ def lesson_holes(module: str, sources: Mapping[str, str],
 def _stub_lines(hole: Hole, module: str, indent: str) -> list[str]:
     """The comment and the todo(...) line of a hole. In a hole of an earlier rung's answer the
     student pastes their own lines, which stand at the same place in the rung this one builds on."""
-    from .ladder import builds_on
+    from .topics.ladder.rungs import builds_on
 
     region = hole.region
     arguments = f'"{region.exercise}", region={region.number}, lines={hole.lines}'

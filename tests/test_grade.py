@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from course.core import runtime
 from course.grading import Limits, grade
 from course.grading.collect import SubmissionError, find_submissions, safe_extract
 
@@ -147,6 +148,7 @@ def test_find_submissions(tmp_path):
 
 # ------------------------------------------------------------------ speed (course.grading.speed)
 
+@pytest.mark.skipif(not runtime.SIMULATOR, reason="on a GPU, grading times the exercises")
 def test_simulator_grading_times_nothing_and_says_so(graded):
     grades, out = graded
     feedback = (out / "feedback" / "correct.md").read_text()

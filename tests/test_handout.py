@@ -21,7 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COURSE_IMPL")}
+    """The environment of a student's process: no COURSE_IMPL, and no path into this repository
+    (other PYTHONPATH entries, such as a GPU machine's own site folder, stay)."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COURSE_IMPL")}
+    kept = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if entry and not Path(entry).resolve().is_relative_to(ROOT)]
+    if kept:
+        environment["PYTHONPATH"] = os.pathsep.join(kept)
+    return environment
 
 
 @pytest.fixture(scope="module")

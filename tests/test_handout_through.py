@@ -12,7 +12,7 @@ import pytest
 
 from course import release
 from course.exercises import EXERCISES
-from course.ladder import RUNGS, builds_on
+from course.topics.ladder.rungs import RUNGS, builds_on
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"

@@ -11,10 +11,10 @@ import torch
 
 from course import release
 from course.checks import run_cases
-from course.checks import sampling as sampling_checks
+from course.core.impl import load
 from course.exercise import kernel_stub_name
 from course.exercises import EXERCISES
-from course.impl import load
+from course.topics.sampling import check as sampling_checks
 
 ROOT = Path(__file__).resolve().parent.parent
 
