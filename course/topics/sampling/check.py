@@ -408,7 +408,8 @@ class TilePassStandIn:
         tokens = X.long().unsqueeze(-1)
         p_x = p[:, :GAMMA].gather(-1, tokens).squeeze(-1).double()
         q_x = q[:, :GAMMA].gather(-1, tokens).squeeze(-1).double()
-        accept.view(batch, GAMMA).copy_((R.view(batch, GAMMA).double() * q_x < p_x).to(torch.int8))  # strict, as the spec
+        accepted = R.view(batch, GAMMA).double() * q_x < p_x  # strict, as the specification
+        accept.view(batch, GAMMA).copy_(accepted.to(torch.int8))
 
 
 def _tile_pass_of(module):
