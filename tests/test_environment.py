@@ -2,6 +2,7 @@
 clearly and never leaves a venv that `make` would trust after a failed step."""
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -174,3 +175,22 @@ def test_installer_says_where_to_run_instead(platform, advice):
     with pytest.raises(installer.InstallError, match=advice):
         installer.check_platform(platform)
     installer.check_platform("linux")
+
+
+def _strip(notebook_text: str) -> str:
+    """The clean filter that the installer configures (.gitattributes names it)."""
+    command = [sys.executable, "-m", "nbstripout", "--keep-id", "--extra-keys", "metadata.language_info"]
+    return subprocess.run(command, input=notebook_text, capture_output=True, text=True, check=True).stdout
+
+
+def test_running_a_notebook_leaves_the_tracked_file_clean():
+    assert "*.ipynb filter=nbstripout" in (ROOT / ".gitattributes").read_text()
+    notebook = ROOT / "notebooks" / "01_token_trees.ipynb"
+    committed = notebook.read_text()
+    assert _strip(committed) == committed  # committed notebooks are already in the filter's form
+    ran = json.loads(committed)
+    ran["metadata"]["language_info"] = {"name": "python", "version": "3.11.7", "mimetype": "text/x-python"}
+    for count, cell in enumerate((c for c in ran["cells"] if c["cell_type"] == "code"), start=1):
+        cell["execution_count"] = count
+        cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["a result\n"]}]
+    assert _strip(json.dumps(ran, indent=1)) == committed

@@ -1,6 +1,6 @@
 """Notebook 15: the speculative-sampling kernels, their PyTorch reference, the checks and the bench.
 
-The exercises' checks (exactness against pyspec_ref on the issue's edge cases) run in
+The exercises' checks (exactness against pyspec_ref on the checks' edge cases) run in
 tests/test_checks.py; here: the references, the edge cases themselves, the sigmoid variant, bad
 input, the distribution of the emitted tokens, and that the checks catch realistic bugs.
 """

@@ -42,7 +42,7 @@ block lists, masks, per-query KV copies) is outside every timing, as it is for t
 Every method is timed as a CUDA graph, as decoders run their steps: launched from Python, the
 small trees' calls timed the host (`course.measure.timing.bench_graphed` says by how much;
 results/h100/deft_bench_launches.log is a whole run timed without graphs).
-`targets(rows)` computes the issue's targets; `python -m course figures deft` prints them.
+`targets(rows)` computes the course's targets; `python -m course figures deft` prints them.
 
 Budget: per workload about 80 measurements (the block sweep's 60-odd, the tile sweep's 6), each
 timed for ~0.2 s, plus FlexAttention's compile per shape (tens of seconds the first time, seconds
@@ -85,7 +85,7 @@ ERROR_QUERIES = 8
 COPY_BYTES = 1 << 30
 SEED = 2024
 
-# The issue's targets.
+# The course's targets.
 SPEEDUP_TARGET = 3.0  # DeFT-Flatten vs the best baseline, speculative P >= 4096, t >= 64
 FLOOR_TARGET = 3.0  # DeFT-Flatten's time at most this many read-once floors
 KV_BYTES_TARGET = 1.1  # DeFT-Flatten's modelled KV bytes vs the tree's own KV
@@ -187,7 +187,7 @@ def error_row(name: str, workload: Workload, shape: dict, error: BaseException) 
 def floor_row(workload: Workload, copy_gbps: float, shape: dict = LLAMA3_8B) -> dict:
     """The KV read-once floor: the time to read the tree's KV once at the copy bandwidth.
 
-    As the issue defines it (P=4096, t=64: 17 MB of KV / 3.0 TB/s = 5.7 us). The queries and
+    As the course defines it (P=4096, t=64: 17 MB of KV / 3.0 TB/s = 5.7 us). The queries and
     outputs, which must move too, are in modelled_bytes but not in the time.
     """
     found = modelled("read_once", workload, shape)
@@ -346,7 +346,7 @@ def _by(rows, workload: str) -> dict[str, dict]:
 
 
 def targets(rows) -> list[dict]:
-    """The issue's targets, computed from rows: dicts of target, workload, value, limit, met.
+    """The course's targets, computed from rows: dicts of target, workload, value, limit, met.
 
     Speculative decoding with P >= 4096 and t >= 64: DeFT-Flatten >= 3x faster than the best
     baseline; at most 3x the read-once floor; modelled KV bytes within 1.1x of the tree's KV. Trees

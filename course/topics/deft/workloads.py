@@ -230,7 +230,7 @@ def speculative(P: int, t: int, seed: int = SEED, max_children: int = 10) -> Wor
 
 
 def benchmark() -> list[Workload]:
-    """The workloads `course.topics.deft.bench` measures (the issue's list), in a fixed order."""
+    """The workloads `course.topics.deft.bench` measures (the course's list), in a fixed order."""
     found = [speculative(P, t) for P in SPECULATIVE_PREFIXES for t in SPECULATIVE_TREES]
     found += [few_shot(b) for b in FEW_SHOT_BRANCHES]
     found.append(reasoning())

@@ -35,7 +35,7 @@ ROW_FIELDS = ("name", "figure", "B", "H", "N", "d", "order", "median_ms")
 MEMORY_FIELDS = ("dense_mask_bytes", "dense_mask_allocated", "gpu_bytes")
 INT32 = 4  # bytes of one DFS time
 
-# The targets of issue 3 (benchmarks: met or not met, computed from the data, never asserted).
+# The ladder's targets (benchmarks: met or not met, computed from the data, never asserted).
 SPEEDUP_TARGET = 30.0  # rung 1 -> rung 8 at the paper's shape (the paper: about 200 ms -> 7 ms)
 K8_VS_SDPA = 1.5  # rung 8 within this factor of SDPA's time (the paper: 1.4-1.75x of PyTorch)
 BEYOND_VS_SDPA = 0.5  # the best rung beyond the paper: at most this fraction of SDPA's time
@@ -149,7 +149,7 @@ def steps(document) -> list[dict]:
 
 
 def targets(document) -> list[dict]:
-    """The four targets of issue 3, each {"target", "measured", "values", "met"}: benchmarks to
+    """The ladder's four targets, each {"target", "measured", "values", "met"}: benchmarks to
     report, computed from the data (never asserted as tests)."""
     batch, heads, n, d = PAPER_SHAPE
     at = dict(B=batch, H=heads, N=n, d=d)

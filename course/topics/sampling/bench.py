@@ -49,7 +49,7 @@ SUITE = "sampling"
 BATCHES = (1, 8, 64)
 GAMMAS = (1, 5, 10)
 VOCABULARIES = (32000, 128256, 152064)
-HEADLINE = dict(gamma=5, V=128256)  # the size of the issue's measured baseline and targets
+HEADLINE = dict(gamma=5, V=128256)  # the size of the course's headline baseline and targets
 SEED = 2024
 LOGIT_SCALE = 3.0  # target logits ~ N(0, 3^2): a few tokens hold most of the mass
 DRAFT_NOISE = 1.0  # draft logits = target logits + N(0, 1): acceptance around one half
@@ -351,7 +351,7 @@ def find(rows, name: str, source: str, section: str = "timing", **at) -> dict | 
 
 
 def targets(rows) -> list[dict]:
-    """The issue's targets computed from timing rows: one dict per target and input (name, value,
+    """The course's targets computed from timing rows: one dict per target and input (name, value,
     goal, met), value None where a row is missing."""
     gamma, vocabulary = HEADLINE["gamma"], HEADLINE["V"]
     out = []

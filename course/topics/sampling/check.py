@@ -152,7 +152,7 @@ def resolution_case() -> SamplingCase:
 
 
 def edge_cases(seed: int) -> list[SamplingCase]:
-    """The fixed cases every check runs (the issue's list), then fresh random ones from `seed`."""
+    """The fixed cases every check runs (the course's list), then fresh random ones from `seed`."""
     cases = [random_case("gamma = 1", 11, 3, 1, 37)]
     base = random_case("", 12, 3, 3, 37)
     cases.append(replace(base, name="all accepted (r = 0): the bonus token from p_gamma",

@@ -30,7 +30,7 @@ from course.topics.ladder import bench as ladder_bench
 
 SUITE = "triton"
 PAPER_SHAPE = ladder_bench.PAPER_SHAPE
-TARGET_MS = 0.10  # the target for triton_fp16 at the paper's shape
+TARGET_MS = 0.10  # the course's target for triton_fp16 at the paper's shape
 SWEEP_N = (256, 512, 1024, 2048, 4096)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 TRITON = {f"triton_{name}": dtype for name, dtype in DTYPES.items()}

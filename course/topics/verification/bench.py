@@ -7,7 +7,7 @@ mismatch, the draft tokens drawn from the draft):
 - ``tree_sampling``: SpecInfer's sampled verification of a 64-node tree (the three kernels of
   solutions/tree_verification.py: the walk, the residual's tile sums, the draw);
 - ``chain_sampling``: the same kernels on a chain of gamma = 8 draft tokens (9 nodes), the
-  issue's reference point: the tree should cost at most 2x the chain;
+  course's reference point: the tree should cost at most 2x the chain;
 - ``chain_spec_sampling``: notebook 15's tiled kernel on the same chain (when
   solutions/spec_sampling.py is there), the other reference point;
 - ``tree_greedy``, ``chain_greedy``: greedy verification of the same trees from the same
@@ -46,7 +46,7 @@ CHAIN_GAMMA = 8
 MAX_CHILDREN = 4  # the benchmark tree: random fan-out 1..4, numbered breadth first
 MISMATCH = 1.0  # draft logits = target logits + MISMATCH * standard normal noise
 SHARPNESS = 2.0  # target logits = SHARPNESS * standard normal
-TARGET_RATIO = 2.0  # the issue's target: tree verification within 2x of chain verification
+TARGET_RATIO = 2.0  # the course's target: tree verification within 2x of chain verification
 
 
 def bench_tree(seed: int = 0) -> list[int]:
