@@ -78,10 +78,21 @@ def draw_tiles(mask, block_q, block_k, ax=None, title=None):
     counts = {c: int((classes == c).sum()) for c in (TILE_SKIP, TILE_PARTIAL, TILE_FULL)}
     names = {TILE_SKIP: "all hidden: skip", TILE_PARTIAL: "partial: needs mask",
              TILE_FULL: "all visible: no mask"}
-    handles = [Patch(fc=tints[c], ec=GREY, lw=0.5, label=f"{names[c]} ({counts[c]})")
+    # Each swatch is the colour the reader sees: a full tile is covered by the visible ink, so its
+    # swatch is that ink over the tile's tint; a partial tile shows both, hidden cells in its tint.
+    seen = {c: tints[c] for c in (TILE_SKIP, TILE_PARTIAL)}
+    ink_rgba = np.array(to_rgba(VISIBLE, 0.85))
+    seen[TILE_FULL] = tuple(ink_rgba[:3] * ink_rgba[3] + np.array(to_rgba(tints[TILE_FULL]))[:3]
+                            * (1 - ink_rgba[3]))
+    handles = [Patch(fc=seen[c], ec=GREY, lw=0.5, label=f"{names[c]} ({counts[c]})")
                for c in (TILE_SKIP, TILE_PARTIAL, TILE_FULL)]
     legend_below(ax, handles)
     index_ticks(ax, rows, cols)
+    # On a large mask, ticks on tile edges (the first index of a tile), at most about 8 per axis.
+    for axis, count, block in ((ax.xaxis, cols, bk), (ax.yaxis, rows, bq)):
+        if count > 24:
+            step = block * max(1, math.ceil(math.ceil(count / block) / 8))
+            axis.set_ticks(range(0, count, step))
     ax.set_xlabel("key j")
     ax.set_ylabel("query i")
     if title is None:
@@ -141,7 +152,7 @@ def online_softmax_trace(row, block, ax=None):
             color=BLUE, linewidth=2.2, zorder=3, label="running max m", gid="running_max")
     ax.axhline(m_exact, color=BLUE, linestyle="--", linewidth=1.2, label=f"max = {m_exact:.3g}")
     ax.set_xlabel(f"scores seen (blocks of {b})")
-    ax.set_ylabel("score / m", color=BLUE)
+    ax.set_ylabel("score s and running max m (logits)", color=BLUE)
     ax.set_xlim(0, len(r))
 
     right = ax.twinx()
@@ -151,7 +162,7 @@ def online_softmax_trace(row, block, ax=None):
     right.axhline(l_exact, color=ORANGE, linestyle="--", linewidth=1.2,
                   label=f"sum exp(s - max) = {l_exact:.3g}")
     right.set_ylim(0, max(ls.max(), l_exact) * 1.15)
-    right.set_ylabel("l", color=ORANGE)
+    right.set_ylabel("running sum l = Σ exp(s − m) (no unit)", color=ORANGE)
     right.spines["top"].set_visible(False)
     right.spines["right"].set_color(GREY)
     right.tick_params(labelsize=9, color=GREY, labelcolor=ORANGE)

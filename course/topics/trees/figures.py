@@ -303,11 +303,32 @@ def _pairs(rows, name: str) -> tuple[list[str], np.ndarray]:
     return labels, np.array(values)
 
 
-def memory_bars(rows, ax=None, title=None):
-    """Sizes as horizontal bars on a log axis, each labelled in binary units at its end."""
+def format_bytes(count) -> str:
+    """A byte count in binary units: 2**31 -> "2.0 GiB", 1536 -> "1.5 KiB", 12 -> "12 B"."""
+    value = float(to_numpy(count))
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"count must be a finite non-negative number of bytes, got {count!r}")
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    unit = 0
+    while unit < len(units) - 1 and round(value / 1024 ** unit, 1) >= 1024:
+        unit += 1
+    if unit == 0:
+        return f"{value:.0f} B" if value == int(value) else f"{value:.1f} B"
+    return f"{value / 1024 ** unit:.1f} {units[unit]}"
+
+
+def memory_bars(rows, ax=None, title=None, unit="bit"):
+    """Sizes as horizontal bars on a log axis, each labelled in binary units at its end.
+
+    `unit` says what the numbers count: "bit" (labels in bit, Kbit, Mbit, ...) or "byte" (B,
+    KiB, MiB, ...), so that a figure reads in the unit its notebook prints.
+    """
+    if unit not in ("bit", "byte"):
+        raise ValueError(f'unit must be "bit" or "byte", got {unit!r}')
+    fmt = format_bits if unit == "bit" else format_bytes
     labels, bits = _pairs(rows, "rows")
     if not np.all(np.isfinite(bits)) or np.any(bits <= 0):
-        raise ValueError("rows must hold positive finite bit counts (the axis is logarithmic)")
+        raise ValueError(f"rows must hold positive finite {unit} counts (the axis is logarithmic)")
     n = len(bits)
     ax = new_ax(ax, (7.5, max(2.2, 0.5 * n + 1.2)))
     y = np.arange(n)
@@ -315,16 +336,21 @@ def memory_bars(rows, ax=None, title=None):
     ax.barh(y, bits, color=[palette[i % len(palette)] for i in range(n)], height=0.6, zorder=2)
     ax.set_xscale("log")
     for i, b in enumerate(bits):
-        ax.text(b * 1.25, i, format_bits(b), va="center", fontsize=9, color=INK)
+        ax.text(b * 1.25, i, fmt(b), va="center", fontsize=9, color=INK)
     ax.set_yticks(y, labels)
     ax.set_ylim(n - 0.5, -0.5)  # first row on top, as listed
-    ax.set_xlim(bits.min() / 4, bits.max() * 30)  # room on the right for the labels
-    # Ticks at powers of 1024 read as units, not as 10^k.
-    lo, hi = math.floor(math.log(bits.min() / 4, 1024)), math.ceil(math.log(bits.max() * 30, 1024))
-    ticks = [1024.0 ** k for k in range(max(lo, 0), hi + 1)]
-    ax.set_xticks(ticks, [format_bits(t).replace(".0 ", " ") for t in ticks])
+    left, right = bits.min() / 4, bits.max() * 30  # room on the right for the labels
+    # Ticks at powers of 1024 read as units, not as 10^k; where fewer than three fall in the drawn
+    # range, powers of 32, 4 or 2. Only ticks inside the range: set_xticks would widen the axis.
+    for base in (1024, 32, 4, 2):
+        first = max(math.ceil(math.log(left, base) - 1e-9), 0)
+        ticks = [float(base) ** k for k in range(first, math.floor(math.log(right, base) + 1e-9) + 1)]
+        if len(ticks) >= 3:
+            break
+    ax.set_xticks(ticks, [fmt(t).replace(".0 ", " ") for t in ticks])
+    ax.set_xlim(left, right)
     ax.minorticks_off()
-    ax.set_xlabel("size (log scale)")
+    ax.set_xlabel(f"size ({'bits' if unit == 'bit' else 'bytes'}, binary units, log scale)")
     style_ax(ax, title or "memory", grid_axis="x")
     return ax
 
