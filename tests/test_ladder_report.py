@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import course  # noqa: E402, F401  (picks GPU or simulator first)
 from course.__main__ import main
 from course.core import runtime
-from course.measure import benchcli, results
+from course.measure import benchcli, plots, results
 from course.topics.ladder import bench as ladder_bench
 from course.topics.ladder import figures as ladder_figures
 from course.topics.ladder import rungs as ladder  # noqa: E402
@@ -127,11 +127,11 @@ def test_tables():
 
 
 def test_format_bytes():
-    assert ladder_figures.format_bytes(12) == "12 B"
-    assert ladder_figures.format_bytes(1536) == "1.5 KiB"
-    assert ladder_figures.format_bytes(1 << 37) == "128.0 GiB"
+    assert plots.format_bytes(12) == "12 B"
+    assert plots.format_bytes(1536) == "1.5 KiB"
+    assert plots.format_bytes(1 << 37) == "128.0 GiB"
     with pytest.raises(ValueError, match="count must be"):
-        ladder_figures.format_bytes(-1)
+        plots.format_bytes(-1)
 
 
 def test_figures_build():

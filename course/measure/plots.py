@@ -17,6 +17,7 @@ returns the Axes, or the Figure for multi-panel plots; none calls ``plt.show()``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
@@ -72,6 +73,20 @@ def to_numpy(x) -> np.ndarray:
         except TypeError:  # bfloat16 and friends have no NumPy dtype
             return x.float().numpy()
     return np.asarray(x)
+
+
+def format_bytes(count) -> str:
+    """A byte count in binary units, for labels and printouts: 2**31 -> "2.0 GiB", 1536 -> "1.5 KiB"."""
+    value = float(to_numpy(count))
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"count must be a finite non-negative number of bytes, got {count!r}")
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    unit = 0
+    while unit < len(units) - 1 and round(value / 1024 ** unit, 1) >= 1024:
+        unit += 1
+    if unit == 0:
+        return f"{value:.0f} B" if value == int(value) else f"{value:.1f} B"
+    return f"{value / 1024 ** unit:.1f} {units[unit]}"
 
 
 def int_vector(x, name: str) -> np.ndarray:

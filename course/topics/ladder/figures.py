@@ -16,8 +16,6 @@ A document that lacks the rows or fields a function needs gives a ValueError nam
 
 from __future__ import annotations
 
-import math
-
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
@@ -99,20 +97,6 @@ def describe(document) -> str:
     """'NVIDIA H100 80GB HBM3, 2026-11-23': what a figure's title says the numbers come from."""
     _check(document)
     return f"{document['device']}, {document['date'][:10]}"
-
-
-def format_bytes(count) -> str:
-    """A byte count in binary units: 2**37 -> '128.0 GiB', 1536 -> '1.5 KiB', 12 -> '12 B'."""
-    value = float(count)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"count must be a finite non-negative number of bytes, got {count!r}")
-    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-    unit = 0
-    while unit < len(units) - 1 and round(value / 1024 ** unit, 1) >= 1024:
-        unit += 1
-    if unit == 0:
-        return f"{value:.0f} B"
-    return f"{value / 1024 ** unit:.1f} {units[unit]}"
 
 
 def ladder_rows(document) -> list[dict]:

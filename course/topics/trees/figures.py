@@ -35,6 +35,7 @@ from course.measure.plots import (
     as_parents,
     as_times,
     cell_grid,
+    format_bytes,
     index_ticks,
     legend_below,
     new_ax,
@@ -301,20 +302,6 @@ def _pairs(rows, name: str) -> tuple[list[str], np.ndarray]:
         labels.append(str(row[0]))
         values.append(float(to_numpy(row[1])))
     return labels, np.array(values)
-
-
-def format_bytes(count) -> str:
-    """A byte count in binary units: 2**31 -> "2.0 GiB", 1536 -> "1.5 KiB", 12 -> "12 B"."""
-    value = float(to_numpy(count))
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"count must be a finite non-negative number of bytes, got {count!r}")
-    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-    unit = 0
-    while unit < len(units) - 1 and round(value / 1024 ** unit, 1) >= 1024:
-        unit += 1
-    if unit == 0:
-        return f"{value:.0f} B" if value == int(value) else f"{value:.1f} B"
-    return f"{value / 1024 ** unit:.1f} {units[unit]}"
 
 
 def memory_bars(rows, ax=None, title=None, unit="bit"):
