@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -192,6 +193,9 @@ def main(argv=None) -> int:
     except (ValueError, SolutionsMissing) as error:  # SolutionsMissing: --impl solutions in a hand-out
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `python -m course list | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 if __name__ == "__main__":
