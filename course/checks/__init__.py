@@ -53,10 +53,15 @@ class Report:
         if not failures:
             return f"{self.exercise}: passed all {len(self.results)} cases"
         lines = [f"{self.exercise} FAILED {len(failures)} of {len(self.results)} cases"]
+        explained: set[str] = set()  # a case's explanation, once: later cases say only where
         for result in failures:
             if result.crash is None:
-                lines.append(f"- {result.case}:")
-                lines.extend(f"    {line}" for line in result.detail.splitlines())
+                where, *why = result.detail.splitlines() or [""]
+                lines += [f"- {result.case}:", f"    {where}"]
+                lines += [f"    {line}" for line in why if line not in explained]
+                if why and set(why) <= explained:
+                    lines.append("    (the same causes as above)")
+                explained.update(why)
         lines.extend(self._crash_lines(verbose))
         passing = [r.case for r in self.results if r.passed]
         if passing:

@@ -51,9 +51,8 @@ def poison_hint(got: torch.Tensor, wrong: torch.Tensor, what: str) -> str:
     unwritten = wrong & (got == never_written(got.dtype))
     if unwritten.any():
         return (f"\n{int(unwritten.sum())} {what} values were never written: they still hold "
-                f"{never_written(got.dtype)}, the dtype's extreme value that the launcher "
-                "fills outputs with before the launch (a thread that returned early, a loop "
-                "that stops short, or a kernel that assumed the output starts at zero)")
+                f"{never_written(got.dtype)}, what the launcher fills outputs with (a thread that "
+                "returned early, a loop that stops short, or a kernel that assumed zeros)")
     unset = wrong & (got == simulator_poison(got.dtype))
     if unset.any():
         return (f"\n{int(unset.sum())} {what} values are {simulator_poison(got.dtype)}, the value "
@@ -74,7 +73,7 @@ def compare_floats(got: torch.Tensor, expected: torch.Tensor, what: str, labels:
         place = ", ".join(f"{label} {i}" for label, i in zip(labels, where, strict=True))
         causes = "\n".join(f"  - {cause}" for cause in NAN_CAUSES)
         return (f"{place}: {what} is NaN ({int(torch.isnan(got).sum())} NaN values of "
-                f"{got.numel()}). A NaN comes from:\n{causes}")
+                f"{got.numel()}). Likely causes:\n{causes}")
     error = (got - expected).abs()
     bad = error > atol + rtol * expected.abs()
     if not bad.any():
