@@ -63,6 +63,7 @@ def test_out_of_bounds_is_reported_once_with_file_line_source_and_array(out_of_b
     assert MASK_LINE in text
     # which thread raises first varies: (q, k) = (1, 0) fails at start[b, q], (0, 1) at start[b, k]
     assert re.search(r"start\[b, [qk]\] is start\[0, 1\], but start has shape \(1, 1\)", text), text
+    assert "index 1 is out of bounds for axis 1 with size 1" in text
     assert "tid=" in text and "--verbose" in text
     assert "Traceback" not in text
 

@@ -79,7 +79,8 @@ class Report:
             crash = hit[0].crash
             cases = (f"the same error in all {len(hit)} cases" if len(hit) == len(self.results) > 1
                      else f"in {len(hit)} of {len(self.results)} cases: " + _some(r.case for r in hit))
-            lines.append(f"- raised {crash.kind} ({cases}; first in {hit[0].case})")
+            lines.append(f"- raised {crash.kind}: {crash.message}")
+            lines.append(f"  ({cases}; first in {hit[0].case})")
             lines.extend(f"    {line}" for line in crash.lines())
             if verbose:
                 lines.extend(f"    {line}" for line in crash.traceback.rstrip().splitlines())

@@ -43,10 +43,11 @@ class Crash:
         return (self.kind, self.place) if self.place else (self.kind, self.message)
 
     def lines(self) -> list[str]:
+        """Where it happened, under the line that says what was raised."""
         where = [f"at {self.place}", f"    {self.source}"] if self.place else []
-        what = [f"{self.kind}: {self.message}"] + ([f"({self.access})"] if self.access else [])
+        access = [self.access] if self.access else []
         thread = [f"in the thread {self.thread}"] if self.thread else []
-        return where + what + thread
+        return where + access + thread
 
 
 def describe(error: BaseException) -> Crash:
