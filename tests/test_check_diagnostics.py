@@ -7,6 +7,7 @@ Each test plants one bug in a copy of a solution module written under a folder n
 import importlib.util
 import itertools
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,10 @@ def mutant(tmp_path, module: str, original: str, planted: str):
     folder.mkdir(exist_ok=True)
     path = folder / f"{module}.py"
     path.write_text(source.replace(original, planted))
-    spec = importlib.util.spec_from_file_location(f"mutant_{module}", path)
+    name = f"mutant_{module}_{tmp_path.name}"
+    spec = importlib.util.spec_from_file_location(name, path)
     loaded = importlib.util.module_from_spec(spec)
+    sys.modules[name] = loaded  # a dataclass in the module looks its module up there
     spec.loader.exec_module(loaded)
     line = source[:source.index(original)].count("\n") + 1
     return loaded, line
@@ -87,6 +90,19 @@ def test_a_crash_in_some_cases_lists_them(tmp_path):
     assert text.count("raised IndexError") == 1, text
     assert "in 2 of 4 cases: chain N=32, star N=17" in text
     assert f"lessons/trees.py:{line}" in text
+
+
+def test_a_crash_inside_a_triton_kernel_names_the_kernel_line(tmp_path):
+    # Triton's interpreter wraps the kernel's error; the report still finds the student's line.
+    planted = "    m_new = tl.maximum(m_i, tl.max(s, axis=2))"
+    module, line = mutant(tmp_path, "triton_attention", "    m_new = tl.maximum(m_i, tl.max(s, axis=1))",
+                          planted)
+    report = first_cases("triton_attention.online_softmax_step", module, 2)
+    text = report.text()
+    assert text.count("raised InterpreterError") == 1, text
+    assert "axis 2 out of bounds" in text and "the same error in all 2 cases" in text
+    assert f"at lessons/triton_attention.py:{line} in online_softmax_step" in text
+    assert planted.strip() in text
 
 
 def test_an_unwritten_integer_is_reported_as_never_written(tmp_path):

@@ -1,7 +1,8 @@
 """Turn an exception raised by a student's kernel or launcher into the place it happened.
 
 In the simulator a Numba kernel runs as Python, and so does a Triton kernel under
-Triton's interpreter, so the traceback holds a frame in the student's own file. We
+Triton's interpreter, so the traceback holds a frame in the student's own file (for
+Triton, in the error the interpreter's InterpreterError was raised from). We
 name that file, line and source line, and for an out-of-bounds access read the
 array and the index from the frame's variables, as a GPU debugger would.
 """
@@ -50,7 +51,8 @@ class Crash:
         return where + access + thread
 
 
-def describe(error: BaseException) -> Crash:
+def describe(raised: BaseException) -> Crash:
+    error = original_error(raised)
     message = str(error)
     thread_match = THREAD_PREFIX.match(message)
     thread = thread_match.group(0).rstrip(": \t") if thread_match else ""
@@ -65,8 +67,19 @@ def describe(error: BaseException) -> Crash:
         if isinstance(error, IndexError):
             indent = len(line) - len(line.lstrip())
             access = out_of_bounds_access(source, frame, _failing_columns(tb, indent), message)
-    full = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    full = "".join(traceback.format_exception(type(raised), raised, raised.__traceback__))
     return Crash(type(error).__name__, message, thread, place, source, access, full)
+
+
+def original_error(error: BaseException) -> BaseException:
+    """The innermost error that a wrapper re-raised `from` (Triton's interpreter raises an
+    InterpreterError from the kernel's own error) and that still passes through the student's
+    file; else the error itself."""
+    chain = [error]
+    while chain[-1].__cause__ is not None and chain[-1].__cause__ not in chain:
+        chain.append(chain[-1].__cause__)
+    in_student_file = [e for e in chain if student_traceback(e.__traceback__) is not None]
+    return in_student_file[-1] if in_student_file else error
 
 
 def student_traceback(tb):
