@@ -60,7 +60,7 @@ class Report:
                 lines += [f"- {result.case}:", f"    {where}"]
                 lines += [f"    {line}" for line in why if line not in explained]
                 if why and set(why) <= explained:
-                    lines.append("    (the same causes as above)")
+                    lines.append("    (explained above)")
                 explained.update(why)
         lines.extend(self._crash_lines(verbose))
         passing = [r.case for r in self.results if r.passed]
