@@ -32,7 +32,8 @@ def _check(args) -> int:
 
     failed = 0
     for exercise in select(args.exercise):
-        report = check(exercise.id, impl=args.impl, seed=args.seed, raise_on_failure=False)
+        report = check(exercise.id, impl=args.impl, seed=args.seed, raise_on_failure=False,
+                       verbose=args.verbose)
         failed += not report.passed
     return 1 if failed else 0
 
@@ -119,6 +120,8 @@ def main(argv=None) -> int:
     check.add_argument("--impl", choices=("lessons", "solutions"), default=None,
                        help="which copy to check (default: COURSE_IMPL, else lessons)")
     check.add_argument("--seed", type=int, default=0, help="seed of the random cases (default 0)")
+    check.add_argument("--verbose", action="store_true",
+                       help="show the whole traceback of a kernel or launcher that raised")
     check.set_defaults(run=_check)
     bench = commands.add_parser("bench", help="measure a topic on a GPU into results/<device>/<suite>.json")
     bench.add_argument("topic", help="a folder of course/topics/, or capstone")

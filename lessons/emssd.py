@@ -51,6 +51,7 @@ import triton
 import triton.language as tl
 
 from course.core import interpreter, runtime
+from course.core.launch import poisoned_empty
 from course.core.validate import require_dot_block, require_scale
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.kvcache.validate import HEAD_DIMS, Batch, check_batch, same_layout
@@ -165,8 +166,8 @@ def _launch(q, k_cache, v_cache, batch: Batch, scale):
     total, heads, d = q.shape
     group = heads // k_cache.shape[1]
     config = config_for(d, q.dtype)
-    out = torch.empty_like(q)
-    lse = torch.empty((total, heads), dtype=torch.float32, device=q.device)
+    out = poisoned_empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = poisoned_empty((total, heads), dtype=torch.float32, device=q.device)
     qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2_E
     grid = (triton.cdiv(total, config.block_m), heads)
     args = (q, k_cache, v_cache, out, lse, batch.offsets, batch.starts, batch.lengths, total,

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from numba import cuda, float32, int32
 
-from course.core.launch import launch, specialize
+from course.core.launch import launch, poisoned_empty, specialize
 from course.core.validate import require_tree_attention_inputs, require_tree_times
 from course.exercise import todo  # noqa: F401  (the lesson stubs call it)
 
@@ -141,7 +141,7 @@ def tile_visibility(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
     require_tree_times(start, end)
     batch, n = start.shape
     tiles = (n + TILE - 1) // TILE
-    tile_visible = torch.empty((batch, tiles, tiles), dtype=torch.uint8, device=start.device)
+    tile_visible = poisoned_empty((batch, tiles, tiles), dtype=torch.uint8, device=start.device)
     grid = (batch, tiles, (tiles + THREADS - 1) // THREADS)
     launch(build_visibility(), grid, THREADS, start, end, tile_visible, names=VISIBILITY_ARGUMENTS)
     return tile_visible
@@ -154,7 +154,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: tor
     mask (once per tree, shared by the heads), then the attention."""
     batch, heads, n, d = require_tree_attention_inputs(q, k, v, start, end, HEAD_DIMS)
     tile_visible = tile_visibility(start, end)
-    out = torch.empty_like(q)
+    out = poisoned_empty(q.shape, dtype=q.dtype, device=q.device)
     query_tiles = (n + TILE - 1) // TILE
     launch(build(d), (batch, heads, query_tiles), THREADS, q, k, v, start, end, tile_visible, out,
            names=ARGUMENTS)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from numba import cuda, float32, int32
 
-from course.core.launch import launch, specialize
+from course.core.launch import launch, poisoned_empty, specialize
 from course.core.validate import require_tree_attention_inputs
 from course.exercise import todo  # noqa: F401  (the lesson stubs call it)
 
@@ -113,7 +113,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: tor
     """softmax(q k^T / sqrt(d), masked by the tree) v for (B, H, N, d) float32 q, k, v
     and (B, N) int32 DFS times; returns a new (B, H, N, d) tensor."""
     batch, heads, n, d = require_tree_attention_inputs(q, k, v, start, end, HEAD_DIMS)
-    out = torch.empty_like(q)
+    out = poisoned_empty(q.shape, dtype=q.dtype, device=q.device)
     query_tiles = (n + TILE - 1) // TILE
     launch(build(d), (batch, heads, query_tiles), THREADS, q, k, v, start, end, out, names=ARGUMENTS)
     return out

@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from course.core import interpreter, runtime
+from course.core.launch import poisoned_empty
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.deft import validate as check
 from course.topics.deft.tuning import HEADS_PER_MERGE, MERGE_WARPS, WORD_BITS, TileShape, tile_shape
@@ -602,8 +603,8 @@ def _partials_launch(q, k, v, prepared: KVGroups, slots, tiles: TileShape | None
     flatten = isinstance(prepared, FlattenBlocks)
     shape = tiles or tile_shape(d, group, prepared.block_tokens if flatten else None, dtype=q.dtype)
     work_group, work_tile, work_dense = _work_list(prepared, shape.queries_per_tile)
-    out_part = torch.empty((prepared.num_partials, heads_q, d), dtype=torch.float32, device=q.device)
-    lse_part = torch.empty((prepared.num_partials, heads_q), dtype=torch.float32, device=q.device)
+    out_part = poisoned_empty((prepared.num_partials, heads_q, d), dtype=torch.float32, device=q.device)
+    lse_part = poisoned_empty((prepared.num_partials, heads_q), dtype=torch.float32, device=q.device)
     paged = slots is not None
     # The token loop is pipelined: num_stages K/V tiles in flight (tile_shape: float32 tiles are
     # twice as large, 64 KiB per K + V tile at d = 128, so they get at most 2).
@@ -633,8 +634,8 @@ def _reduce_launch(out_part, lse_part, query_ptr, query_parts, out_dtype):
     """Allocate out and lse and return (a function launching the reduction, out, lse)."""
     n_queries = query_ptr.shape[0] - 1
     _, heads_q, d = out_part.shape
-    out = torch.empty((n_queries, heads_q, d), dtype=out_dtype, device=out_part.device)
-    lse = torch.empty((n_queries, heads_q), dtype=torch.float32, device=out_part.device)
+    out = poisoned_empty((n_queries, heads_q, d), dtype=out_dtype, device=out_part.device)
+    lse = poisoned_empty((n_queries, heads_q), dtype=torch.float32, device=out_part.device)
     block_h = min(HEADS_PER_MERGE, triton.next_power_of_2(heads_q))
     grid = (n_queries, triton.cdiv(heads_q, block_h))
 

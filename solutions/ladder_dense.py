@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from numba import cuda, float32
 
-from course.core.launch import launch, specialize
+from course.core.launch import launch, poisoned_empty, specialize
 from course.core.validate import require_qkv, require_tensor, require_tree_attention_inputs
 from course.exercise import todo  # noqa: F401  (the lesson stubs call it)
 from course.oracle import dense_tree_mask
@@ -165,7 +165,7 @@ def tree_attention_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         b, i = (int(x) for x in blind[0])
         raise ValueError(f"mask[{b}, {i}, :] hides every key from query {i} of batch entry {b}; "
                          "its attention is undefined (a tree mask always shows a node itself)")
-    out = torch.empty_like(q)
+    out = poisoned_empty(q.shape, dtype=q.dtype, device=q.device)
     query_tiles = (n + TILE - 1) // TILE
     launch(build(d), (batch, heads, query_tiles), THREADS, q, k, v, mask, out, names=ARGUMENTS)
     return out

@@ -63,6 +63,7 @@ import triton
 import triton.language as tl
 
 from course.core import interpreter, runtime
+from course.core.launch import poisoned_empty
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.sampling import validate as check
 
@@ -259,14 +260,14 @@ class _Buffers:
 
     def __init__(self, batch: int, gamma: int, tiles: int, device, token_dtype) -> None:
         rows = (batch, gamma + 1, tiles)
-        self.accept = torch.empty((batch, gamma), dtype=torch.int8, device=device)
-        self.residual_sums = torch.empty(rows, dtype=torch.float32, device=device)
-        self.target_sums = torch.empty(rows, dtype=torch.float32, device=device)
+        self.accept = poisoned_empty((batch, gamma), dtype=torch.int8, device=device)
+        self.residual_sums = poisoned_empty(rows, dtype=torch.float32, device=device)
+        self.target_sums = poisoned_empty(rows, dtype=torch.float32, device=device)
         # Softmax statistics (from logits only); the bonus row has no q, whose (max, sum) stay (0, 1).
         self.p_max, self.q_max = (torch.zeros(rows, dtype=torch.float32, device=device) for _ in range(2))
         self.p_sum, self.q_sum = (torch.ones(rows, dtype=torch.float32, device=device) for _ in range(2))
-        self.accepted = torch.empty(batch, dtype=torch.int32, device=device)
-        self.emitted = torch.empty((batch, gamma + 1), dtype=token_dtype, device=device)
+        self.accepted = poisoned_empty(batch, dtype=torch.int32, device=device)
+        self.emitted = poisoned_empty((batch, gamma + 1), dtype=token_dtype, device=device)
 
 
 def prepare_sampling(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,

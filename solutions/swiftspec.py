@@ -51,6 +51,7 @@ import triton
 import triton.language as tl
 
 from course.core import interpreter, runtime
+from course.core.launch import poisoned_empty
 from course.core.validate import require_dot_block, require_scale
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.kvcache import validate as check
@@ -309,12 +310,12 @@ def _attention_launch(q, k_cache, v_cache, checked: CacheBatch, scale, return_ls
     config = config or attention_config(group * width, d, q.dtype)
     tiles = triton.cdiv(group * width, config.block_m)
     splits = config.splits or kv_splits(tiles * heads_kv * batch, slots, config.block_n, q.device)
-    out = torch.empty((batch, heads, width, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads, width), dtype=torch.float32, device=q.device) if return_lse else out
+    out = poisoned_empty((batch, heads, width, d), dtype=q.dtype, device=q.device)
+    lse = poisoned_empty((batch, heads, width), dtype=torch.float32, device=q.device) if return_lse else out
     rows = batch * heads * width
     # The partial results of the key ranges (unused without a split: one element stands in).
-    part_out = torch.empty((splits, rows, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((splits, rows) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    part_out = poisoned_empty((splits, rows, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    part_lse = poisoned_empty((splits, rows) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
     qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2_E
     grid = (tiles * splits, heads_kv, batch)
     args = (q, k_cache, v_cache, out, lse, checked.q_start, checked.q_end, checked.kv_start, checked.kv_end,

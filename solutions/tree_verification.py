@@ -70,6 +70,7 @@ import triton
 import triton.language as tl
 
 from course.core import interpreter, runtime
+from course.core.launch import poisoned_empty
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.verification import validate as check
 
@@ -323,7 +324,7 @@ def parents_from_times(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
     be numbered parent-before-child (node 0 the root), as every tree of the course is.
     """
     batch, n = check.tree_times(start, end, MAX_NODES)
-    parents = torch.empty_like(start)
+    parents = poisoned_empty(start.shape, dtype=start.dtype, device=start.device)
     grid = (batch, triton.cdiv(n, TIMES_BLOCK_ROWS))
     parents_from_times_kernel[grid](start, end, parents, n, BLOCK_ROWS=TIMES_BLOCK_ROWS,
                                     BLOCK_N=_block_nodes(n))
@@ -352,13 +353,13 @@ def prepare_sampling(tree, tokens: torch.Tensor, q: torch.Tensor, p: torch.Tenso
     parents = _tree(tree)
     batch, n, vocabulary = check.sampling_inputs(parents, tokens, q, p, accept_uniforms, sample_uniforms)
     device = p.device
-    path = torch.empty((batch, n), dtype=torch.int32, device=device)
-    final_node = torch.empty(batch, dtype=torch.int32, device=device)
-    final_c = torch.empty(batch, dtype=torch.float64, device=device)
-    final_z = torch.empty(batch, dtype=torch.float64, device=device)
+    path = poisoned_empty((batch, n), dtype=torch.int32, device=device)
+    final_node = poisoned_empty(batch, dtype=torch.int32, device=device)
+    final_c = poisoned_empty(batch, dtype=torch.float64, device=device)
+    final_z = poisoned_empty(batch, dtype=torch.float64, device=device)
     tiles = triton.cdiv(vocabulary, DRAW_BLOCK_V)
-    tile_sums = torch.empty((batch, tiles), dtype=torch.float64, device=device)
-    next_token = torch.empty(batch, dtype=torch.int32, device=device)
+    tile_sums = poisoned_empty((batch, tiles), dtype=torch.float64, device=device)
+    next_token = poisoned_empty(batch, dtype=torch.int32, device=device)
 
     def run():
         tree_walk_kernel[(batch,)](parents, tokens, q, p, accept_uniforms, path, final_node, final_c,
@@ -395,7 +396,7 @@ def target_argmax(target: torch.Tensor) -> torch.Tensor:
     (logits or probabilities; the same argmax either way)."""
     check.score_tensor(target)
     batch, n, vocabulary = target.shape
-    best = torch.empty((batch, n), dtype=torch.int32, device=target.device)
+    best = poisoned_empty((batch, n), dtype=torch.int32, device=target.device)
     argmax_kernel[(batch * n,)](target, best, V=vocabulary, BLOCK_V=ARGMAX_BLOCK_V, num_warps=ARGMAX_WARPS)
     return best
 
@@ -408,9 +409,9 @@ def prepare_greedy(tree, tokens: torch.Tensor, target: torch.Tensor, lazy: bool 
     batch, n = parents.shape
     scores, vocabulary = check.greedy_inputs(parents, tokens, target, lazy)
     lazy = scores and (n >= LAZY_MIN_NODES if lazy is None else lazy)
-    best = torch.empty((batch, n), dtype=torch.int32, device=target.device) if scores else target
-    path = torch.empty((batch, n), dtype=torch.int32, device=target.device)
-    next_token = torch.empty(batch, dtype=torch.int32, device=target.device)
+    best = poisoned_empty((batch, n), dtype=torch.int32, device=target.device) if scores else target
+    path = poisoned_empty((batch, n), dtype=torch.int32, device=target.device)
+    next_token = poisoned_empty(batch, dtype=torch.int32, device=target.device)
     walk = dict(N=n, V=vocabulary or 1, BLOCK_N=_block_nodes(n), BLOCK_V=ARGMAX_BLOCK_V, LAZY=lazy,
                 num_warps=ARGMAX_WARPS if lazy else 4)
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from numba import cuda
 
-from course.core.launch import launch
+from course.core.launch import launch, poisoned_empty
 from course.core.validate import require_same_shape, require_tensor, require_times, require_topological_trees
 from course.exercise import todo  # noqa: F401  (the lesson stubs call it)
 
@@ -61,7 +61,8 @@ def dfs_times(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """DFS start/end times of a batch of trees: parents (B, N) int32 -> (start, end) (B, N) int32."""
     require_tensor(parents, "parents", ndim=2, dtypes=INDEX_DTYPES)
     require_topological_trees(parents, "parents")
-    start, end, cursor = (torch.empty_like(parents) for _ in range(3))
+    start, end, cursor = (poisoned_empty(parents.shape, dtype=parents.dtype, device=parents.device)
+                          for _ in range(3))
     batch = parents.shape[0]
     blocks = (batch + TREES_PER_BLOCK - 1) // TREES_PER_BLOCK
     launch(dfs_times_kernel, blocks, TREES_PER_BLOCK, parents, start, end, cursor,
@@ -88,7 +89,7 @@ def tree_mask(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
     require_same_shape("start", start, "end", end)
     require_times(start, end)
     batch, n = start.shape
-    mask = torch.empty((batch, n, n), dtype=torch.bool, device=start.device)
+    mask = poisoned_empty((batch, n, n), dtype=torch.bool, device=start.device)
     tiles = (n + MASK_TILE - 1) // MASK_TILE
     launch(tree_mask_kernel, (tiles, tiles, batch), (MASK_TILE, MASK_TILE), start, end, mask,
            names=("start", "end", "mask"))
@@ -125,7 +126,7 @@ def tree_bitmask(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
     require_times(start, end)
     batch, n = start.shape
     n_words = (n + WORD_BITS - 1) // WORD_BITS
-    words = torch.empty((batch, n, n_words), dtype=torch.int64, device=start.device)
+    words = poisoned_empty((batch, n, n_words), dtype=torch.int64, device=start.device)
     threads = 128
     blocks = (n * n_words + threads - 1) // threads
     launch(tree_bitmask_kernel, (blocks, batch), threads, start, end, words,

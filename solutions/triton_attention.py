@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from course.core import interpreter
+from course.core.launch import poisoned_empty
 from course.core.validate import require_dot_block, require_tree_times
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.triton_attention import validate as check
@@ -199,7 +200,7 @@ def visible_blocks(start: torch.Tensor, end: torch.Tensor, block_m: int = 64,
     batch, n = require_tree_times(start, end)
     require_dot_block(block_m=block_m, block_n=block_n)
     tm, tn = triton.cdiv(n, block_m), triton.cdiv(n, block_n)
-    kv_count = torch.empty((batch, tm), dtype=torch.int32, device=start.device)
+    kv_count = poisoned_empty((batch, tm), dtype=torch.int32, device=start.device)
     kv_list = torch.zeros((batch, tm, tn), dtype=torch.int32, device=start.device)
     visible_blocks_kernel[(tm, batch)](start, end, kv_count, kv_list, n, tm, tn,
                                        BLOCK_M=block_m, BLOCK_N=block_n)
@@ -229,10 +230,10 @@ def prepare_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
     if config.num_warps & (config.num_warps - 1):
         raise ValueError(f"config.num_warps must be a power of two, got {config.num_warps}")
     tm, tn = triton.cdiv(n, config.block_m), triton.cdiv(n, config.block_n)
-    kv_count = torch.empty((batch, tm), dtype=torch.int32, device=q.device)
+    kv_count = poisoned_empty((batch, tm), dtype=torch.int32, device=q.device)
     kv_list = torch.zeros((batch, tm, tn), dtype=torch.int32, device=q.device)
-    out = torch.empty_like(q)
-    lse = torch.empty((batch, heads, n), dtype=torch.float32, device=q.device) if return_lse else out
+    out = poisoned_empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = poisoned_empty((batch, heads, n), dtype=torch.float32, device=q.device) if return_lse else out
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32: no TF32 rounding of q, k, p, v
     qk_scale = LOG2_E / math.sqrt(d)
 

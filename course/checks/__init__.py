@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..exercise import ExerciseNotImplemented
+from .crash import Crash, describe
 
 PUBLIC_SEED = 0
 
@@ -24,6 +25,7 @@ class CaseResult:
     case: str
     passed: bool
     detail: str = ""
+    crash: Crash | None = field(default=None, compare=False)  # set when the case raised
 
 
 @dataclass
@@ -43,27 +45,60 @@ class Report:
             return 0.0
         return sum(r.passed for r in self.results) / len(self.results)
 
-    def text(self) -> str:
+    def text(self, verbose: bool = False) -> str:
+        """The summary a check prints; `verbose` adds each distinct crash's whole traceback."""
         if self.not_implemented:
             return f"{self.exercise}: {self.not_implemented}"
         failures = [r for r in self.results if not r.passed]
         if not failures:
             return f"{self.exercise}: passed all {len(self.results)} cases"
         lines = [f"{self.exercise} FAILED {len(failures)} of {len(self.results)} cases"]
+        explained: set[str] = set()  # a case's explanation, once: later cases say only where
         for result in failures:
-            lines.append(f"- {result.case}:")
-            lines.extend(f"    {line}" for line in result.detail.splitlines())
+            if result.crash is None:
+                where, *why = result.detail.splitlines() or [""]
+                lines += [f"- {result.case}:", f"    {where}"]
+                lines += [f"    {line}" for line in why if line not in explained]
+                if why and set(why) <= explained:
+                    lines.append("    (explained above)")
+                explained.update(why)
+        lines.extend(self._crash_lines(verbose))
         passing = [r.case for r in self.results if r.passed]
         if passing:
-            shown = ", ".join(passing[:4]) + (", ..." if len(passing) > 4 else "")
-            lines.append(f"passing: {shown}")
+            lines.append(f"passing: {_some(passing)}")
         return "\n".join(lines)
+
+    def _crash_lines(self, verbose: bool) -> list[str]:
+        """Each distinct crash once, with the cases it hit: the same bug fails every case alike."""
+        crashes: dict[tuple[str, ...], list[CaseResult]] = {}
+        for result in self.results:
+            if not result.passed and result.crash is not None:
+                crashes.setdefault(result.crash.key, []).append(result)
+        lines = []
+        for hit in crashes.values():
+            crash = hit[0].crash
+            cases = (f"the same error in all {len(hit)} cases" if len(hit) == len(self.results) > 1
+                     else f"in {len(hit)} of {len(self.results)} cases: " + _some(r.case for r in hit))
+            lines.append(f"- raised {crash.kind}: {crash.message}")
+            lines.append(f"  ({cases}; first in {hit[0].case})")
+            lines.extend(f"    {line}" for line in crash.lines())
+            if verbose:
+                lines.extend(f"    {line}" for line in crash.traceback.rstrip().splitlines())
+        if crashes and not verbose:
+            lines.append(f"  (`python -m course check {self.exercise} --verbose` shows the whole traceback)")
+        return lines
 
     def __str__(self) -> str:
         return self.text()
 
     def __repr__(self) -> str:  # a notebook cell ending in check(...) shows the summary
         return self.text()
+
+
+def _some(names, shown: int = 4) -> str:
+    """The first few names, then '...': a summary line stays one line."""
+    names = list(names)
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
 
 
 def rerun_problem(first, second) -> str:
@@ -91,19 +126,24 @@ def run_cases(exercise: str, cases: Iterable[tuple[str, CaseRunner]]) -> Report:
             report.not_implemented = str(stub)
             return report
         except Exception as error:  # a crash in one case must not hide the others
-            result = CaseResult(name, False, f"raised {type(error).__name__}: {error}")
+            crash = describe(error)
+            where = f" at {crash.place}" if crash.place else ""
+            result = CaseResult(name, False, f"raised {crash.kind}{where}: {crash.message}", crash)
         report.results.append(result if result is not None else CaseResult(name, True))
     return report
 
 
 def check(exercise: str, *, impl: str | None = None, seed: int = PUBLIC_SEED,
-          quiet: bool = False, raise_on_failure: bool = True) -> Report:
-    """Check one exercise (e.g. "trees.dfs_times") against pyspec_ref; see `course.exercises`."""
+          quiet: bool = False, raise_on_failure: bool = True, verbose: bool = False) -> Report:
+    """Check one exercise (e.g. "trees.dfs_times") against pyspec_ref; see `course.exercises`.
+
+    `verbose` shows the whole traceback of a kernel or launcher that raised.
+    """
     from ..exercises import get
 
     report = get(exercise).run(impl=impl, seed=seed)
     if not quiet:
-        print(report.text())
+        print(report.text(verbose))
     if raise_on_failure and not report.passed:
-        raise CheckFailed(report.text())
+        raise CheckFailed(report.text(verbose))
     return report

@@ -2,7 +2,27 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from course.core.launch import never_written
+
+# Why a float output holds NaN: launchers fill outputs with NaN before the launch, and the
+# simulator fills every shared and local array with NaN, so each likely cause leaves one.
+NAN_CAUSES = (
+    "an output element the kernel never wrote (outputs start as NaN)",
+    "a read of shared or local memory before anything was stored there: an accumulator "
+    "not initialised (the simulator fills them with NaN)",
+    "a missing cuda.syncthreads() between the stores to shared memory and the loads from it, "
+    "or a thread that returns before the barrier so its part of the tile is never stored",
+    "0/0 or inf - inf in the arithmetic, e.g. a softmax over a row with every key masked",
+)
+
+
+def simulator_poison(dtype: torch.dtype) -> int:
+    """The value the simulator fills integer shared and local arrays with (course.core.simulator)."""
+    info = np.iinfo(np.dtype(str(dtype).removeprefix("torch.")))
+    return info.min // 2 if info.min < 0 else info.max // 2
 
 
 def first_index(flags: torch.Tensor) -> tuple[int, ...]:
@@ -13,13 +33,33 @@ def compare_ints(got: torch.Tensor, expected: torch.Tensor, what: str, labels: t
     """'' when equal, else where the first difference is and how many there are."""
     if got.shape != expected.shape:
         return f"{what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
-    wrong = got.cpu() != expected.cpu()
+    got, expected = got.cpu(), expected.cpu()
+    wrong = got != expected
     if not wrong.any():
         return ""
     where = first_index(wrong)
     place = ", ".join(f"{label} {i}" for label, i in zip(labels, where, strict=True))
-    return (f"{place}: {what} = {int(got.cpu()[where])}, expected {int(expected.cpu()[where])} "
+    text = (f"{place}: {what} = {int(got[where])}, expected {int(expected[where])} "
             f"({int(wrong.sum())} wrong of {wrong.numel()})")
+    return text + poison_hint(got, wrong, what)
+
+
+def poison_hint(got: torch.Tensor, wrong: torch.Tensor, what: str) -> str:
+    """Why wrong integers hold a poison value: never written, or copied from unset memory."""
+    if got.dtype == torch.bool:
+        return ""
+    unwritten = wrong & (got == never_written(got.dtype))
+    if unwritten.any():
+        return (f"\n{int(unwritten.sum())} {what} values were never written: they still hold "
+                f"{never_written(got.dtype)}, what the launcher fills outputs with (a thread that "
+                "returned early, a loop that stops short, or a kernel that assumed zeros)")
+    unset = wrong & (got == simulator_poison(got.dtype))
+    if unset.any():
+        return (f"\n{int(unset.sum())} {what} values are {simulator_poison(got.dtype)}, the value "
+                "the simulator fills shared and local arrays with: they were copied from "
+                "memory that was read before anything was stored there (a missing "
+                "initialisation or cuda.syncthreads())")
+    return ""
 
 
 def compare_floats(got: torch.Tensor, expected: torch.Tensor, what: str, labels: tuple[str, ...],
@@ -31,7 +71,9 @@ def compare_floats(got: torch.Tensor, expected: torch.Tensor, what: str, labels:
     if torch.isnan(got).any():
         where = first_index(torch.isnan(got))
         place = ", ".join(f"{label} {i}" for label, i in zip(labels, where, strict=True))
-        return f"{place}: {what} is NaN ({int(torch.isnan(got).sum())} NaN values): unwritten or 0/0?"
+        causes = "\n".join(f"  - {cause}" for cause in NAN_CAUSES)
+        return (f"{place}: {what} is NaN ({int(torch.isnan(got).sum())} NaN values of "
+                f"{got.numel()}). Likely causes:\n{causes}")
     error = (got - expected).abs()
     bad = error > atol + rtol * expected.abs()
     if not bad.any():

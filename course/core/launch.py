@@ -17,6 +17,33 @@ from course.exercise import require_written
 MAX_THREADS_PER_BLOCK = 1024
 
 
+def never_written(dtype):
+    """What an output holds before its kernel writes it: NaN for floats, the most negative
+    value for signed integers, the largest for unsigned ones, True for bools.
+
+    Fresh GPU memory often holds zeros, and a kernel that assumed so (a DFS that adds into
+    end[] without first setting it) passes by luck; a sentinel makes every unwritten or
+    assumed-zero element show up in the check, on a GPU as in the simulator.
+    """
+    import torch
+
+    if dtype.is_floating_point:
+        return float("nan")
+    if dtype == torch.bool:
+        return True  # no value is free; True makes an unwritten mask entry a visible key
+    info = torch.iinfo(dtype)
+    return info.min if info.min < 0 else info.max
+
+
+def poisoned_empty(shape, *, dtype, device):
+    """A new tensor for a kernel to write, filled with `never_written(dtype)`: launchers
+    allocate their outputs with this, so a check sees any element the kernel left alone."""
+    import torch
+
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return torch.full(shape, never_written(dtype), dtype=dtype, device=device)
+
+
 def _as_dims(dims, name: str) -> tuple[int, ...]:
     dims = (dims,) if isinstance(dims, int) else tuple(dims)
     if not 1 <= len(dims) <= 3 or not all(isinstance(x, int) and x >= 1 for x in dims):

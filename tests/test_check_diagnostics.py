@@ -1,0 +1,148 @@
+"""A check names the student's line when a kernel raises, and says why an output is NaN or unwritten.
+
+Each test plants one bug in a copy of a solution module written under a folder named
+`lessons/`, as a student's file would be, and runs a few of the exercise's cases on it.
+"""
+
+import importlib.util
+import itertools
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from course.__main__ import main
+from course.checks import run_cases
+from course.checks.diagnose import NAN_CAUSES, compare_floats
+from course.core import impl as implementations
+from course.core.launch import never_written, poisoned_empty
+from course.exercises import get
+
+SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
+
+
+def mutant(tmp_path, module: str, original: str, planted: str):
+    """solutions/<module>.py with one line changed, imported from tmp_path/lessons/<module>.py."""
+    source = (SOLUTIONS / f"{module}.py").read_text()
+    assert source.count(original) == 1, f"{original!r} must occur once in solutions/{module}.py"
+    folder = tmp_path / "lessons"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{module}.py"
+    path.write_text(source.replace(original, planted))
+    name = f"mutant_{module}_{tmp_path.name}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[name] = loaded  # a dataclass in the module looks its module up there
+    spec.loader.exec_module(loaded)
+    line = source[:source.index(original)].count("\n") + 1
+    return loaded, line
+
+
+def first_cases(exercise: str, module, count: int):
+    return run_cases(exercise, itertools.islice(get(exercise).cases(module, 0), count))
+
+
+# The ragged last tile no longer stops at N: threads past the tree index start[] out of bounds.
+OUT_OF_BOUNDS = ("if q < n and k < n:", "if q < n + 1 and k < n + 1:")
+MASK_LINE = "mask[b, q, k] = start[b, k] <= start[b, q] and end[b, q] <= end[b, k]"
+
+
+@pytest.fixture
+def out_of_bounds_mask(tmp_path):
+    module, line = mutant(tmp_path, "trees", *OUT_OF_BOUNDS)
+    return module, line + 1  # the access is on the line after the planted condition
+
+
+def test_out_of_bounds_is_reported_once_with_file_line_source_and_array(out_of_bounds_mask):
+    module, line = out_of_bounds_mask
+    report = first_cases("trees.tree_mask_kernel", module, 2)  # N = 1 and N = 2: both ragged
+    text = report.text()
+    assert not report.passed and len(report.results) == 2
+    assert text.count("raised IndexError") == 1, text
+    assert "the same error in all 2 cases" in text
+    assert f"at lessons/trees.py:{line} in tree_mask_kernel" in text
+    assert MASK_LINE in text
+    # which thread raises first varies: (q, k) = (1, 0) fails at start[b, q], (0, 1) at start[b, k]
+    assert re.search(r"start\[b, [qk]\] is start\[0, 1\], but start has shape \(1, 1\)", text), text
+    assert "index 1 is out of bounds for axis 1 with size 1" in text
+    assert "tid=" in text and "--verbose" in text
+    assert "Traceback" not in text
+
+
+def test_verbose_shows_the_whole_traceback(out_of_bounds_mask, monkeypatch, capsys):
+    module, line = out_of_bounds_mask
+    monkeypatch.setattr(implementations, "load", lambda name, impl=None: module)
+    assert main(["check", "trees.tree_mask_kernel", "--verbose"]) == 1
+    printed = capsys.readouterr().out
+    assert printed.count("raised IndexError") == 1
+    assert "Traceback (most recent call last)" in printed
+    assert f'lessons/trees.py", line {line}, in tree_mask_kernel' in printed
+
+
+def test_a_crash_in_some_cases_lists_them(tmp_path):
+    # Only trees of more than 16 nodes reach the second key tile, where the planted index breaks.
+    module, line = mutant(tmp_path, "trees", "mask[b, q, k] = start[b, k] <= start[b, q]",
+                          "mask[b, q, k] = start[b, k % 16 + k // 16 * n] <= start[b, q]")
+    report = first_cases("trees.tree_mask_kernel", module, 4)  # N = 1, 2, a chain of 32, a star of 17
+    text = report.text()
+    assert text.count("raised IndexError") == 1, text
+    assert "in 2 of 4 cases: chain N=32, star N=17" in text
+    assert f"lessons/trees.py:{line}" in text
+
+
+def test_a_crash_inside_a_triton_kernel_names_the_kernel_line(tmp_path):
+    # Triton's interpreter wraps the kernel's error; the report still finds the student's line.
+    planted = "    m_new = tl.maximum(m_i, tl.max(s, axis=2))"
+    module, line = mutant(tmp_path, "triton_attention", "    m_new = tl.maximum(m_i, tl.max(s, axis=1))",
+                          planted)
+    report = first_cases("triton_attention.online_softmax_step", module, 2)
+    text = report.text()
+    assert text.count("raised InterpreterError") == 1, text
+    assert "axis 2 out of bounds" in text and "the same error in all 2 cases" in text
+    assert f"at lessons/triton_attention.py:{line} in online_softmax_step" in text
+    assert planted.strip() in text
+
+
+def test_an_unwritten_integer_is_reported_as_never_written(tmp_path):
+    # The root's start time is never stored: fresh memory often holds 0, so torch.empty could pass.
+    module, _ = mutant(tmp_path, "trees", "    start[b, 0] = 0\n", "\n")
+    report = first_cases("trees.dfs_times_kernel", module, 2)
+    text = report.text()
+    sentinel = torch.iinfo(torch.int32).min
+    assert not report.passed
+    assert f"batch 0, node 0: start = {sentinel}, expected 0" in text
+    assert "never written" in text
+
+
+def test_an_unwritten_float_row_is_nan_with_its_causes(tmp_path):
+    # The last query row's output is never stored.
+    module, _ = mutant(tmp_path, "ladder_k2", "    if row < n:\n        for x in range(D):",
+                       "    if row < n - 1:\n        for x in range(D):")
+    report = first_cases("ladder_k2.tree_attention_kernel", module, 2)
+    text = report.text()
+    assert not report.passed and "is NaN" in text, text
+    for cause in NAN_CAUSES:
+        assert cause in text
+
+
+def test_nan_message_names_uninitialised_memory_barriers_and_unwritten_outputs():
+    got = torch.zeros(2, 3)
+    got[1, 2] = float("nan")
+    text = compare_floats(got, torch.zeros(2, 3), "out", ("row", "column"), 1e-5, 1e-5)
+    assert text.startswith("row 1, column 2: out is NaN (1 NaN values of 6)")
+    for words in ("never wrote", "shared or local memory", "cuda.syncthreads()", "0/0"):
+        assert words in text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64,
+                                   torch.int8, torch.uint8, torch.bool])
+def test_poisoned_empty_holds_the_never_written_value(dtype):
+    tensor = poisoned_empty((2, 3), dtype=dtype, device="cpu")
+    assert tensor.shape == (2, 3) and tensor.dtype == dtype
+    if dtype.is_floating_point:
+        assert torch.isnan(tensor).all()
+    else:
+        assert (tensor == never_written(dtype)).all()
+    assert poisoned_empty(4, dtype=dtype, device="cpu").shape == (4,)
