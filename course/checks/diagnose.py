@@ -95,10 +95,14 @@ def compare_mask(got: torch.Tensor, expected: torch.Tensor, start: torch.Tensor,
     if not wrong.any():
         return ""
     b, q, k = first_index(wrong)
+    how = explain_pair(bool(got[b, q, k]), b, q, k, start, end)
+    return f"batch {b}: {how}; {int(wrong.sum())} wrong entries of {wrong.numel()}"
+
+
+def explain_pair(shown: bool, b: int, q: int, k: int, start: torch.Tensor, end: torch.Tensor) -> str:
+    """Why query q should (not) see key k: their DFS intervals (FlashSpecInfer §5.1)."""
     sq, eq, sk, ek = (int(t[b, i]) for t, i in ((start, q), (end, q), (start, k), (end, k)))
     intervals = f"key {k} has [start, end] = [{sk}, {ek}], query {q} has [{sq}, {eq}]"
-    if got[b, q, k]:
-        how = f"the mask let query {q} see key {k}, which is not its ancestor ({intervals})"
-    else:
-        how = f"the mask hid key {k} from query {q}, but it is an ancestor-or-self ({intervals})"
-    return f"batch {b}: {how}; {int(wrong.sum())} wrong entries of {wrong.numel()}"
+    if shown:
+        return f"the mask let query {q} see key {k}, which is not its ancestor ({intervals})"
+    return f"the mask hid key {k} from query {q}, but it is an ancestor-or-self ({intervals})"

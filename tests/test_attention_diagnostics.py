@@ -1,0 +1,47 @@
+"""A tree-attention check says why the output is wrong: the pair the mask got wrong, the key
+tile the loop skipped, or the rescale the online softmax forgot.
+
+Each test plants one bug in solutions/ladder_k2.py (rung 2: one block per query tile, one
+thread per row) and runs the exercise's cases on it, as tests/test_check_diagnostics.py does.
+"""
+
+import itertools
+
+from course.checks import run_cases
+from course.exercises import get
+from tests.test_check_diagnostics import mutant
+
+EXERCISE = "ladder_k2.tree_attention_kernel"
+MASK_TEST = "start[b, col] <= start[b, row] and end[b, row] <= end[b, col]"
+
+
+def case_text(module, name_part: str) -> str:
+    """The failure text of the first case whose name contains name_part."""
+    cases = ((name, run) for name, run in get(EXERCISE).cases(module, 0) if name_part in name)
+    report = run_cases(EXERCISE, itertools.islice(cases, 1))
+    assert not report.passed
+    return report.text()
+
+
+def test_a_strict_interval_test_names_the_hidden_pair(tmp_path):
+    module, _ = mutant(tmp_path, "ladder_k2", MASK_TEST,
+                       "start[b, col] < start[b, row] and end[b, row] <= end[b, col]")
+    text = case_text(module, "two nodes")
+    assert "the output is attention under a wrong mask" in text, text
+    assert "the mask hid key 1 from query 1, but it is an ancestor-or-self" in text, text
+    assert "misses itself" in text
+
+
+def test_a_missing_rescale_names_the_tile_that_raised_the_max(tmp_path):
+    module, _ = mutant(tmp_path, "ladder_k2", "acc[x] = alpha * acc[x] + pv", "acc[x] = acc[x] + pv")
+    text = case_text(module, "chain")
+    assert "missing rescale?" in text, text
+    assert "key tile 1 raises it from" in text, text
+
+
+def test_a_dropped_ragged_tile_names_the_skipped_key_tile(tmp_path):
+    module, _ = mutant(tmp_path, "ladder_k2", "    tiles = (n + TILE - 1) // TILE",
+                       "    tiles = n // TILE")
+    text = case_text(module, "caterpillar")
+    assert "below key 64 only" in text, text
+    assert "it skips key tile 2 (keys 64 onward)" in text, text
