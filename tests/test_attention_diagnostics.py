@@ -6,6 +6,9 @@ thread per row) and runs the exercise's cases on it, as tests/test_check_diagnos
 """
 
 import itertools
+import re
+
+import pytest
 
 from course.checks import run_cases
 from course.exercises import get
@@ -32,11 +35,16 @@ def test_a_strict_interval_test_names_the_hidden_pair(tmp_path):
     assert "misses itself" in text
 
 
-def test_a_missing_rescale_names_the_tile_that_raised_the_max(tmp_path):
-    module, _ = mutant(tmp_path, "ladder_k2", "acc[x] = alpha * acc[x] + pv", "acc[x] = acc[x] + pv")
+@pytest.mark.parametrize("original, planted, unscaled", [
+    ("acc[x] = alpha * acc[x] + pv", "acc[x] = acc[x] + pv", "the output accumulator"),
+    ("l_prev = alpha * l_prev + l_tile", "l_prev = l_prev + l_tile", "the running sum"),
+])
+def test_a_missing_rescale_names_what_and_the_tile_that_raised_the_max(tmp_path, original, planted,
+                                                                         unscaled):
+    module, _ = mutant(tmp_path, "ladder_k2", original, planted)
     text = case_text(module, "chain")
-    assert "missing rescale?" in text, text
-    assert "key tile 1 raises it from" in text, text
+    assert f"replayed with {unscaled} never rescaled by exp(m_old - m_new) (missing rescale?)" in text, text
+    assert re.search(r"Row \d+ goes wrong at key tile 1, the first that raises its running max", text), text
 
 
 def test_a_dropped_ragged_tile_names_the_skipped_key_tile(tmp_path):
@@ -45,3 +53,18 @@ def test_a_dropped_ragged_tile_names_the_skipped_key_tile(tmp_path):
     text = case_text(module, "caterpillar")
     assert "below key 64 only" in text, text
     assert "it skips key tile 2 (keys 64 onward)" in text, text
+
+
+def test_an_off_by_one_in_the_interval_names_the_rule_and_a_non_ancestor(tmp_path):
+    module, _ = mutant(tmp_path, "ladder_k2", MASK_TEST,
+                       "start[b, col] <= start[b, row] and end[b, row] <= end[b, col] + 1")
+    text = case_text(module, "random BFS")
+    assert "the output is attention under the mask with end[key] + 1 (an off-by-one)" in text, text
+    assert re.search(r"the mask let query \d+ see key \d+, which is not its ancestor", text), text
+
+
+def test_a_swapped_interval_test_is_named(tmp_path):
+    module, _ = mutant(tmp_path, "ladder_k2", MASK_TEST,
+                       "start[b, row] <= start[b, col] and end[b, col] <= end[b, row]")
+    text = case_text(module, "random DFS")
+    assert "the output is attention under the mask of descendants (query and key swapped)" in text, text

@@ -11,9 +11,15 @@ output is finite (a NaN row has its own causes, listed by compare_floats):
    flipped; the first such (query, key) pair is named as the mask checks name it.
 3. The rescale is missing: the online softmax (FlashAttention, Dao et al. 2022, Alg. 1) must
    multiply the running sum and output by exp(m_old - m_new) when a key tile raises the running
-   max; a kernel that forgets it is right on every row whose max is set by its first visible key
-   tile and wrong exactly on rows where a later tile raises it. If every failing row is such a
-   row, the first one and the tile that raised its max are named.
+   max. Each examined row is replayed tile by tile in float64 with the accumulator's rescale, the
+   sum's, or both left out; if one of these replays matches every row, the check says which
+   rescale is missing and names the first key tile that raises the running max of the first
+   failing row: there the kernel first goes wrong (rows whose max never rises are right).
+
+Between 2 and 3, a mask that flips many keys is matched against a few rules a kernel writes by
+mistake (MASK_SLIPS: query and key swapped, one of the two interval tests left out, an
+off-by-one on either); the first (query, key) pair where that rule departs from the tree's is
+named.
 """
 
 from __future__ import annotations
@@ -40,16 +46,19 @@ def explain_tree_attention(got, q, k, v, start, end, tile: int, atol: float, rto
         return ""
     scale = 1 / math.sqrt(q.shape[-1])
 
-    def matches(b, h, r, keys) -> bool:
-        replayed = _attention_row(q[b, h, r], k[b, h], v[b, h], keys, scale)
+    def close(b, h, r, replayed) -> bool:
         return bool(torch.allclose(got[b, h, r], replayed, atol=atol, rtol=rtol))
+
+    def matches(b, h, r, keys) -> bool:
+        return close(b, h, r, _attention_row(q[b, h, r], k[b, h], v[b, h], keys, scale))
 
     # A bound at a tile edge is the likelier story than one flipped key; a bound inside a tile
     # is tried after the mask, since a row that misses only itself also "stops" below itself.
     return (_loop_stops_early(rows, visible, matches, tile, range(tile, visible.shape[-1], tile))
             or _mask_flips_one_key(rows, visible, matches, start, end)
+            or _mask_follows_another_rule(rows, visible, matches, start, end)
             or _loop_stops_early(rows, visible, matches, tile, range(1, visible.shape[-1]))
-            or _missing_rescale(rows, visible, q, k, scale, tile))
+            or _missing_rescale(rows, visible, q, k, v, scale, tile, close))
 
 
 def _attention_row(query, keys_k, keys_v, keys: torch.Tensor, scale: float) -> torch.Tensor:
@@ -92,18 +101,69 @@ def _mask_flips_one_key(rows, visible, matches, start, end) -> str:
     return f"batch {b}: the output is attention under a wrong mask: {pair}{also}"
 
 
-def _missing_rescale(rows, visible, q, k, scale: float, tile: int) -> str:
-    """Every examined row has a later key tile that raises its running max."""
-    raises = [_first_raise(visible[b, r], q[b, h, r], k[b, h], scale, tile) for b, h, r in rows]
-    if not all(raises):
-        return ""
-    b, h, r = rows[0]
-    key_tile, old, new = raises[0]
-    return (f"batch {b}, head {h}: every failing row checked ({len(rows)}) has a later key tile "
-            f"that raises its running max (row {r}: key tile {key_tile} raises it from {old:.4g} "
-            f"to {new:.4g}): the running sum or output accumulator is not rescaled by "
-            "exp(m_old - m_new) when a later tile raises the max (missing rescale?); rows whose max "
-            "never rises after their first key tile are not touched by this bug")
+def _mask_follows_another_rule(rows, visible, matches, start, end) -> str:
+    """Every examined row equals attention under one of MASK_SLIPS; name its first wrong pair."""
+    for rule, name in MASK_SLIPS:
+        slipped = rule(start.unsqueeze(-2), end.unsqueeze(-2), start.unsqueeze(-1), end.unsqueeze(-1))
+        if all(matches(b, h, r, slipped[b, r]) for b, h, r in rows):
+            b, _, r = rows[0]
+            key = int(torch.nonzero(slipped[b, r] ^ visible[b, r])[0])
+            pair = explain_pair(bool(slipped[b, r, key]), b, r, key, start, end)
+            return (f"batch {b}: the output is attention under the mask {name} instead of "
+                    f"start[key] <= start[query] and end[query] <= end[key]: {pair}")
+    return ""
+
+
+# Visibility rules a kernel writes by mistake, over (key start, key end, query start, query end).
+MASK_SLIPS = (
+    (lambda sk, ek, sq, eq: (sq <= sk) & (ek <= eq), "of descendants (query and key swapped)"),
+    (lambda sk, ek, sq, eq: sk <= sq, "start[key] <= start[query] (the end test left out)"),
+    (lambda sk, ek, sq, eq: eq <= ek, "end[query] <= end[key] (the start test left out)"),
+    (lambda sk, ek, sq, eq: (sk <= sq) & (eq <= ek + 1), "with end[key] + 1 (an off-by-one)"),
+    (lambda sk, ek, sq, eq: (sk <= sq + 1) & (eq <= ek), "with start[query] + 1 (an off-by-one)"),
+)
+
+
+def _missing_rescale(rows, visible, q, k, v, scale: float, tile: int, close) -> str:
+    """Every examined row equals the online softmax replayed without one of its rescales."""
+    for rescale_acc, rescale_sum, what in RESCALE_SLIPS:
+        if all(close(b, h, r, _online_softmax(visible[b, r], q[b, h, r], k[b, h], v[b, h], scale,
+                                              tile, rescale_acc, rescale_sum))
+               for b, h, r in rows):
+            b, h, r = rows[0]
+            key_tile, old, new = _first_raise(visible[b, r], q[b, h, r], k[b, h], scale, tile)
+            return (f"batch {b}, head {h}: every failing row checked ({len(rows)}) equals the "
+                    f"online softmax replayed with {what} never rescaled by exp(m_old - m_new) "
+                    f"(missing rescale?). Row {r} goes wrong at key tile {key_tile}, the first "
+                    f"that raises its running max (from {old:.4g} to {new:.4g}); rows whose max "
+                    "never rises after their first key tile are untouched")
+    return ""
+
+
+# (rescale the output accumulator, rescale the running sum, what a kernel left unscaled)
+RESCALE_SLIPS = ((False, True, "the output accumulator"), (True, False, "the running sum"),
+                 (False, False, "the output accumulator and the running sum"))
+
+
+def _online_softmax(keys, query, keys_k, keys_v, scale: float, tile: int, rescale_acc: bool,
+                    rescale_sum: bool) -> torch.Tensor:
+    """One row of FlashAttention's loop over key tiles (Dao et al. 2022, Alg. 1), in float64,
+    with either rescale by alpha = exp(m_old - m_new) optionally left out."""
+    scores = (keys_k @ query) * scale
+    running_max, running_sum = float("-inf"), 0.0
+    acc = torch.zeros_like(query)
+    for first in range(0, keys.shape[0], tile):
+        seen = keys[first:first + tile]
+        if not seen.any():
+            continue
+        tile_scores = scores[first:first + tile][seen]
+        new_max = max(running_max, float(tile_scores.max()))
+        p = torch.exp(tile_scores - new_max)
+        alpha = math.exp(running_max - new_max)
+        acc = (alpha if rescale_acc else 1.0) * acc + p @ keys_v[first:first + tile][seen]
+        running_sum = (alpha if rescale_sum else 1.0) * running_sum + float(p.sum())
+        running_max = new_max
+    return acc / running_sum
 
 
 def _first_raise(keys: torch.Tensor, query, keys_k, scale: float, tile: int):
