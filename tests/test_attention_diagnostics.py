@@ -1,8 +1,10 @@
 """A tree-attention check says why the output is wrong: the pair the mask got wrong, the key
-tile the loop skipped, or the rescale the online softmax forgot.
+tile the loop skipped, or the rescale the online softmax forgot; where the kernel returns an LSE,
+whether the LSE or the output is the wrong one.
 
-Each test plants one bug in solutions/ladder_k2.py (rung 2: one block per query tile, one
-thread per row) and runs the exercise's cases on it, as tests/test_check_diagnostics.py does.
+Each test plants one bug in a solution (mostly solutions/ladder_k2.py, rung 2: one block per
+query tile, one thread per row) and runs the exercise's cases on it, as
+tests/test_check_diagnostics.py does.
 """
 
 import itertools
@@ -18,10 +20,10 @@ EXERCISE = "ladder_k2.tree_attention_kernel"
 MASK_TEST = "start[b, col] <= start[b, row] and end[b, row] <= end[b, col]"
 
 
-def case_text(module, name_part: str) -> str:
+def case_text(module, name_part: str, exercise: str = EXERCISE) -> str:
     """The failure text of the first case whose name contains name_part."""
-    cases = ((name, run) for name, run in get(EXERCISE).cases(module, 0) if name_part in name)
-    report = run_cases(EXERCISE, itertools.islice(cases, 1))
+    cases = ((name, run) for name, run in get(exercise).cases(module, 0) if name_part in name)
+    report = run_cases(exercise, itertools.islice(cases, 1))
     assert not report.passed
     return report.text()
 
@@ -68,3 +70,24 @@ def test_a_swapped_interval_test_is_named(tmp_path):
                        "start[b, row] <= start[b, col] and end[b, col] <= end[b, row]")
     text = case_text(module, "random DFS")
     assert "the output is attention under the mask of descendants (query and key swapped)" in text, text
+
+
+def test_an_unrescaled_accumulator_has_a_right_lse_and_a_wrong_output(tmp_path):
+    module, _ = mutant(tmp_path, "attention", "acc = acc * rescale.unsqueeze(-1) + p @ v[..., keys, :]",
+                       "acc = acc + p @ v[..., keys, :]")
+    text = case_text(module, "", "attention.flash_attention")
+    assert "the LSE is right, the output is wrong" in text, text
+
+
+def test_a_log2_lse_has_a_right_output_and_a_wrong_lse(tmp_path):
+    module, _ = mutant(tmp_path, "attention", "return acc / l.unsqueeze(-1), m + torch.log(l)",
+                       "return acc / l.unsqueeze(-1), m + torch.log2(l)")
+    text = case_text(module, "", "attention.flash_attention")
+    assert "the output is right, the LSE is wrong" in text, text
+
+
+def test_the_triton_kernel_without_its_rescale_has_a_right_lse(tmp_path):
+    module, _ = mutant(tmp_path, "triton_attention",
+                       "acc = acc * alpha[:, None] + tl.dot(", "acc = acc + tl.dot(")
+    text = case_text(module, "random", "triton_attention.tree_attention_kernel")
+    assert "the LSE is right, the output is wrong" in text, text

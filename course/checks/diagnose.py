@@ -106,3 +106,21 @@ def explain_pair(shown: bool, b: int, q: int, k: int, start: torch.Tensor, end: 
     if shown:
         return f"the mask let query {q} see key {k}, which is not its ancestor ({intervals})"
     return f"the mask hid key {k} from query {q}, but it is an ancestor-or-self ({intervals})"
+
+
+def compare_out_and_lse(out, want_out, lse, want_lse, labels: tuple[str, ...],
+                        lse_labels: tuple[str, ...], out_tolerance, lse_tolerance) -> str:
+    """Compare the output and the log-sum-exp separately, and say which of the two is right:
+    the LSE depends only on the scores, their running max and sum, the output also on how P.V
+    is accumulated, so one right and the other wrong points at a part of the kernel."""
+    out_problem = compare_floats(out, want_out, "out", labels, *out_tolerance)
+    lse_problem = compare_floats(lse, want_lse, "lse", lse_labels, *lse_tolerance)
+    if out_problem and not lse_problem:
+        return (f"{out_problem}\nthe LSE is right, the output is wrong: the scores, running max and "
+                "sum are right, so look at the output accumulator (not rescaled by exp(m_old - m_new) "
+                "when the max rises? a wrong V row? divided by the wrong sum?)")
+    if lse_problem and not out_problem:
+        return (f"{lse_problem}\nthe output is right, the LSE is wrong: the softmax is right, so "
+                "look at how the LSE is formed from it (m + log(l) in natural log; the max left "
+                "out, or a log2 where log belongs?)")
+    return "\n".join(problem for problem in (out_problem, lse_problem) if problem)
