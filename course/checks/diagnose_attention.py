@@ -4,22 +4,25 @@ A kernel of the ladder returns only its output, so the diagnosis replays attenti
 under the hypotheses a wrong kernel most often obeys, on the first few failing rows whose
 output is finite (a NaN row has its own causes, listed by compare_floats):
 
-1. The loop stops early: every examined row equals attention over its visible keys below one
-   common key index c (c a multiple of the tile: a whole key tile is skipped; a c inside a tile
-   is tried only after hypothesis 2).
-2. The mask is wrong: each examined row equals attention with exactly one key's visibility
-   flipped; the first such (query, key) pair is named as the mask checks name it.
-3. The rescale is missing: the online softmax (FlashAttention, Dao et al. 2022, Alg. 1) must
+1. The loop stops at a tile edge: every examined row equals attention over its visible keys
+   below one common key index c, a multiple of the tile: key tile c / tile onward is skipped.
+2. One key's visibility is flipped: each examined row equals attention with exactly one key
+   shown or hidden wrongly; the first such (query, key) pair is named as the mask checks name it.
+3. The mask follows another rule: every examined row equals attention under one of MASK_SLIPS
+   (query and key swapped, one of the two interval tests left out, an off-by-one on either);
+   the first (query, key) pair where that rule departs from the tree's is named.
+4. The loop stops inside a tile: as 1, for any c. It comes after 2, since a row that misses
+   only itself also "stops" below itself when its ancestors come first.
+5. A rescale is missing: the online softmax (FlashAttention, Dao et al. 2022, Alg. 1) must
    multiply the running sum and output by exp(m_old - m_new) when a key tile raises the running
    max. Each examined row is replayed tile by tile in float64 with the accumulator's rescale, the
    sum's, or both left out; if one of these replays matches every row, the check says which
    rescale is missing and names the first key tile that raises the running max of the first
    failing row: there the kernel first goes wrong (rows whose max never rises are right).
 
-Between 2 and 3, a mask that flips many keys is matched against a few rules a kernel writes by
-mistake (MASK_SLIPS: query and key swapped, one of the two interval tests left out, an
-off-by-one on either); the first (query, key) pair where that rule departs from the tree's is
-named.
+A hypothesis is accepted only when it reproduces every examined row within the check's
+tolerance, so a kernel wrong in some other way (a race, say) gets no diagnosis rather than a
+wrong one.
 """
 
 from __future__ import annotations
@@ -52,8 +55,7 @@ def explain_tree_attention(got, q, k, v, start, end, tile: int, atol: float, rto
     def matches(b, h, r, keys) -> bool:
         return close(b, h, r, _attention_row(q[b, h, r], k[b, h], v[b, h], keys, scale))
 
-    # A bound at a tile edge is the likelier story than one flipped key; a bound inside a tile
-    # is tried after the mask, since a row that misses only itself also "stops" below itself.
+    # In the order of the module's docstring: the likelier story first.
     return (_loop_stops_early(rows, visible, matches, tile, range(tile, visible.shape[-1], tile))
             or _mask_flips_one_key(rows, visible, matches, start, end)
             or _mask_follows_another_rule(rows, visible, matches, start, end)
