@@ -91,3 +91,5 @@ def test_the_triton_kernel_without_its_rescale_has_a_right_lse(tmp_path):
                        "acc = acc * alpha[:, None] + tl.dot(", "acc = acc + tl.dot(")
     text = case_text(module, "random", "triton_attention.tree_attention_kernel")
     assert "the LSE is right, the output is wrong" in text, text
+    assert "replayed with the output accumulator never rescaled" in text, text
+    assert "goes wrong at key tile 1, the first that raises its running max" in text, text

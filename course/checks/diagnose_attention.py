@@ -35,6 +35,7 @@ from course import oracle
 from course.checks.diagnose import explain_pair
 
 EXAMINED_ROWS = 8  # enough rows to tell a rule from a coincidence, few enough to stay fast
+EXPLAINED = 0.02  # a replay within 2% of a row's error from the reference explains that row
 
 
 def explain_tree_attention(got, q, k, v, start, end, tile: int, atol: float, rtol: float) -> str:
@@ -50,7 +51,11 @@ def explain_tree_attention(got, q, k, v, start, end, tile: int, atol: float, rto
     scale = 1 / math.sqrt(q.shape[-1])
 
     def close(b, h, r, replayed) -> bool:
-        return bool(torch.allclose(got[b, h, r], replayed, atol=atol, rtol=rtol))
+        """Within the check's tolerance, or near enough to explain nearly all of the row's error:
+        a 16-bit kernel rounds P before P.V, and a wrong sum of large terms carries that further."""
+        miss = float((got[b, h, r] - replayed).abs().max())
+        return (bool(torch.allclose(got[b, h, r], replayed, atol=atol, rtol=rtol))
+                or miss <= EXPLAINED * float((got[b, h, r] - want[b, h, r]).abs().max()))
 
     def matches(b, h, r, keys) -> bool:
         return close(b, h, r, _attention_row(q[b, h, r], k[b, h], v[b, h], keys, scale))

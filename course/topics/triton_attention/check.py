@@ -28,6 +28,7 @@ import pyspec_ref
 from course import oracle
 from course.checks import CaseResult, rerun_problem
 from course.checks.diagnose import compare_floats, compare_out_and_lse
+from course.checks.diagnose_attention import explain_tree_attention
 from course.core import inputs, runtime
 
 TOLERANCES = {torch.float32: (2e-5, 1e-4), torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 8e-3)}
@@ -134,5 +135,9 @@ def check_triton_tree_attention(module, seed: int, heads: int | None = None):
                        or _sampled_rows_problem(out.cpu(), lse.cpu(), q.cpu(), k.cpu(), v.cpu(), batch,
                                                 start.cpu(), end.cpu(), seed + index, tolerance)
                        or rerun_problem((out, lse), again))
+            if problem:
+                why = explain_tree_attention(out, q, k, v, start, end, module.config_for(d, dtype).block_n,
+                                             *tolerance)
+                problem += f"\n{why}" if why else ""
             return CaseResult(name, False, problem) if problem else None
         yield name, run
