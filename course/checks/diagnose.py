@@ -95,10 +95,32 @@ def compare_mask(got: torch.Tensor, expected: torch.Tensor, start: torch.Tensor,
     if not wrong.any():
         return ""
     b, q, k = first_index(wrong)
+    how = explain_pair(bool(got[b, q, k]), b, q, k, start, end)
+    return f"batch {b}: {how}; {int(wrong.sum())} wrong entries of {wrong.numel()}"
+
+
+def explain_pair(shown: bool, b: int, q: int, k: int, start: torch.Tensor, end: torch.Tensor) -> str:
+    """Why query q should (not) see key k: their DFS intervals (FlashSpecInfer §5.1)."""
     sq, eq, sk, ek = (int(t[b, i]) for t, i in ((start, q), (end, q), (start, k), (end, k)))
     intervals = f"key {k} has [start, end] = [{sk}, {ek}], query {q} has [{sq}, {eq}]"
-    if got[b, q, k]:
-        how = f"the mask let query {q} see key {k}, which is not its ancestor ({intervals})"
-    else:
-        how = f"the mask hid key {k} from query {q}, but it is an ancestor-or-self ({intervals})"
-    return f"batch {b}: {how}; {int(wrong.sum())} wrong entries of {wrong.numel()}"
+    if shown:
+        return f"the mask let query {q} see key {k}, which is not its ancestor ({intervals})"
+    return f"the mask hid key {k} from query {q}, but it is an ancestor-or-self ({intervals})"
+
+
+def compare_out_and_lse(out, want_out, lse, want_lse, labels: tuple[str, ...],
+                        lse_labels: tuple[str, ...], out_tolerance, lse_tolerance) -> str:
+    """Compare the output and the log-sum-exp separately, and say which of the two is right:
+    the LSE depends only on the scores, their running max and sum, the output also on how P.V
+    is accumulated, so one right and the other wrong points at a part of the kernel."""
+    out_problem = compare_floats(out, want_out, "out", labels, *out_tolerance)
+    lse_problem = compare_floats(lse, want_lse, "lse", lse_labels, *lse_tolerance)
+    if out_problem and not lse_problem:
+        return (f"{out_problem}\nthe LSE is right, the output is wrong: the scores, running max and "
+                "sum are right, so look at the output accumulator (not rescaled by exp(m_old - m_new) "
+                "when the max rises? a wrong V row? divided by the wrong sum?)")
+    if lse_problem and not out_problem:
+        return (f"{lse_problem}\nthe output is right, the LSE is wrong: the softmax is right, so "
+                "look at how the LSE is formed from it (m + log(l) in natural log; the max left "
+                "out, or a log2 where log belongs?)")
+    return "\n".join(problem for problem in (out_problem, lse_problem) if problem)

@@ -14,7 +14,7 @@ import torch
 import pyspec_ref
 from course import oracle
 from course.checks import CaseResult
-from course.checks.diagnose import compare_floats
+from course.checks.diagnose import compare_floats, compare_out_and_lse
 from course.core import inputs
 
 ATOL, RTOL = 1e-9, 1e-7
@@ -75,9 +75,8 @@ def check_flash_attention(module, seed: int):
                 mask = torch.tensor(mask_rows).expand(2, n, n)
                 out, lse = module.flash_attention(q, k, v, mask, block_k=block_k)
                 want_out, want_lse = _reference_attention(q, k, v, mask_rows)
-                problem = (compare_floats(out, want_out, "out", ("batch", "row", "column"),
-                                          ATOL, RTOL)
-                           or compare_floats(lse, want_lse, "lse", ("batch", "row"), ATOL, RTOL))
+                problem = compare_out_and_lse(out, want_out, lse, want_lse, ("batch", "row", "column"),
+                                              ("batch", "row"), (ATOL, RTOL), (ATOL, RTOL))
                 return CaseResult(name, False, problem) if problem else None
             yield name, run
 
@@ -120,7 +119,7 @@ def check_merge_attention(module, seed: int):
                     for i in range(n_query)]
             want_out = torch.tensor([w[0] for w in want], dtype=torch.float64)
             want_lse = torch.tensor([w[1] for w in want], dtype=torch.float64)
-            problem = (compare_floats(out, want_out, "out", ("row", "column"), ATOL, RTOL)
-                       or compare_floats(lse, want_lse, "lse", ("row",), ATOL, RTOL))
+            problem = compare_out_and_lse(out, want_out, lse, want_lse, ("row", "column"), ("row",),
+                                          (ATOL, RTOL), (ATOL, RTOL))
             return CaseResult(name, False, problem) if problem else None
         yield name, run

@@ -17,6 +17,7 @@ import pyspec_ref
 from course import oracle
 from course.checks import CaseResult, rerun_problem
 from course.checks.diagnose import compare_floats, compare_ints
+from course.checks.diagnose_attention import explain_tree_attention
 from course.core import inputs, runtime
 
 ATOL, RTOL = 2e-5, 1e-4  # float32 accumulation over up to a few thousand keys
@@ -68,7 +69,11 @@ def check_tree_attention(module, seed: int, heads: int | None = None):
             out = module.tree_attention(q, k, v, start, end)
             again = module.tree_attention(q, k, v, start, end)
             want, _ = oracle.tree_attention(q, k, v, start, end)
-            problem = (compare_floats(out, want, "out", LABELS, ATOL, RTOL)
+            problem = compare_floats(out, want, "out", LABELS, ATOL, RTOL)
+            if problem:
+                why = explain_tree_attention(out, q, k, v, start, end, tile, ATOL, RTOL)
+                problem += f"\n{why}" if why else ""
+            problem = (problem
                        or _sampled_rows_problem(out.cpu(), q.cpu(), k.cpu(), v.cpu(), batch,
                                                 start.cpu(), end.cpu(), seed + index)
                        or rerun_problem(out, again))

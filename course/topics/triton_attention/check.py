@@ -27,7 +27,8 @@ import torch
 import pyspec_ref
 from course import oracle
 from course.checks import CaseResult, rerun_problem
-from course.checks.diagnose import compare_floats
+from course.checks.diagnose import compare_floats, compare_out_and_lse
+from course.checks.diagnose_attention import explain_tree_attention
 from course.core import inputs, runtime
 
 TOLERANCES = {torch.float32: (2e-5, 1e-4), torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 8e-3)}
@@ -128,11 +129,15 @@ def check_triton_tree_attention(module, seed: int, heads: int | None = None):
                                                f"{getattr(lse, 'dtype', type(lse))}")
             want, want_lse = oracle.tree_attention(q, k, v, start, end)
             tolerance = TOLERANCES[dtype]
-            problem = (compare_floats(out, want, "out", LABELS, *tolerance)
-                       or compare_floats(lse, want_lse, "lse", LSE_LABELS, *LSE_TOLERANCE)
+            problem = (compare_out_and_lse(out, want, lse, want_lse, LABELS, LSE_LABELS, tolerance,
+                                           LSE_TOLERANCE)
                        or compare_floats(alone, want, "out (return_lse=False)", LABELS, *tolerance)
                        or _sampled_rows_problem(out.cpu(), lse.cpu(), q.cpu(), k.cpu(), v.cpu(), batch,
                                                 start.cpu(), end.cpu(), seed + index, tolerance)
                        or rerun_problem((out, lse), again))
+            if problem:
+                why = explain_tree_attention(out, q, k, v, start, end, module.config_for(d, dtype).block_n,
+                                             *tolerance)
+                problem += f"\n{why}" if why else ""
             return CaseResult(name, False, problem) if problem else None
         yield name, run
