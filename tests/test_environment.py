@@ -4,6 +4,7 @@ clearly and never leaves a venv that `make` would trust after a failed step."""
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -128,8 +129,9 @@ def test_a_failed_step_leaves_no_stamp(tmp_path, monkeypatch, capsys):
     venv.mkdir()
     (venv / ".installed-cpu").write_text("cpu\n")  # an earlier install of the same mode
 
-    def fresh_venv(path, python, keep_system_torch):
-        (path / "bin").mkdir(parents=True, exist_ok=True)
+    def fresh_venv(path, python, keep_system_torch):  # as the real one, without making a venv
+        shutil.rmtree(path)
+        (path / "bin").mkdir(parents=True)
         return path / "bin" / "python"
 
     def failing_run(command, **kwargs):

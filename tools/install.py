@@ -240,9 +240,7 @@ def install(args: argparse.Namespace) -> None:
         say(f"keeping the system's torch {version}" + (f" (CUDA {cuda})" if cuda else " (CPU build)"))
 
     venv = Path(args.venv)
-    for stamp in venv.glob(".installed*"):
-        stamp.unlink()
-    venv_python = fresh_venv(venv, args.python, args.system_torch)
+    venv_python = fresh_venv(venv, args.python, args.system_torch)  # any earlier stamp goes with it
     if not gpu and not args.system_torch:
         install_cpu_torch(venv_python)
     extras = [extra for extra in args.extras.split(",") if extra]
