@@ -1,5 +1,5 @@
 """The course's command line:
-`python -m course {info,list,check,bench,figures,sanitize,release,grade,generate}`."""
+`python -m course {info,list,check,reveal,bench,figures,sanitize,release,grade,generate}`."""
 
 from __future__ import annotations
 
@@ -36,6 +36,13 @@ def _check(args) -> int:
                        verbose=args.verbose)
         failed += not report.passed
     return 1 if failed else 0
+
+
+def _reveal(args) -> int:
+    from .answers import reveal
+
+    reveal(args.target)
+    return 0
 
 
 def _bench(args) -> int:
@@ -123,6 +130,9 @@ def main(argv=None) -> int:
     check.add_argument("--verbose", action="store_true",
                        help="show the whole traceback of a kernel or launcher that raised")
     check.set_defaults(run=_check)
+    reveal = commands.add_parser("reveal", help="show our reference answer to an exercise, passed or not")
+    reveal.add_argument("target", help="an exercise id or a lesson module (e.g. ladder_k4)")
+    reveal.set_defaults(run=_reveal)
     bench = commands.add_parser("bench", help="measure a topic on a GPU into results/<device>/<suite>.json")
     bench.add_argument("topic", help="a folder of course/topics/, or capstone")
     bench.add_argument("sections", nargs="*", metavar="section",

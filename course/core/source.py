@@ -6,6 +6,7 @@ modules, never pasted, so the text cannot drift from the code.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import inspect
 import textwrap
@@ -51,13 +52,35 @@ def diff(before, after, context: int = 3) -> str:
     """A unified diff from one function's source to another's, e.g. rung 3's kernel to rung 4's."""
     if isinstance(context, bool) or not isinstance(context, int) or context < 0:
         raise ValueError(f"context must be a non-negative int, got {context!r}")
-    # The exercise markers are the course's bookkeeping, not part of the change.
-    old, new = (_without_markers(source_of(f)) for f in (before, after))
     name_old = getattr(before, "__qualname__", getattr(before, "__name__", "before"))
     name_new = getattr(after, "__qualname__", getattr(after, "__name__", "after"))
+    return diff_sources(source_of(before), source_of(after), name_old, name_new, context)
+
+
+def diff_sources(old: str, new: str, name_old: str, name_new: str, context: int = 3) -> str:
+    """The unified diff of two functions' source texts, without the exercise markers."""
+    # The exercise markers are the course's bookkeeping, not part of the change.
+    old, new = _without_markers(old), _without_markers(new)
     lines = difflib.unified_diff(old.splitlines(), new.splitlines(), fromfile=name_old,
                                  tofile=name_new, n=context, lineterm="")
     return "\n".join(lines)
+
+
+def function_in_file(text: str, name: str) -> str | None:
+    """The dedented source of the first function called `name` in a module's text (decorators
+    included), read without importing the module; None if there is none."""
+    lines = text.splitlines()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            last = node.end_lineno
+            # Comments right after the last statement, indented into the body, are the function's
+            # too (a closing `### END SOLUTION` is a comment, which the syntax tree does not hold).
+            while last < len(lines) and lines[last].lstrip().startswith("#") \
+                    and len(lines[last]) - len(lines[last].lstrip()) > node.col_offset:
+                last += 1
+            return textwrap.dedent("\n".join(lines[first - 1 : last]))
+    return None
 
 
 def _without_markers(source: str) -> str:
