@@ -1,7 +1,7 @@
 """Show kernels as source: a function's code, or the diff between two rungs of a ladder.
 
-Notebooks show each rung's one change as a diff generated from the solution
-modules, never pasted, so the text cannot drift from the code.
+What notebooks show of the code is generated from the modules, never pasted, so the text cannot
+drift from the code (`course.answers` shows a rung's change this way, once the check passed).
 """
 
 from __future__ import annotations
@@ -23,20 +23,6 @@ def source_of(function) -> str:
     if not callable(plain):
         raise TypeError(f"function must be a function or a kernel, got {type(function).__name__}")
     return textwrap.dedent(inspect.getsource(plain))
-
-
-def region(function) -> str:
-    """The lines of a function's first exercise region (between `### BEGIN SOLUTION` and
-    `### END SOLUTION`), dedented, without `### LESSON` lines: the reference answer, which
-    notebooks print after their check."""
-    lines = source_of(function).splitlines()
-    begins = [n for n, line in enumerate(lines) if line.strip().startswith("### BEGIN SOLUTION")]
-    if not begins:
-        raise ValueError(f"{getattr(function, '__name__', function)!r} has no exercise region")
-    first = begins[0]
-    last = next(n for n in range(first, len(lines)) if lines[n].strip() == "### END SOLUTION")
-    body = [line for line in lines[first + 1:last] if not line.strip().startswith("### LESSON")]
-    return textwrap.dedent("\n".join(body)).strip("\n")
 
 
 def without_docstring(function) -> str:
