@@ -3,9 +3,8 @@
 Each notebook runs as a student first meets it: `COURSE_IMPL=lessons`, the lessons' stubs, nothing
 passed yet. Cells may fail ("not implemented yet"), so errors are allowed, but no cell's output may
 hold a line of code of an exercise region of `solutions/`: a "Compare with ours" cell prints one
-line instead, and hints describe the line rather than print it. The whole set takes about two
-and a half minutes on two busy cores (most of it kernel start-ups and notebook 19's models), so
-every notebook runs.
+line instead, and hints describe the line rather than print it. The whole set takes under two
+minutes on one core (3 to 8 s a notebook, most of it the kernel's start), so every notebook runs.
 """
 
 from __future__ import annotations
