@@ -210,6 +210,9 @@ PLANTED: tuple[Planted, ...] = (
     Planted("ladder_k6.tree_attention_kernel", "the output bound off by one",
             "        if out_row < n:", "        if out_row <= n:", "single node",
             ("at lessons/ladder_k6.py:{line+2}", "but out has shape (1, 1, 1, 32)")),
+    Planted("ladder_k6.tree_attention_kernel", "each row divided by the sum of its thread's first row",
+            "acc[rr, cc] / row_sum[ROWS * ty + rr]", "acc[rr, cc] / row_sum[ROWS * ty]", "two nodes",
+            ("is the right output times a factor of its own", "divided by the wrong sum")),
     Planted("ladder_k7.tree_attention_kernel", "the coalesced store writes the first 32 columns only",
             "            for x0 in range(0, D, TILE):\n                out[b, h, out_row, x0 + t] = "
             "v_tile[r, x0 + t]",

@@ -412,8 +412,8 @@ def _explain_nonsquare(out, kwargs, samples, tolerance) -> str:
     k, v = (kwargs[name].repeat_interleave(group, dim=1) for name in ("k_cache", "v_cache"))
     qs, qe, ks, ke = (x.cpu().tolist() for x in intervals[:4])
     # cache row -> the tree node it holds, per sample
-    held = [tree_rows(parents, p, slots, order)[0] if parents else [] for p, parents, _, order in samples]
-    node_of = [{slot: node for node, slot in enumerate(slot_of)} for slot_of in held]
+    slots_of = [tree_rows(parents, p, slots, order)[0] if parents else [] for p, parents, _, order in samples]
+    node_of = [{slot: node for node, slot in enumerate(slot_of)} for slot_of in slots_of]
 
     def pair(shown: bool, b: int, query: int, row: int) -> str:
         nodes = samples[b][2]
@@ -590,7 +590,7 @@ def _new_token(counts, t: int) -> tuple[int, int]:
 
 def _explain_unpadded(out, q, k, v, counts, starts, kv_lengths, tolerance) -> str:
     """Why an unpadded output is wrong: the (token, KV row) pair its mask got wrong
-    (`explain_attention`), or the sample and position the token was computed as (a wrong restore)."""
+    (`explain_attention`), else which tokens are wrong, told by sample and position (`_wrong_tokens`)."""
     slots = k.shape[0]
     visible = kv_oracle.unpadded_mask(counts, starts, kv_lengths, slots)
     group = q.shape[1] // k.shape[1]

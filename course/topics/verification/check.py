@@ -625,6 +625,8 @@ def check_greedy_verification(module, seed: int):
 
 def _greedy_divergence(row: list[int], expected: list[int], parents, tokens, best) -> str:
     """Where a greedy path leaves the specification's, in words: the first position that differs."""
+    if len(row) != len(expected):
+        return f"the path row has {len(row)} entries, one per node ({len(expected)})"
     i = next((i for i, (got, want) in enumerate(zip(row, expected, strict=True)) if got != want), None)
     if i is None:
         last = expected[max(j for j, node in enumerate(expected) if node >= 0)]
