@@ -225,7 +225,10 @@ def explain_merge(out: torch.Tensor, parts, part_lses, want_lse: torch.Tensor) -
                     "whose out is NaN (0/0). Its weight exp(-inf) is 0, but 0 * NaN is NaN: zero that "
                     "part's out before weighting it")
         return ""
-    row = first_index((out - _merged(parts, part_lses, want_lse)).abs().max(-1).values > ATOL)[0]
+    wrong = ((out - _merged(parts, part_lses, want_lse)).abs() > ATOL + RTOL * out.abs()).any(-1)
+    if not wrong.any():  # the output is right: only the LSE is wrong, and compare_out_and_lse says so
+        return ""
+    row = first_index(wrong)[0]
     columns = torch.stack([part[row].detach().cpu().double() for part in parts], dim=1)  # (d, 2)
     if not bool(columns.isfinite().all()):
         return ""
