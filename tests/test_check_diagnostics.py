@@ -20,7 +20,6 @@ from course.core.launch import never_written, poisoned_empty
 from course.exercises import get
 from tests.test_planted_bugs import mutant, planted
 
-
 # An index out of bounds raises, at the student's line, only in the simulator and the interpreter: on a
 # GPU the access is undefined (it may read garbage or end the process's CUDA context).
 raises_in_simulator = pytest.mark.skipif(not runtime.SIMULATOR,

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from course.checks import run_cases
+from course.core import runtime
 from course.exercises import EXERCISES, get
 
 SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
@@ -38,11 +39,11 @@ class Planted:
     planted: str  # what the student wrote instead
     case: str  # the check's first case whose name contains this is run
     names: tuple[str | re.Pattern, ...]  # what the report must contain
-    file: str = ""  # the solution module changed, when it is not the exercise's
 
     @property
     def module(self) -> str:
-        return self.file or EXERCISES[self.exercise].module
+        """The solution module changed: the exercise's own."""
+        return EXERCISES[self.exercise].module
 
 
 PLANTED: tuple[Planted, ...] = (
@@ -521,6 +522,10 @@ def expected_in(name: str | re.Pattern, text: str, line: int) -> bool:
     return LINE.sub(number, name) in text
 
 
+# The cases named in the table, their sizes and tiles are the simulator's (course.core.runtime.pick), and
+# many of the mistakes show only there: an out-of-bounds access raises, shared and local memory start
+# as NaN, threads interleave. The checks' diagnoses are the same code on a GPU.
+@pytest.mark.skipif(not runtime.SIMULATOR, reason="the planted bugs are calibrated on the simulator's cases")
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # a wrong kernel divides 0 by 0 on its way to a NaN
 @pytest.mark.parametrize("bug", PLANTED, ids=lambda bug: f"{bug.exercise}: {bug.mistake}")
 def test_the_check_catches_the_planted_bug_and_names_its_place(bug, tmp_path):
