@@ -129,13 +129,13 @@ class ReferenceBackend:
             node = torch.zeros(batch, dtype=torch.int64, device=parents.device)
             going = torch.ones(batch, dtype=torch.bool, device=parents.device)
             path.fill_(-1)
-            path[:, 0] = 0
+            path[:, 0].fill_(0)
             for depth in range(1, n):
                 wanted = best.gather(1, node[:, None])
                 match = (parents == node[:, None]) & (tokens == wanted) & going[:, None]
                 child = torch.where(match, ids, n).amin(dim=1)
                 going = child < n
-                path[:, depth] = torch.where(going, child, -1).to(torch.int32)
+                path[:, depth].copy_(torch.where(going, child, -1))
                 node = torch.where(going, child, node)
             nxt.copy_(best.gather(1, node[:, None])[:, 0])
             return path, nxt
@@ -161,7 +161,7 @@ class ReferenceBackend:
             walking = torch.ones(batch, dtype=torch.bool, device=device)
             current = p64[:, 0].clone()
             path.fill_(-1)
-            path[:, 0] = 0
+            path[:, 0].fill_(0)
             for _ in range(n - 1):  # every non-root node is tried at most once
                 candidates = (parents == node[:, None]) & (ids > tried[:, None]) & walking[:, None]
                 child = torch.where(candidates, ids, n).amin(dim=1)

@@ -60,7 +60,8 @@ import torch
 from course.core import runtime
 
 from .backends import BACKENDS, TreeIndex, inverse_cdf, make_backend
-from .tree import DEPTH, END, ID, MODES, OPEN, START, TOKEN, DraftTrees, schedule
+from .bookkeeping import BOOKKEEPING, make_bookkeeping
+from .tree import MODES, DraftTrees, schedule
 
 CHECK_EVERY = 8  # plain decoding with an end token: steps between two looks at the finished flags
 
@@ -169,6 +170,10 @@ def _check_graphs(graphs, backend: str, device) -> bool:
     return graphs
 
 
+def _no_clock(phase: str) -> None:
+    """The loop's clock when nobody times the phases."""
+
+
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -222,6 +227,23 @@ def settings(tree_size=8, width=2, branch=None, steps=None, mode="greedy") -> Se
 # --------------------------------------------------------------------------- the decoders
 
 
+@dataclass(frozen=True)
+class StepInputs:
+    """The static inputs of one model step: (B, W) tokens, positions and cache rows, and the (B, R)
+    tree ids of the nodes it runs (draft steps)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    rows: torch.Tensor
+    ids: torch.Tensor
+
+    @classmethod
+    def zeros(cls, batch: int, width: int, runs: int, device) -> StepInputs:
+        long = dict(dtype=torch.int64, device=device)
+        return cls(torch.zeros((batch, width), **long), torch.zeros((batch, width), **long),
+                   torch.zeros((batch, width), **long), torch.zeros((batch, runs), **long))
+
+
 class Decoder:
     """What plain and speculative decoding share: the target, its cache, the per-sample state on the
     device, the prefill, the output buffer, and the loop that runs and times a generation.
@@ -229,13 +251,16 @@ class Decoder:
     A decoder is built for a batch size and a longest sequence (`max_len`: prompt plus new tokens);
     every buffer is allocated then, and on a GPU every step is captured as a CUDA graph then (the
     first build of a shape also compiles the Triton kernels). `generate` can then be called any
-    number of times with prompts that fit.
+    number of times with prompts that fit. bookkeeping: "fused" (one Triton kernel per phase, the
+    default with the kernels) or "torch" (the same in torch operations, the reference's default):
+    see `course.capstone.bookkeeping`.
     """
 
     method = ""
 
     def __init__(self, target, *, batch: int, max_len: int, mode: str = "greedy", backend: str = "kernels",
-                 impl: str | None = None, graphs: bool | None = None, extra_rows: int = 0):
+                 impl: str | None = None, graphs: bool | None = None, bookkeeping: str | None = None,
+                 extra_rows: int = 0):
         _check_model(target, "target")
         self.batch = _positive_int(batch, "batch")
         self.max_len = _positive_int(max_len, "max_len")
@@ -243,15 +268,18 @@ class Decoder:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        bookkeeping = bookkeeping or ("fused" if backend == "kernels" else "torch")
+        if bookkeeping not in BOOKKEEPING:
+            raise ValueError(f"bookkeeping must be one of {BOOKKEEPING}, got {bookkeeping!r}")
         self.target, self.mode, self.backend = target, mode, backend
         self.capacity = max_len + extra_rows
-        reach = self.capacity
-        if reach > target.config.max_positions:
+        if self.capacity > target.config.max_positions:
             raise ValueError(f"max_len = {max_len}: with the rows a round may add ({extra_rows}) a sequence "
-                             f"reaches position {reach}, more than the target's max_positions = "
+                             f"reaches position {self.capacity}, more than the target's max_positions = "
                              f"{target.config.max_positions}")
         self.graphs = _check_graphs(graphs, backend, target.device)
         self.ops = make_backend(backend, impl)
+        self.book = make_bookkeeping(bookkeeping, self)
         device = self.device = target.device
         B = batch
         self.t_cache = target.new_cache(B, self.capacity)
@@ -293,6 +321,22 @@ class Decoder:
         """This round's uniforms [first, first + count), (B, count) float64 (sample mode)."""
         return self.uniforms.index_select(0, self.counter)[0, :, first:first + count]
 
+    def built_for(self) -> dict:
+        """The settings this decoder's buffers and graphs were built for."""
+        return {"mode": self.mode}
+
+    def check_settings(self, **wanted) -> None:
+        """A clear error, before anything runs, if a call asks for settings other than those this
+        decoder's buffers and graphs were built for (None: no wish)."""
+        built = self.built_for()
+        for name, value in wanted.items():
+            if name not in built:
+                raise ValueError(f"{name} is not a setting of a {type(self).__name__}: it has "
+                                 f"{', '.join(built)}")
+            if value is not None and value != built[name]:
+                raise ValueError(f"{name} = {value!r}: this decoder's buffers and graphs were built for "
+                                 f"{name} = {built[name]!r}; build a {type(self).__name__} for the new value")
+
     # ------------------------------------------------------------------ one generation
 
     def _check_generate(self, prompts, max_new_tokens: int, eos) -> list[list[int]]:
@@ -327,8 +371,8 @@ class Decoder:
         model.step(tokens.to(self.device), positions.to(self.device), cache, rows.to(self.device),
                    self.ops.causal(counts, [0] * len(prompts)))
 
-    def _start(self, prompts, max_new_tokens: int, eos, seed: int) -> None:
-        """The state of a new generation, and its uniforms (sample mode)."""
+    def start(self, prompts, max_new_tokens: int, eos=None, seed: int = 0) -> None:
+        """The state of a new generation (after the prefill), and its uniforms (sample mode)."""
         self.prefix.copy_(torch.tensor([len(p) - 1 for p in prompts]))
         self.prefix32.copy_(self.prefix)
         self.root.copy_(torch.tensor([p[-1] for p in prompts]))
@@ -342,27 +386,29 @@ class Decoder:
             self.uniforms.copy_(torch.rand(self.uniforms.shape, generator=gen, dtype=torch.float64))
 
     def generate(self, prompts, max_new_tokens: int, *, seed: int = 0, eos: int | None = None,
-                 progress: bool = False, trace: list | None = None) -> Generation:
+                 progress: bool = False, trace: list | None = None, clock=None, **settings) -> Generation:
         """Decode max_new_tokens per prompt (fewer after `eos`). prompts: token-id lists, exactly
         `batch` of them, each with len + max_new_tokens <= max_len. seed: of every uniform (sample
-        mode). trace: a list to which every round appends what it did per sample (speculative)."""
+        mode). trace: a list to which every round appends what it did per sample (speculative).
+        clock: called with a phase's name before the loop launches it ("draft", "verify", "commit",
+        "wait" for the host's read; "step" for plain decoding) and with "end" at the end (the bench
+        records CUDA events there). settings (mode=, and tree_size=, width=, branch=, steps= for a
+        SpeculativeDecoder): must be those the decoder was built for."""
+        self.check_settings(**settings)
         prompts = self._check_generate(prompts, max_new_tokens, eos)
-        self._check_options(trace)
+        if trace is not None and not isinstance(trace, list):
+            raise ValueError(f"trace must be a list or None, got {type(trace).__name__}")
         t0 = time.perf_counter()
         self._prefill_all(prompts)
-        self._start(prompts, max_new_tokens, eos, seed)
-        self._begin()
+        self.start(prompts, max_new_tokens, eos, seed)
         _sync(self.device)
         t1 = time.perf_counter()
         bar = _progress(self.batch * max_new_tokens, f"{self.method} ({self.mode})", progress)
         accepted: list[list[int]] = [[] for _ in prompts]
-        calls = self._loop(max_new_tokens, eos, accepted, bar, trace)
+        calls = self._loop(max_new_tokens, eos, accepted, bar, trace, clock or _no_clock)
         _sync(self.device)
         t2 = time.perf_counter()
         bar.close()
-        return self._result(prompts, max_new_tokens, eos, t2 - t1, t1 - t0, calls, accepted)
-
-    def _result(self, prompts, max_new_tokens, eos, seconds, prefill_seconds, calls, accepted) -> Generation:
         out, count = self.out.tolist(), self.n_out.tolist()
         tokens = []
         for b in range(len(prompts)):
@@ -371,20 +417,12 @@ class Decoder:
                 row = row[:row.index(eos) + 1]
             tokens.append(row)
         target_calls, draft_calls = calls
-        return Generation(tokens, seconds, prefill_seconds, target_calls, draft_calls, accepted, self.mode,
-                          self.method)
-
-    def _check_options(self, trace) -> None:
-        if trace is not None and not isinstance(trace, list):
-            raise ValueError(f"trace must be a list or None, got {type(trace).__name__}")
+        return Generation(tokens, t2 - t1, t1 - t0, target_calls, draft_calls, accepted, self.mode, self.method)
 
     def _prefill_all(self, prompts) -> None:
         self._prefill(self.target, self.t_cache, prompts)
 
-    def _begin(self) -> None:
-        """Per-generation state beyond the shared one (the draft's tree)."""
-
-    def _loop(self, max_new_tokens, eos, accepted, bar, trace) -> tuple[int, int]:
+    def _loop(self, max_new_tokens, eos, accepted, bar, trace, clock) -> tuple[int, int]:
         raise NotImplementedError
 
 
@@ -398,9 +436,9 @@ class PlainDecoder(Decoder):
     method = "autoregressive"
 
     def __init__(self, target, *, batch: int, max_len: int, mode: str = "greedy", backend: str = "kernels",
-                 impl: str | None = None, graphs: bool | None = None):
+                 impl: str | None = None, graphs: bool | None = None, bookkeeping: str | None = None):
         super().__init__(target, batch=batch, max_len=max_len, mode=mode, backend=backend, impl=impl,
-                         graphs=graphs)
+                         graphs=graphs, bookkeeping=bookkeeping)
         if mode == "sample":
             self.uniforms = torch.zeros((max_len + 1, batch, 1), dtype=torch.float64, device=self.device)
         self.workspace = target.workspace(batch, 1)
@@ -409,32 +447,29 @@ class PlainDecoder(Decoder):
         self.step = self._phase(self._step)
 
     def _step(self) -> None:
-        active = ~self.done
-        self.prefix32.copy_(self.prefix)
         here = self.prefix[:, None]
         logits = self.target.step(self.root[:, None], here, self.t_cache, here, self.attend,
-                                  workspace=self.workspace, validate=False)[:, 0]
-        if self.mode == "greedy":
-            token = logits.argmax(dim=-1)
-        else:
-            token = inverse_cdf(torch.softmax(logits, dim=-1), self._uniform_slice(0, 1))[:, 0]
-            self.counter.add_(1).clamp_(max=self.uniforms.shape[0] - 1)
-        scratch = self.out.shape[1] - 1
-        self.out.scatter_(1, torch.where(active, self.n_out.clamp(max=scratch), scratch)[:, None], token[:, None])
-        self.n_out.add_(active)
-        self.prefix.add_(active)
-        self.root.copy_(torch.where(active, token, self.root))
-        self.done |= (self.n_out >= self.limit) | (token == self.eos)
+                                  workspace=self.workspace, validate=False, padding=False,
+                                  float_logits=False)[:, 0]
+        token = None
+        if self.mode == "sample":
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            token = inverse_cdf(probs, self._uniform_slice(0, 1))[:, 0]
+        self.book.advance(logits, token)
 
-    def _loop(self, max_new_tokens, eos, accepted, bar, trace) -> tuple[int, int]:
+    def _loop(self, max_new_tokens, eos, accepted, bar, trace, clock) -> tuple[int, int]:
+        steps = max_new_tokens
         for i in range(max_new_tokens):
+            clock("step")
             self.step()
-            if (eos is not None or bar.disable is False) and (i + 1) % CHECK_EVERY == 0:
+            if (eos is not None or not bar.disable) and (i + 1) % CHECK_EVERY == 0:
                 bar.n = int(self.n_out.clamp(max=max_new_tokens).sum())
                 bar.refresh()
                 if eos is not None and bool(self.done.all()):
-                    return i + 1, 0
-        return max_new_tokens, 0
+                    steps = i + 1
+                    break
+        clock("end")
+        return steps, 0
 
 
 class SpeculativeDecoder(Decoder):
@@ -445,25 +480,27 @@ class SpeculativeDecoder(Decoder):
 
     def __init__(self, target, draft, *, batch: int, max_len: int, tree_size: int = 8, width: int = 2,
                  branch: int | None = None, steps: int | None = None, mode: str = "greedy",
-                 backend: str = "kernels", impl: str | None = None, graphs: bool | None = None):
+                 backend: str = "kernels", impl: str | None = None, graphs: bool | None = None,
+                 bookkeeping: str | None = None):
         _check_pair(target, draft)
         self.settings = cfg = settings(tree_size, width, branch, steps, mode)
         self.plan = plan = cfg.plan
-        if max_len + cfg.tree_size + plan.size > draft.config.max_positions:
-            raise ValueError(f"max_len = {max_len}: with the rows a round may add ({cfg.tree_size + plan.size}) "
-                             f"a sequence reaches position {max_len + cfg.tree_size + plan.size}, more than "
-                             f"the draft's max_positions = {draft.config.max_positions}")
         # The last round may overshoot by tree_size tokens; the draft's tree sits after the prefix.
+        extra = cfg.tree_size + plan.size
+        if max_len + extra > draft.config.max_positions:
+            raise ValueError(f"max_len = {max_len}: with the rows a round may add ({extra}) a sequence reaches "
+                             f"position {max_len + extra}, more than the draft's max_positions = "
+                             f"{draft.config.max_positions}")
         super().__init__(target, batch=batch, max_len=max_len, mode=mode, backend=backend, impl=impl,
-                         graphs=graphs, extra_rows=cfg.tree_size + plan.size)
+                         graphs=graphs, bookkeeping=bookkeeping, extra_rows=extra)
         self.draft = draft
         B, bs, device = batch, cfg.tree_size, self.device
         self.d_cache = draft.new_cache(B, self.capacity)
         self.tree = DraftTrees(B, plan, mode, target.config.vocab_size, device)
         self.lag = torch.zeros(B, dtype=torch.bool, device=device)  # the draft has not run lag_token yet
         self.lag_token = torch.zeros(B, dtype=torch.int64, device=device)
-        self._local = torch.zeros((B, plan.size), dtype=torch.int64, device=device)
-        self._slots = torch.arange(bs, device=device)
+        self.local = torch.zeros((B, plan.size), dtype=torch.int64, device=device)  # tree id -> verified slot
+        self.slots = torch.arange(bs, device=device)
         if mode == "sample":
             draws = [r * cfg.branch for r in plan.runs]
             self._draw_at = [sum(draws[:s]) for s in range(plan.steps)]
@@ -479,33 +516,34 @@ class SpeculativeDecoder(Decoder):
     # ------------------------------------------------------------------ construction
 
     def _build_draft_steps(self) -> None:
-        """Per step: its index buffers (its tree length is fixed: the nodes made so far), and its
-        attention, prepared on the workspace of its width. Step 0's queries are fixed too: slot 0
-        the lag token (its interval -1 sees no tree row, only the prefix, which it closes), slot 1
-        the root, whose interval is the whole tree's."""
+        """Per step: its inputs, its index buffers (its tree length is fixed: the nodes made so far)
+        and its attention, prepared on the workspace of its width. Step 0's query intervals are fixed
+        too: slot 0 the lag token (interval -1: it sees no tree row, only the prefix, which it
+        closes), slot 1 the root, whose interval is the whole tree's."""
         plan = self.plan
         self.d_kv_start = torch.zeros((self.batch, self.capacity + 1), dtype=torch.int32, device=self.device)
         self.d_kv_end = torch.zeros_like(self.d_kv_start)
-        workspaces, self._d_index, self._d_attend, self._d_workspace = {}, [], [], []
+        workspaces, self.step_inputs, self.d_index, self._d_attend, self._d_workspace = {}, [], [], [], []
         for step in range(plan.steps):
             width = 2 if step == 0 else plan.runs[step]
             if width not in workspaces:
                 workspaces[width] = self.draft.workspace(self.batch, width)
-            index = self._index(width, self.d_cache, tree_len=plan.before[step])
-            index = TreeIndex(index.q_start, index.q_end, self.d_kv_start, self.d_kv_end, index.prefix,
-                              index.tree_len, index.counts)
-            attend = self.ops.tree_attention(self.draft, self.d_cache, workspaces[width], index)
-            if step == 0:
+            own = self._index(width, self.d_cache, tree_len=plan.before[step])
+            index = TreeIndex(own.q_start, own.q_end, self.d_kv_start, self.d_kv_end, own.prefix, own.tree_len,
+                              own.counts)
+            self._d_attend.append(self.ops.tree_attention(self.draft, self.d_cache, workspaces[width], index))
+            if step == 0:  # after the launchers' checks, which want the times of a real tree
                 index.q_start[:, 0] = -1
                 index.q_end[:, 0] = -1
                 index.q_end[:, 1] = plan.spans[0] - 1
-            self._d_index.append(index)
-            self._d_attend.append(attend)
+            self.d_index.append(index)
             self._d_workspace.append(workspaces[width])
+            self.step_inputs.append(StepInputs.zeros(self.batch, width, plan.runs[step], self.device))
 
     def _build_verification(self) -> None:
         B, bs, V, device = self.batch, self.settings.tree_size, self.target.config.vocab_size, self.device
         self.t_workspace = self.target.workspace(B, bs)
+        self.t_inputs = StepInputs.zeros(B, bs, bs, device)
         self.t_index = self._index(bs, self.t_cache, tree_len=bs)
         self.t_attend = self.ops.tree_attention(self.target, self.t_cache, self.t_workspace, self.t_index)
         int32 = dict(dtype=torch.int32, device=device)
@@ -522,111 +560,55 @@ class SpeculativeDecoder(Decoder):
             self.v_sample = torch.zeros((B, bs), dtype=torch.float64, device=device)
             self.verifier = self.ops.sampling_verifier(self.v_parents, self.v_tokens, self.v_q, self.v_p,
                                                        self.v_accept, self.v_sample)
-        self.path = torch.full((B, bs), -1, **int32)
-        self.next_token = torch.zeros(B, **int32)
+        self.path, self.next_token = self.verifier()  # its output buffers: the same on every call
         self.moves = {}
         for name, cache in (("target", self.t_cache), ("draft", self.d_cache)):
             src, dst, counts = torch.zeros((B, bs), **int32), torch.zeros((B, bs), **int32), torch.zeros(B, **int32)
             self.moves[name] = (src, dst, counts, self.ops.compactor(cache, src, dst, counts))
 
+    def built_for(self) -> dict:
+        s = self.settings
+        return {"tree_size": s.tree_size, "width": s.width, "branch": s.branch, "steps": s.steps, "mode": s.mode}
+
     # ------------------------------------------------------------------ the phases of a round
 
     def _draft_step(self, step: int) -> None:
-        tree, index = self.tree, self._d_index[step]
-        ids = tree.pick(step)
-        parents = tree.rows(ids)
+        self.book.draft_inputs(step)
+        inputs = self.step_inputs[step]
+        logits = self.draft.step(inputs.tokens, inputs.positions, self.d_cache, inputs.rows, self._d_attend[step],
+                                 workspace=self._d_workspace[step], validate=False, padding=False,
+                                 float_logits=False)
         if step == 0:
-            here = self.prefix
-            tokens = torch.stack([self.lag_token, self.root], dim=1)
-            positions = torch.stack([(here - 1).clamp(min=0), here], dim=1)
-            rows = torch.stack([torch.where(self.lag, here - 1, -1), here], dim=1)
-        else:
-            tokens = parents[..., TOKEN].long()
-            positions = self.prefix[:, None] + parents[..., DEPTH].long()
-            rows = self.prefix[:, None] + ids
-            index.q_start.copy_(parents[..., START])
-            index.q_end.copy_(parents[..., END])
-        logits = self.draft.step(tokens, positions, self.d_cache, rows, self._d_attend[step],
-                                 workspace=self._d_workspace[step], validate=False)
-        if step == 0:
-            logits = logits[:, 1:]
+            logits = logits[:, 1:]  # the lag token's logits are not needed: its children were verified
         uniforms = None
         if self.mode == "sample":
             count = self.plan.runs[step] * self.plan.branch
             uniforms = self._uniform_slice(self._draw_at[step], count).view(self.batch, -1, self.plan.branch)
-        children = tree.grow(step, ids, parents, logits, uniforms)
-        # The children's intervals, at the draft cache rows their KV will take when they are run.
-        where = self.prefix[:, None] + children[..., ID].long()
-        self.d_kv_start.scatter_(1, where, children[..., START].to(torch.int32))
-        self.d_kv_end.scatter_(1, where, children[..., END].to(torch.int32))
+        tokens, logp = self.tree.children(logits, inputs.ids, uniforms)
+        self.book.add_children(step, tokens, logp)
 
     def _verify(self) -> None:
-        bs = self.settings.tree_size
-        index = self.t_index
-        chosen = self.tree.choose(bs, self._local)
-        self.chosen.copy_(chosen.ids)
-        rows = self.prefix[:, None] + self._slots
-        index.q_start.copy_(chosen.rows[..., START])
-        index.q_end.copy_(chosen.rows[..., END])
-        index.kv_start.scatter_(1, rows, index.q_start)
-        index.kv_end.scatter_(1, rows, index.q_end)
-        tokens = chosen.rows[..., TOKEN].long()
-        logits = self.target.step(tokens, self.prefix[:, None] + chosen.rows[..., DEPTH].long(), self.t_cache, rows,
-                                  self.t_attend, workspace=self.t_workspace, validate=False)
-        self.v_parents.copy_(chosen.parents)
-        self.v_tokens.copy_(tokens)
+        self.book.choose()
+        inputs = self.t_inputs
+        logits = self.target.step(inputs.tokens, inputs.positions, self.t_cache, inputs.rows, self.t_attend,
+                                  workspace=self.t_workspace, validate=False, padding=False, float_logits=False)
         if self.mode == "greedy":
             self.v_best.copy_(logits.argmax(dim=-1))
         else:
-            self.v_p.copy_(torch.softmax(logits, dim=-1))
-            self.v_q.copy_(self.tree.q.gather(1, chosen.ids[..., None].expand(-1, -1, self.v_q.shape[-1])))
+            bs = self.settings.tree_size
+            self.v_p.copy_(torch.softmax(logits, dim=-1, dtype=torch.float32))
+            self.v_q.copy_(self.tree.q.gather(1, self.chosen[..., None].expand(-1, -1, self.v_q.shape[-1])))
             self.v_accept.copy_(self._uniform_slice(self._verify_at, bs))
             self.v_sample.copy_(self._uniform_slice(self._verify_at + bs, bs))
-        path, token = self.verifier()
-        self.path.copy_(path)
-        self.next_token.copy_(token)
+        self.verifier()
 
     def _commit(self) -> None:
-        """Move the accepted path's KV into both prefixes, emit its tokens, start the next tree."""
-        active = ~self.done
-        path = self.path.long()
-        accepted = (path >= 0).sum(dim=1) - 1
-        node = self.chosen.gather(1, path.clamp(min=0))  # the path's draft-tree ids
-        last = node.gather(1, accepted[:, None])[:, 0]
-        last_run = self.tree.table[:, :, OPEN].gather(1, last[:, None])[:, 0] == -torch.inf
-        dst = self.prefix[:, None] + self._slots
-        for name, src, count in (("target", self.prefix[:, None] + path.clamp(min=0), accepted + 1),
-                                 ("draft", self.prefix[:, None] + node, accepted + last_run.long())):
-            src_buf, dst_buf, counts_buf, move = self.moves[name]
-            src_buf.copy_(src)
-            dst_buf.copy_(dst)
-            counts_buf.copy_(count * active)
-            move()
-        # Emitted: the path's tokens after the root, then the next token.
-        path_tokens = self.tree.table[:, :, TOKEN].gather(1, node).long()
-        emitted = torch.where(self._slots == accepted[:, None], self.next_token.long()[:, None],
-                              path_tokens.roll(-1, dims=1))
-        valid = (self._slots <= accepted[:, None]) & active[:, None]
-        scratch = self.out.shape[1] - 1
-        self.out.scatter_(1, torch.where(valid, (self.n_out[:, None] + self._slots).clamp(max=scratch), scratch),
-                          emitted)
-        hit_eos = (valid & (emitted == self.eos)).any(dim=1)
-        step = (accepted + 1) * active
-        self.n_out.add_(step)
-        self.lag_token.copy_(path_tokens.gather(1, accepted[:, None])[:, 0])
-        self.lag.copy_(active & ~last_run)
-        self.prefix.add_(step)
-        self.prefix32.copy_(self.prefix)
-        self.root.copy_(torch.where(active, self.next_token.long(), self.root))
-        self.done |= hit_eos | (self.n_out >= self.limit)
-        self.status[0].copy_(self.done)
-        self.status[1].copy_(torch.where(active, accepted, -1))
-        self.status[2].copy_(self.n_out)
-        if self.uniforms is not None:
-            self.counter.add_(1).clamp_(max=self.uniforms.shape[0] - 1)
-        self._new_trees()
+        """Move the accepted path's KV into both prefixes, emit its tokens, start the next trees."""
+        self.book.commit()
+        for name in ("target", "draft"):
+            self.moves[name][3]()
 
-    def _new_trees(self) -> None:
+    def new_trees(self) -> None:
         """Every sample's next tree: its root alone, its interval at the root's draft cache row."""
         self.tree.reset(self.root)
         self.d_kv_start.scatter_(1, self.prefix[:, None], 0)
@@ -634,24 +616,14 @@ class SpeculativeDecoder(Decoder):
 
     # ------------------------------------------------------------------ a generation
 
-    def check_settings(self, **wanted) -> None:
-        """A clear error if a call asks for settings other than those this decoder's buffers and
-        graphs were built for (tree_size=..., width=..., branch=..., steps=..., mode=...)."""
-        for name, value in wanted.items():
-            if value is None:
-                continue
-            have = getattr(self.settings, name)
-            if value != have:
-                raise ValueError(f"{name} = {value!r}: this decoder's buffers and graphs were built for "
-                                 f"{name} = {have!r}; build a SpeculativeDecoder for the new value")
-
     def _prefill_all(self, prompts) -> None:
         self._prefill(self.target, self.t_cache, prompts)
         self._prefill(self.draft, self.d_cache, prompts)
 
-    def _begin(self) -> None:
+    def start(self, prompts, max_new_tokens: int, eos=None, seed: int = 0) -> None:
+        super().start(prompts, max_new_tokens, eos, seed)
         self.lag.zero_()
-        self._new_trees()
+        self.new_trees()
 
     def round(self) -> None:
         """Launch one round's phases (no wait for the GPU)."""
@@ -660,15 +632,19 @@ class SpeculativeDecoder(Decoder):
         self.verify()
         self.commit()
 
-    def _loop(self, max_new_tokens, eos, accepted, bar, trace) -> tuple[int, int]:
+    def _loop(self, max_new_tokens, eos, accepted, bar, trace, clock) -> tuple[int, int]:
         rounds = 0
         while True:
             for step in self.draft_steps:
+                clock("draft")
                 step()
+            clock("verify")
             self.verify()
             if trace is not None:
-                self._trace(trace, rounds, accepted)
+                self._trace(trace, accepted)
+            clock("commit")
             self.commit()
+            clock("wait")
             rounds += 1
             done, count, emitted = self.status.tolist()  # the round's one wait for the GPU
             for b, a in enumerate(count):
@@ -677,9 +653,10 @@ class SpeculativeDecoder(Decoder):
             bar.n = sum(min(n, max_new_tokens) for n in emitted)
             bar.refresh()
             if all(done) or rounds > max_new_tokens:
+                clock("end")
                 return rounds, rounds * self.plan.steps
 
-    def _trace(self, trace: list, rounds: int, accepted) -> None:
+    def _trace(self, trace: list, accepted) -> None:
         """Per active sample: the draft tree, the nodes verified, the accepted path (tree ids) and the
         next token (for notebook 19's pictures; waits for the GPU)."""
         done = self.done.tolist()
@@ -691,7 +668,6 @@ class SpeculativeDecoder(Decoder):
             trace.append({"round": len(accepted[b]), "sample": b, "parents": tree["parents"],
                           "tokens": tree["tokens"], "run": tree["run"], "chosen": chosen[b],
                           "path": [chosen[b][j] for j in path[b] if j >= 0], "next_token": nxt[b]})
-        del rounds
 
 
 # --------------------------------------------------------------------------- one-call functions
@@ -704,14 +680,14 @@ def _max_len(prompts, max_new_tokens: int) -> int:
 @torch.no_grad()
 def autoregressive(target, prompts, max_new_tokens: int, *, mode: str = "greedy", seed: int = 0,
                    backend: str = "kernels", impl: str | None = None, eos: int | None = None,
-                   progress: bool = False, graphs: bool | None = None) -> Generation:
+                   progress: bool = False, graphs: bool | None = None, bookkeeping: str | None = None) -> Generation:
     """Plain decoding of a batch of prompts with the target alone (see `PlainDecoder`); builds a
     decoder for this call. To time many calls, build a PlainDecoder once."""
     _check_model(target, "target")
     _positive_int(max_new_tokens, "max_new_tokens")
     prompts = check_prompts(prompts, target.config.vocab_size)
     decoder = PlainDecoder(target, batch=len(prompts), max_len=_max_len(prompts, max_new_tokens), mode=mode,
-                           backend=backend, impl=impl, graphs=graphs)
+                           backend=backend, impl=impl, graphs=graphs, bookkeeping=bookkeeping)
     return decoder.generate(prompts, max_new_tokens, seed=seed, eos=eos, progress=progress)
 
 
@@ -719,7 +695,8 @@ def autoregressive(target, prompts, max_new_tokens: int, *, mode: str = "greedy"
 def speculative(target, draft, prompts, max_new_tokens: int, *, tree_size: int = 8, width: int = 2,
                 branch: int | None = None, steps: int | None = None, mode: str = "greedy", seed: int = 0,
                 backend: str = "kernels", impl: str | None = None, eos: int | None = None,
-                progress: bool = False, trace: list | None = None, graphs: bool | None = None) -> Generation:
+                progress: bool = False, trace: list | None = None, graphs: bool | None = None,
+                bookkeeping: str | None = None) -> Generation:
     """Tree speculative decoding of a batch of prompts (see the module docstring); builds a decoder
     for this call. To time many calls, build a SpeculativeDecoder once.
 
@@ -739,7 +716,7 @@ def speculative(target, draft, prompts, max_new_tokens: int, *, tree_size: int =
     prompts = check_prompts(prompts, target.config.vocab_size)
     decoder = SpeculativeDecoder(target, draft, batch=len(prompts), max_len=_max_len(prompts, max_new_tokens),
                                  tree_size=cfg.tree_size, width=cfg.width, branch=cfg.branch, steps=cfg.steps,
-                                 mode=mode, backend=backend, impl=impl, graphs=graphs)
+                                 mode=mode, backend=backend, impl=impl, graphs=graphs, bookkeeping=bookkeeping)
     return decoder.generate(prompts, max_new_tokens, seed=seed, eos=eos, progress=progress, trace=trace)
 
 

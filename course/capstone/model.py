@@ -361,7 +361,8 @@ class TinyLM(nn.Module):
 
     @torch.no_grad()  # decoding only: the cache is written in place, so no autograd through it
     def step(self, tokens: Tensor, positions: Tensor, cache: KVCache, rows: Tensor, attend: Attend, *,
-             workspace: Workspace | None = None, validate: bool = True) -> Tensor:
+             workspace: Workspace | None = None, validate: bool = True, padding: bool = True,
+             float_logits: bool = True) -> Tensor:
         """Logits (B, W, V) float32 for W new tokens per sample against a KV cache.
 
         tokens, positions, rows: (B, W) integer tensors. Token (b, w) is embedded, rotated to
@@ -376,7 +377,10 @@ class TinyLM(nn.Module):
         RoPE partners (`DecodeWeights`), two elementwise kernels for RoPE, one scatter of k and v into
         the cache, `attend`, a copy and one matmul-plus-residual for the output projection, the MLP's
         norm, two matmuls and its gate. validate=True first checks the inputs' values (which waits
-        for the GPU); a decoder checks its inputs once, outside its loop, and passes False.
+        for the GPU); a decoder checks its inputs once, outside its loop, and passes False. A decoder
+        that writes its rows itself may also pass padding=False (rows hold no -1: a padding slot
+        already names the scratch row) and float_logits=False (logits in the model's dtype): two
+        kernels fewer each.
         """
         if validate:
             self._check_step(tokens, positions, cache, rows)
@@ -387,7 +391,7 @@ class TinyLM(nn.Module):
         workspace.require(B, W)
         cos, sin = weights.rope(positions)
         # A padding slot's key and value go to the scratch row: the same scatter for every batch.
-        slots = torch.where(rows < 0, cache.scratch_row, rows)
+        slots = torch.where(rows < 0, cache.scratch_row, rows) if padding else rows
         kv_rows = slots[:, None, :, None].expand(B, 2 * c.n_kv_heads, W, c.head_dim)
         x = F.embedding(tokens, self.embed.weight).view(B * W, c.d_model)
         for layer, (block, lw) in enumerate(zip(self.blocks, weights.layers, strict=True)):
@@ -403,7 +407,8 @@ class TinyLM(nn.Module):
                             lw.o_proj_t)
             gate, up = (block.mlp_norm(x) @ lw.gate_up_t).chunk(2, dim=-1)
             x = torch.addmm(x, F.silu(gate) * up, lw.down_t)
-        return self._logits(x).view(B, W, c.vocab_size)
+        logits = self.final_norm(x) @ self.embed.weight.t()
+        return (logits.float() if float_logits else logits).view(B, W, c.vocab_size)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -115,7 +115,7 @@ class DraftTrees:
         # The draft's distribution at every node it ran (sample mode: the verification needs q).
         self.q = (torch.zeros((batch, size, vocab_size), dtype=torch.float32, device=device)
                   if mode == "sample" else None)
-        self.root_ids = torch.zeros((batch, 1), dtype=torch.int64, device=device)
+        self._root_ids = torch.zeros((batch, 1), dtype=torch.int64, device=device)
         self.spans = torch.tensor(plan.spans + (0,), dtype=torch.float64, device=device)
         # Per step: each child's rank k among its siblings, and the tie-break of its id.
         self._k = torch.arange(plan.branch, dtype=torch.float64, device=device)
@@ -127,13 +127,14 @@ class DraftTrees:
     def reset(self, roots: Tensor) -> None:
         """A fresh tree per sample: only the root, holding token roots[b], not yet run."""
         self.table[:, 0, TOKEN].copy_(roots)
-        self.table[:, 0, OPEN] = 0.0
+        self.table[:, 0, OPEN].fill_(0.0)
 
     def pick(self, step: int) -> Tensor:
-        """The (B, runs[step]) ids that `step` runs, now marked as run."""
+        """The (B, runs[step]) ids that `step` runs, now marked as run: the root at step 0, then the
+        best nodes not yet run."""
         if step == 0:
-            self.table[:, 0, OPEN] = -torch.inf
-            return self.root_ids
+            self.table[:, 0, OPEN].fill_(-torch.inf)
+            return self._root_ids
         frontier = self.table[:, :self.plan.before[step], OPEN]
         ids = torch.topk(frontier, self.plan.runs[step], dim=1).indices
         frontier.scatter_(1, ids, -torch.inf)
@@ -143,23 +144,27 @@ class DraftTrees:
         """The table rows (B, n, FIELDS) of nodes ids (B, n)."""
         return self.table.gather(1, ids[..., None].expand(*ids.shape, FIELDS))
 
-    def grow(self, step: int, ids: Tensor, parents: Tensor, logits: Tensor,
-             uniforms: Tensor | None = None) -> Tensor:
-        """Give each node run by `step` its `branch` children, from the draft's logits there
-        (B, runs, V): top-k tokens (greedy) or draws by inverse CDF with `uniforms` (B, runs, branch)
-        (sample). parents: the run nodes' table rows. Returns the children's rows (B, runs * branch,
-        FIELDS), already written into the table at their fixed ids."""
-        batch, runs, _ = logits.shape
-        first, stop = self.plan.block(step)
-        logq = torch.log_softmax(logits, dim=-1)
+    def children(self, logits: Tensor, ids: Tensor, uniforms: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The children of the nodes `ids` (B, runs) the draft just ran, from its logits there
+        (B, runs, V): their tokens (B, runs, branch) and draft log-probabilities (float32). Greedy:
+        the top-`branch` tokens, best first. Sample: `branch` independent draws by inverse CDF with
+        `uniforms` (B, runs, branch), in draw order; the distribution q is kept for the verification."""
+        logq = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
         if self.mode == "greedy":
             logp, tokens = torch.topk(logq, self.plan.branch, dim=-1)
-        else:
-            q = logq.exp()
-            self.q.scatter_(1, ids[..., None].expand(*ids.shape, q.shape[-1]), q)
-            cdf = torch.cumsum(q, dim=-1, dtype=torch.float64)
-            tokens = torch.searchsorted(cdf, uniforms * cdf[..., -1:], right=True).clamp_(max=q.shape[-1] - 1)
-            logp = logq.gather(-1, tokens)
+            return tokens, logp
+        q = logq.exp()
+        self.q.scatter_(1, ids[..., None].expand(*ids.shape, q.shape[-1]), q)
+        cdf = torch.cumsum(q, dim=-1, dtype=torch.float64)
+        tokens = torch.searchsorted(cdf, uniforms * cdf[..., -1:], right=True).clamp_(max=q.shape[-1] - 1)
+        return tokens, logq.gather(-1, tokens)
+
+    def add_children(self, step: int, parents: Tensor, tokens: Tensor, logp: Tensor) -> Tensor:
+        """Write the children of `step`'s run nodes (table rows `parents`, (B, runs, FIELDS)) into
+        their fixed ids: depth, interval, cumulative log-probability, rank. Returns their rows
+        (B, runs * branch, FIELDS). (`course.capstone.kernels.add_children_kernel` does the same.)"""
+        batch, runs = parents.shape[:2]
+        first, stop = self.plan.block(step)
         shape = (batch, runs, self.plan.branch)
         span = self.spans[parents[..., DEPTH].long() + 1][..., None]  # the children's interval length
         start = torch.addcmul(parents[..., START, None] + 1, self._k, span)
@@ -170,7 +175,7 @@ class DraftTrees:
         children = torch.stack([self._child_ids[step].expand(shape), parents[..., ID, None].expand(shape),
                                 tokens.to(torch.float64), depth, start, start + (span - 1), cum, rank, rank],
                                dim=-1).view(batch, runs * self.plan.branch, FIELDS)
-        self.table[:, first:stop] = children
+        self.table[:, first:stop].copy_(children)
         return children
 
     def choose(self, size: int, local: Tensor) -> Chosen:
