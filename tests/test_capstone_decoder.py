@@ -1,6 +1,7 @@
 """The capstone decoder (notebook 19) with the tiny pair on the CPU: greedy equality with the target's
-own greedy decoding, the sampled tokens' distribution, kernels against reference, rounds that never
-wait for the host, the draft tree's fixed shape, bad input."""
+own greedy decoding, the sampled tokens' distribution, kernels against reference, fused bookkeeping
+against its torch statement, rounds that never wait for the host, bad input. (The draft trees' shape
+and intervals: tests/fuzz/test_fuzz_course.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import course  # noqa: F401  (first: chooses the simulator / interpreter)
 from course.capstone import decoder
 from course.capstone.model import ModelConfig, TinyLM
 from course.capstone.text import encode
-from course.capstone.tree import DraftTrees, schedule
 from course.capstone.weights import load_pair
 from course.core import runtime
 from course.measure.stats import chi_square_p_value
@@ -201,48 +201,7 @@ def test_rounds_never_wait_for_the_host(pair, mode):
             plain.step()
 
 
-# --------------------------------------------------------------------------- the draft tree
-
-
-@pytest.mark.parametrize("steps, width, branch, mode", [(4, 2, 3, "greedy"), (3, 1, 1, "greedy"),
-                                                        (5, 3, 2, "sample"), (2, 4, 4, "sample")])
-def test_draft_tree_shape_is_fixed_and_intervals_encode_ancestry(steps, width, branch, mode):
-    plan = schedule(steps, width, branch)
-    vocab, batch = 12, 3
-    trees = DraftTrees(batch, plan, mode, vocab, "cpu")
-    trees.reset(torch.tensor([1, 2, 3]))
-    gen = torch.Generator().manual_seed(steps * 10 + width)
-    for step in range(steps):
-        ids = trees.pick(step)
-        assert ids.shape == (batch, plan.runs[step])
-        uniforms = torch.rand((batch, plan.runs[step], branch), generator=gen, dtype=torch.float64)
-        tokens, logp = trees.children(torch.randn((batch, plan.runs[step], vocab), generator=gen), ids, uniforms)
-        trees.add_children(step, trees.rows(ids), tokens, logp)
-    table = trees.table
-    for b in range(batch):
-        tree = trees.snapshot(b)
-        parents = tree["parents"]
-        assert len(parents) == plan.size and parents[0] == -1 and all(p < v for v, p in enumerate(parents))
-        for v in range(plan.size):  # a node the draft ran has exactly `branch` children
-            kids = [c for c, p in enumerate(parents) if p == v]
-            assert len(kids) == (branch if tree["run"][v] else 0)
-        start, end = table[b, :, 4].long().tolist(), table[b, :, 5].long().tolist()
-
-        def ancestors(v, parents=parents):
-            while v >= 0:
-                yield v
-                v = parents[v]
-
-        for i in range(plan.size):
-            above = set(ancestors(i))
-            for j in range(plan.size):
-                assert (start[j] <= start[i] and end[i] <= end[j]) == (j in above)
-    for size in (1, 3, plan.size):
-        chosen = trees.choose(size, torch.zeros((batch, plan.size), dtype=torch.long))
-        assert (chosen.ids[:, 0] == 0).all() and (chosen.parents[:, 0] == -1).all()
-        # a subtree: every chosen node's parent is chosen, and given as its position among ids
-        parent_ids = chosen.rows[..., 1].long()
-        assert torch.equal(chosen.ids.gather(1, chosen.parents[:, 1:]), parent_ids[:, 1:])
+# --------------------------------------------------------------------------- compaction
 
 
 def test_compaction_of_moves_rewritten_between_launches():

@@ -82,22 +82,29 @@ def prompts(batch: int = 4, chars: int = PROMPT_CHARS, seed: int = PROMPT_SEED) 
 
 
 class PhaseClock:
-    """The decoder loop's clock (`Decoder.generate(clock=...)`): a CUDA event before every phase.
-    After the generation, `phases()` gives each phase's (name, start_ms, end_ms) on the GPU from the
-    first event, where a phase ends when the next one starts."""
+    """The decoder loop's clock (`Decoder.generate(clock=...)`): a CUDA event before every phase (on
+    a CPU, the host's clock). After the generation, `phases()` gives each phase's (name, start_ms,
+    end_ms) on the device from the first mark, where a phase ends when the next one starts."""
 
-    def __init__(self):
-        self.marks: list[tuple[str, torch.cuda.Event]] = []
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.marks: list[tuple[str, object]] = []
 
     def __call__(self, phase: str) -> None:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        else:
+            event = time.perf_counter()
         self.marks.append((phase, event))
 
     def phases(self) -> list[tuple[str, float, float]]:
-        torch.cuda.synchronize()
-        first = self.marks[0][1]
-        times = [first.elapsed_time(event) for _, event in self.marks]
+        if self.cuda:
+            torch.cuda.synchronize()
+            first = self.marks[0][1]
+            times = [first.elapsed_time(event) for _, event in self.marks]
+        else:
+            times = [1e3 * (t - self.marks[0][1]) for _, t in self.marks]
         return [(name, times[i], times[i + 1]) for i, (name, _) in enumerate(self.marks[:-1])]
 
 
@@ -120,7 +127,10 @@ def phase_means(phases) -> dict[str, float]:
 
 
 def count_kernels(run) -> int | None:
-    """Kernels that run() launches (torch.profiler's CUDA activity), or None if the profiler fails."""
+    """Kernels that run() launches (torch.profiler's CUDA activity), or None without a GPU or if the
+    profiler fails."""
+    if not torch.cuda.is_available():
+        return None
     try:
         from torch.profiler import ProfilerActivity, profile
 
@@ -145,7 +155,7 @@ def _mismatch(got: list[list[int]], want: list[list[int]]) -> float:
     return wrong / max(total, 1)
 
 
-def _median_run(decoder, encoded, max_new: int, repeats: int, mode: str):
+def _median_run(decoder, encoded, max_new: int, repeats: int):
     """A warm-up generation, then the median of `repeats` (every figure of a row comes from it)."""
     decoder.generate(encoded, max_new, seed=0)
     runs = sorted((decoder.generate(encoded, max_new, seed=1 + i) for i in range(repeats)),
@@ -172,9 +182,9 @@ class Bench:
     """The measurement of one pair: the methods side by side, rows written as they come."""
 
     def __init__(self, pair, out: Path | None, budget_s: float, max_new: int = MAX_NEW, repeats: int = REPEATS,
-                 log=print):
+                 log=print, backend: str = "kernels"):
         self.pair, self.out, self.budget_s = pair, out, budget_s
-        self.max_new, self.repeats, self.log = max_new, repeats, log
+        self.max_new, self.repeats, self.log, self.backend = max_new, repeats, log, backend
         self.impl = course_impl.bench_impl()
         self.rows: list[dict] = []
         self.started = time.perf_counter()
@@ -228,7 +238,7 @@ class Bench:
         from .decoder import PlainDecoder, SpeculativeDecoder
 
         max_len = PROMPT_CHARS + self.max_new
-        options = dict(batch=batch, max_len=max_len, mode=mode, backend="kernels", impl=self.impl, graphs=graphs)
+        options = dict(batch=batch, max_len=max_len, mode=mode, backend=self.backend, impl=self.impl, graphs=graphs)
         if name == "autoregressive":
             return PlainDecoder(self.pair.target, **options)
         bs, width, branch, steps = tree
@@ -240,8 +250,8 @@ class Bench:
         t0 = time.perf_counter()
         decoder = self._build(name, batch, mode, tree)
         built_s = time.perf_counter() - t0
-        gen = _median_run(decoder, encoded, self.max_new, self.repeats, mode)
-        clock = PhaseClock()
+        gen = _median_run(decoder, encoded, self.max_new, self.repeats)
+        clock = PhaseClock(decoder.device)
         decoder.generate(encoded, self.max_new, seed=0, clock=clock)
         means = phase_means(clock.phases())
         row = dict(self.base, **settings, figure="speed", graphs=decoder.graphs, median_ms=1e3 * gen.seconds,
@@ -274,8 +284,9 @@ class Bench:
     def timeline(self, tree) -> None:
         """One round of the tree (B = 1, greedy) and plain steps, graphed and eager, phase by phase."""
         encoded = self.encoded(1)
+        lanes = (True, False) if self.pair.target.device.type == "cuda" else (False,)  # graphs need a GPU
         for name, setting in (("tree", tree), ("autoregressive", None)):
-            for graphs in (True, False):
+            for graphs in lanes:
                 if self.elapsed() > self.budget_s:
                     return
                 try:
@@ -288,19 +299,22 @@ class Bench:
 
     def _timeline(self, name, tree, graphs: bool, encoded) -> None:
         decoder = self._build(name, 1, "greedy", tree, graphs=graphs)
-        gen = decoder.generate(encoded, self.max_new)  # warm-up
-        clock = PhaseClock()
+        decoder.generate(encoded, self.max_new)  # warm-up
+        clock = PhaseClock(decoder.device)
         gen = decoder.generate(encoded, self.max_new, clock=clock)
         phases = clock.phases()
+        # The kernels of each phase, counted when they are launched one by one (the graphs run the same).
+        count = count_kernels if not graphs else (lambda run: None)
         if name == "tree":
             rounds = rounds_of(phases)
-            middle = sorted(rounds[1:-1] or rounds, key=lambda r: r[-1][2] - r[0][1])[len(rounds[1:-1] or rounds) // 2]
-            kernels = {"draft": count_kernels(decoder.draft_steps[1 if len(decoder.draft_steps) > 1 else 0]),
-                       "verify": count_kernels(decoder.verify), "commit": count_kernels(decoder.commit)}
+            inner = rounds[1:-1] or rounds  # not the first round (its tree starts the generation) nor the last
+            middle = sorted(inner, key=lambda r: r[-1][2] - r[0][1])[len(inner) // 2]  # the median round
+            kernels = {"draft": count(decoder.draft_steps[-1]), "verify": count(decoder.verify),
+                       "commit": count(decoder.commit)}
             settings = dict(zip(("tree_size", "width", "branch", "steps"), tree, strict=True))
         else:
-            middle = phases[len(phases) // 2:len(phases) // 2 + 1]
-            kernels = {"step": count_kernels(decoder.step)}
+            middle = phases[len(phases) // 2:len(phases) // 2 + 1]  # one step from the middle
+            kernels = {"step": count(decoder.step)}
             settings = {}
         origin = middle[0][1]
         want = self.plain.get((1, "greedy"))
@@ -487,6 +501,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where capstone.json (and the figure) go")
     parser.add_argument("--pair", default=PAIR, help=f"the trained pair (default {PAIR})")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole measurement")
+    parser.add_argument("--until", type=float, default=None,
+                        help="a wall-clock deadline (seconds since the epoch): the budget ends 20 s before it")
     parser.add_argument("--max-new", type=int, default=MAX_NEW, help="tokens per prompt")
     parser.add_argument("--repeats", type=int, default=REPEATS, help="timed generations per setting")
     parser.add_argument("--smoke", action="store_true",
@@ -500,9 +516,11 @@ def main(argv=None) -> int:
         return 0 if smoke(pair, args.out) else 1
     from . import figures, weights
 
+    budget = args.budget if args.until is None else min(args.budget, args.until - time.time() - 20)
+    print(f"capstone bench: pair {args.pair}, {runtime.device_name()}, budget {budget:.0f} s", flush=True)
     pair = weights.load_pair(args.pair, dtype=torch.float16)
     args.out.mkdir(parents=True, exist_ok=True)
-    Bench(pair, args.out, args.budget, args.max_new, args.repeats).run()
+    Bench(pair, args.out, budget, args.max_new, args.repeats).run()
     document = json.loads((args.out / f"{SUITE}.json").read_text())
     try:
         import matplotlib

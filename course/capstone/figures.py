@@ -4,7 +4,7 @@ beside it)."""
 
 from __future__ import annotations
 
-from course.measure.plots import BLUE, GREEN, GREY, INK, ORANGE, SKY, VERMILLION, new_ax, style_ax
+from course.measure.plots import BLUE, GREEN, GREY, INK, ORANGE, SKY, VERMILLION, legend_below, new_ax, style_ax
 
 METHODS = ("autoregressive", "chain", "tree")
 LABELS = {"autoregressive": "plain decoding", "chain": "chain (one drafted path)", "tree": "tree"}
@@ -112,16 +112,17 @@ def timeline_figure(rows: list[dict], ax=None):
         for name, start, end in phases:
             ax.barh(y, end - start, left=start, height=0.6, color=PHASE_COLORS.get(name, GREY), edgecolor="white",
                     linewidth=0.6)
-        emitted = f", {row['tokens_per_call']:.1f} tokens per sample" if row["name"] == "tree" else ", 1 token each"
-        ax.text(min(span, phases[-1][2]) + 0.01 * span, y, f"{phases[-1][2]:.2f} ms{emitted}", va="center",
-                fontsize=8, color=INK)
+        if row["name"] == "tree":
+            label = f"{phases[-1][2]:.2f} ms: {row['tokens_per_call']:.1f} tokens per sample"
+        else:
+            label = f"{len(phases)} steps of {phases[0][2]:.2f} ms: 1 token each"
+        ax.text(min(span, phases[-1][2]) + 0.01 * span, y, label, va="center", fontsize=8, color=INK)
     ax.set_yticks(range(len(lanes)), [f"{'tree round' if r['name'] == 'tree' else 'plain steps'}, "
                                       f"{'graphs' if r['graphs'] else 'eager'}" for r in lanes], fontsize=9)
     ax.invert_yaxis()
     ax.set_xlim(0, span * 1.25)
-    ax.set_xlabel("ms on the GPU (CUDA events between phases)")
-    ax.legend(handles=[Patch(color=c, label=n) for n, c in PHASE_COLORS.items()], fontsize=8, frameon=False,
-              ncol=5, loc="lower right")
+    ax.set_xlabel("ms on the device (CUDA events between phases)")
+    legend_below(ax, [Patch(color=c, label=n) for n, c in PHASE_COLORS.items()])
     style_ax(ax, "where a round's time goes", grid_axis="x")
     return ax
 
