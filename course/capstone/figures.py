@@ -7,7 +7,7 @@ from __future__ import annotations
 from course.measure.plots import BLUE, GREEN, GREY, INK, ORANGE, SKY, VERMILLION, legend_below, new_ax, style_ax
 
 METHODS = ("autoregressive", "chain", "tree")
-LABELS = {"autoregressive": "plain decoding", "chain": "chain (one drafted path)", "tree": "tree"}
+LABELS = {"autoregressive": "plain decoding", "chain": "chain", "tree": "tree"}
 COLORS = {"autoregressive": GREY, "chain": ORANGE, "tree": BLUE}
 PHASE_COLORS = {"draft": SKY, "verify": BLUE, "commit": GREEN, "wait": VERMILLION, "step": GREY}
 TARGETS = {"tree_over_plain": 2.0, "tree_over_chain": 1.2}  # B = 1, greedy
