@@ -106,8 +106,8 @@ def _generate(args) -> int:
 
     print(generate_report(args.prompt, pair=args.pair, max_new_tokens=args.max_new_tokens,
                           tree_size=args.tree_size, width=args.width, branch=args.branch, steps=args.steps,
-                          chain=args.chain, mode=args.mode, seed=args.seed, backend=args.backend, impl=args.impl,
-                          progress=not args.no_progress))
+                          chain=args.chain, mode=args.mode, seed=args.seed, backend=args.backend,
+                          impl=args.impl, progress=not args.no_progress))
     return 0
 
 

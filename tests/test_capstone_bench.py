@@ -44,7 +44,8 @@ def test_every_method_batch_and_mode_is_measured(rows):
             assert r["identical"] if r["mode"] == "greedy" else r["max_abs_err"] == 0.0
             assert r["round_ms"] == pytest.approx(r["steps"] * r["t_draft_ms"] + r["t_verify_ms"]
                                                   + r["t_commit_ms"] + r["t_wait_ms"])
-            assert r["predicted_speedup"] == pytest.approx(r["tokens_per_call"] * r["t_plain_ms"] / r["round_ms"])
+            predicted = r["tokens_per_call"] * r["t_plain_ms"] / r["round_ms"]
+            assert r["predicted_speedup"] == pytest.approx(predicted)
         if r["name"] == "chain":
             assert r["width"] == r["branch"] == 1 and r["tree_size"] == r["steps"] + 1
             assert 0 <= r["alpha"] <= 1 and 1 <= r["leviathan_tokens_per_call"] <= r["steps"] + 1

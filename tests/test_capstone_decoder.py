@@ -121,8 +121,8 @@ def test_sampling_kernels_agree_with_reference(pair):
 # --------------------------------------------------------------------------- fused bookkeeping
 
 
-STATE = ("prefix", "prefix32", "root", "n_out", "done", "out", "counter", "status", "lag", "lag_token", "chosen",
-         "v_parents", "v_tokens", "d_kv_start", "d_kv_end", "local")
+STATE = ("prefix", "prefix32", "root", "n_out", "done", "out", "counter", "status", "lag", "lag_token",
+         "chosen", "v_parents", "v_tokens", "d_kv_start", "d_kv_end", "local")
 
 
 @pytest.mark.parametrize("mode", ["greedy", "sample"])
@@ -130,8 +130,9 @@ def test_fused_bookkeeping_equals_its_torch_statement(pair, mode):
     """Round by round, every buffer the bookkeeping writes is the same whether the Triton kernels
     (course.capstone.kernels) or the torch statement wrote it (same attention: the reference's)."""
     prompts = [encode(PROMPTS[0]), encode(PROMPTS[2])]
-    built = {book: decoder.SpeculativeDecoder(pair.target, pair.draft, batch=2, max_len=40, tree_size=5, width=2,
-                                              branch=3, steps=3, mode=mode, backend="reference", bookkeeping=book)
+    built = {book: decoder.SpeculativeDecoder(pair.target, pair.draft, batch=2, max_len=40, tree_size=5,
+                                              width=2, branch=3, steps=3, mode=mode, backend="reference",
+                                              bookkeeping=book)
              for book in ("torch", "fused")}
     for one in built.values():
         one._prefill_all(prompts)
@@ -178,7 +179,8 @@ class NoHostWaits(TorchDispatchMode):
 
 def test_the_detector_sees_what_waits():
     x = torch.arange(4)
-    for wait in (lambda: x.sum().item(), lambda: x[x > 1], lambda: torch.tensor([1, 2]), lambda: bool(x.any())):
+    for wait in (lambda: x.sum().item(), lambda: x[x > 1], lambda: torch.tensor([1, 2]),
+                 lambda: bool(x.any())):
         with pytest.raises(AssertionError, match="waits for the host"), NoHostWaits():
             wait()
 
@@ -245,7 +247,8 @@ def test_bad_input(pair):
     with pytest.raises(ValueError, match="width = 5 must be <= tree_size = 4"):
         decoder.speculative(t, d, [encode("a")], 4, tree_size=4, width=5, backend="reference")
     with pytest.raises(ValueError, match="tree_size = 9 is more than the 5 nodes"):
-        decoder.speculative(t, d, [encode("a")], 4, tree_size=9, width=1, branch=1, steps=4, backend="reference")
+        decoder.speculative(t, d, [encode("a")], 4, tree_size=9, width=1, branch=1, steps=4,
+                            backend="reference")
     with pytest.raises(ValueError, match="steps = 40 with branch = 4"):
         decoder.settings(tree_size=8, width=2, steps=40)
     with pytest.raises(ValueError, match="mode must be one of"):

@@ -58,10 +58,10 @@ BATCHES = (1, 4)
 MAX_NEW = 256
 PROMPT_CHARS = 48
 REPEATS = 5
-CHAINS = (3, 4, 5, 6, 8)  # k drafted tokens
+CHAINS = (3, 4, 5, 6, 8, 10)  # k drafted tokens
 # (tree_size, width, branch, steps): nodes verified, nodes drafted per step, children per node, steps
 TREES = ((8, 2, 4, 4), (12, 2, 4, 5), (16, 2, 4, 6), (16, 4, 4, 5), (24, 4, 4, 6), (32, 4, 4, 7),
-         (24, 3, 3, 7))
+         (32, 4, 4, 8), (48, 4, 4, 8), (24, 3, 3, 8), (32, 2, 2, 10))
 DEFAULT_TREE = (16, 2, 4, 6)  # `python -m course generate` and notebook 19
 DEFAULT_CHAIN = 5
 PROMPT_SEED = 7  # held-out text: training used seed 1, the held-out loss seed 2
@@ -181,8 +181,8 @@ def leviathan_tokens(alpha: float, k: int) -> float:
 class Bench:
     """The measurement of one pair: the methods side by side, rows written as they come."""
 
-    def __init__(self, pair, out: Path | None, budget_s: float, max_new: int = MAX_NEW, repeats: int = REPEATS,
-                 log=print, backend: str = "kernels"):
+    def __init__(self, pair, out: Path | None, budget_s: float, max_new: int = MAX_NEW,
+                 repeats: int = REPEATS, log=print, backend: str = "kernels"):
         self.pair, self.out, self.budget_s = pair, out, budget_s
         self.max_new, self.repeats, self.log, self.backend = max_new, repeats, log, backend
         self.impl = course_impl.bench_impl()
@@ -225,7 +225,8 @@ class Bench:
         if tree is not None:
             settings.update(zip(("tree_size", "width", "branch", "steps"), tree, strict=True))
         if self.elapsed() > self.budget_s:
-            return self._failed(settings, f"not measured: the bench's time budget ({self.budget_s:.0f} s) was spent")
+            return self._failed(settings,
+                                f"not measured: the bench's time budget ({self.budget_s:.0f} s) was spent")
         try:
             return self._measure(settings, name, batch, mode, tree)
         except Exception as error:  # one setting's failure must not lose the others
@@ -238,7 +239,8 @@ class Bench:
         from .decoder import PlainDecoder, SpeculativeDecoder
 
         max_len = PROMPT_CHARS + self.max_new
-        options = dict(batch=batch, max_len=max_len, mode=mode, backend=self.backend, impl=self.impl, graphs=graphs)
+        options = dict(batch=batch, max_len=max_len, mode=mode, backend=self.backend, impl=self.impl,
+                       graphs=graphs)
         if name == "autoregressive":
             return PlainDecoder(self.pair.target, **options)
         bs, width, branch, steps = tree
@@ -273,7 +275,8 @@ class Bench:
             row.update(speedup=gen.tokens_per_s / p["tokens_per_s"], t_plain_ms=p["t_plain_ms"],
                        predicted_speedup=gen.tokens_per_call * p["t_plain_ms"] / round_ms)
         if mode == "greedy" and plain is not None:
-            row.update(max_abs_err=_mismatch(gen.tokens, plain["tokens"]), identical=gen.tokens == plain["tokens"])
+            row.update(max_abs_err=_mismatch(gen.tokens, plain["tokens"]),
+                       identical=gen.tokens == plain["tokens"])
         else:
             row["max_abs_err"] = 0.0
         if name == "chain":
@@ -307,7 +310,7 @@ class Bench:
         count = count_kernels if not graphs else (lambda run: None)
         if name == "tree":
             rounds = rounds_of(phases)
-            inner = rounds[1:-1] or rounds  # not the first round (its tree starts the generation) nor the last
+            inner = rounds[1:-1] or rounds  # not the first round (the generation's start) nor the last
             middle = sorted(inner, key=lambda r: r[-1][2] - r[0][1])[len(inner) // 2]  # the median round
             kernels = {"draft": count(decoder.draft_steps[-1]), "verify": count(decoder.verify),
                        "commit": count(decoder.commit)}
@@ -367,9 +370,11 @@ def section_of(row: dict) -> str:
 
 
 def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | None = None,
-                    tree_size: int = DEFAULT_TREE[0], width: int = DEFAULT_TREE[1], branch: int = DEFAULT_TREE[2],
+                    tree_size: int = DEFAULT_TREE[0], width: int = DEFAULT_TREE[1],
+                    branch: int = DEFAULT_TREE[2],
                     steps: int | None = DEFAULT_TREE[3], chain: int = DEFAULT_CHAIN, mode: str = "greedy",
-                    seed: int = 0, backend: str = "kernels", impl: str | None = None, progress: bool = True) -> str:
+                    seed: int = 0, backend: str = "kernels", impl: str | None = None,
+                    progress: bool = True) -> str:
     """What `python -m course generate` prints: each prompt and its continuation, then tokens/s of
     plain decoding, chain speculative decoding (`chain` drafted tokens) and tree speculative decoding
     of the same prompts, their speed-ups and tokens per target call. Pair "medium" (fp16) on a GPU,
@@ -396,8 +401,8 @@ def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | Non
     try:
         decoders = {"plain": PlainDecoder(loaded.target, **options)}
         for label, s in (("chain", chain_settings), ("tree", tree)):
-            decoders[label] = SpeculativeDecoder(loaded.target, loaded.draft, tree_size=s.tree_size, width=s.width,
-                                                 branch=s.branch, steps=s.steps, **options)
+            decoders[label] = SpeculativeDecoder(loaded.target, loaded.draft, tree_size=s.tree_size,
+                                                 width=s.width, branch=s.branch, steps=s.steps, **options)
         runs = {}
         for label, built in decoders.items():
             if runtime.on_gpu():
@@ -420,14 +425,15 @@ def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | Non
     for label, run in runs.items():
         line = f"{labels[label]:42s} {run.tokens_per_s:9.1f} tokens/s"
         if label != "plain":
-            line += (f"  {run.tokens_per_s / plain.tokens_per_s:5.2f}x plain, {run.accepted_per_call:.2f} draft "
-                     f"tokens accepted per target call ({run.tokens_per_call:.2f} tokens per call)")
+            line += (f"  {run.tokens_per_s / plain.tokens_per_s:5.2f}x plain, "
+                     f"{run.accepted_per_call:.2f} draft tokens accepted per target call "
+                     f"({run.tokens_per_call:.2f} tokens per call)")
         lines.append(line)
     if mode == "greedy":
         same = all(run.tokens == plain.tokens for run in runs.values())
         lines.append(f"greedy outputs identical: {same}")
     if not runtime.on_gpu():
-        lines.append("(simulator: these speeds are the interpreter's, not a GPU's; see results/h100/capstone.json)")
+        lines.append("(simulator: these speeds are the CPU's, not a GPU's; see results/h100/capstone.json)")
     return "\n".join(lines)
 
 
@@ -447,11 +453,13 @@ def smoke(pair_name: str = "small", out: Path | None = None, log=print) -> bool:
     checks, report = [], {}
 
     def build(kind, graphs, mode="greedy", tree=(8, 2, 4, 4)):
-        options = dict(batch=2, max_len=PROMPT_CHARS + new, mode=mode, backend="kernels", impl=impl, graphs=graphs)
+        options = dict(batch=2, max_len=PROMPT_CHARS + new, mode=mode, backend="kernels", impl=impl,
+                       graphs=graphs)
         if kind == "plain":
             return PlainDecoder(pair.target, **options)
         bs, w, k, s = tree
-        return SpeculativeDecoder(pair.target, pair.draft, tree_size=bs, width=w, branch=k, steps=s, **options)
+        return SpeculativeDecoder(pair.target, pair.draft, tree_size=bs, width=w, branch=k, steps=s,
+                                  **options)
 
     cases = [("plain", "greedy", None), ("tree", "greedy", (8, 2, 4, 4)), ("chain", "greedy", (5, 1, 1, 4)),
              ("tree", "sample", (8, 2, 4, 4)), ("plain", "sample", None)]
@@ -489,7 +497,8 @@ def smoke(pair_name: str = "small", out: Path | None = None, log=print) -> bool:
     log(f"smoke {'passed' if ok else 'FAILED'} ({runtime.device_name()}, pair {pair_name}, impl {impl})")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "capstone_smoke.json").write_text(json.dumps(dict(ok=ok, pair=pair_name, cases=report), indent=1))
+        (out / "capstone_smoke.json").write_text(json.dumps(dict(ok=ok, pair=pair_name, cases=report),
+                                                            indent=1))
     return ok
 
 
@@ -502,7 +511,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pair", default=PAIR, help=f"the trained pair (default {PAIR})")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole measurement")
     parser.add_argument("--until", type=float, default=None,
-                        help="a wall-clock deadline (seconds since the epoch): the budget ends 20 s before it")
+                        help="a wall-clock deadline (seconds since the epoch): the budget ends 20 s before")
     parser.add_argument("--max-new", type=int, default=MAX_NEW, help="tokens per prompt")
     parser.add_argument("--repeats", type=int, default=REPEATS, help="timed generations per setting")
     parser.add_argument("--smoke", action="store_true",

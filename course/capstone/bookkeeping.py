@@ -103,7 +103,8 @@ class TorchBookkeeping:
                               path_tokens.roll(-1, dims=1))
         valid = (d.slots <= accepted[:, None]) & active[:, None]
         scratch = d.out.shape[1] - 1
-        d.out.scatter_(1, torch.where(valid, (d.n_out[:, None] + d.slots).clamp(max=scratch), scratch), emitted)
+        d.out.scatter_(1, torch.where(valid, (d.n_out[:, None] + d.slots).clamp(max=scratch), scratch),
+                       emitted)
         hit_eos = (valid & (emitted == d.eos)).any(dim=1)
         step = (accepted + 1) * active
         d.n_out.add_(step)
@@ -162,10 +163,11 @@ class FusedBookkeeping:
         d = self.d
         plan = d.plan
         kernels.add_children_kernel[(d.batch, plan.runs[step])](
-            d.tree.table, d.prefix, d.step_inputs[step].ids, tokens.contiguous(), logp.contiguous(), d.d_kv_start,
+            d.tree.table, d.prefix, d.step_inputs[step].ids, tokens.contiguous(), logp.contiguous(),
+            d.d_kv_start,
             d.d_kv_end, d.tree.spans, d.d_kv_start.shape[1], plan.block(step)[0], RUNS=plan.runs[step],
-            BRANCH=plan.branch, GREEDY=d.mode == "greedy", EPS_=kernels.EPS, BLOCK_K=kernels.block(plan.branch),
-            **self._tree_args())
+            BRANCH=plan.branch, GREEDY=d.mode == "greedy", EPS_=kernels.EPS,
+            BLOCK_K=kernels.block(plan.branch), **self._tree_args())
 
     def choose(self) -> None:
         d = self.d
@@ -184,9 +186,10 @@ class FusedBookkeeping:
         d_src, d_dst, d_counts, _ = d.moves["draft"]
         rounds = d.uniforms.shape[0] if d.uniforms is not None else 1
         kernels.commit_kernel[(d.batch,)](
-            d.path, d.next_token, d.chosen, d.tree.table, d.prefix, d.prefix32, d.root, d.n_out, d.done, d.limit,
-            d.eos, d.out, d.lag, d.lag_token, d.status, d.counter, t_src, t_dst, t_counts, d_src, d_dst, d_counts,
-            d.d_kv_start, d.d_kv_end, d.batch, d.out.shape[1], d.d_kv_start.shape[1], rounds - 1,
+            d.path, d.next_token, d.chosen, d.tree.table, d.prefix, d.prefix32, d.root, d.n_out, d.done,
+            d.limit,
+            d.eos, d.out, d.lag, d.lag_token, d.status, d.counter, t_src, t_dst, t_counts, d_src, d_dst,
+            d_counts, d.d_kv_start, d.d_kv_end, d.batch, d.out.shape[1], d.d_kv_start.shape[1], rounds - 1,
             d.plan.spans[0] - 1, N=n, COUNT=d.uniforms is not None, BLOCK_N=kernels.block(n),
             **self._tree_args())
 
@@ -195,9 +198,9 @@ class FusedBookkeeping:
         vocab = logits.shape[-1]
         steps = d.uniforms.shape[0] if d.uniforms is not None else 1
         kernels.plain_advance_kernel[(d.batch,)](
-            logits.contiguous(), token if token is not None else d.root, d.prefix, d.prefix32, d.root, d.n_out,
-            d.done, d.limit, d.eos, d.out, d.counter, d.out.shape[1], steps - 1, V=vocab, GREEDY=token is None,
-            BLOCK_V=kernels.block(vocab))
+            logits.contiguous(), token if token is not None else d.root, d.prefix, d.prefix32, d.root,
+            d.n_out, d.done, d.limit, d.eos, d.out, d.counter, d.out.shape[1], steps - 1, V=vocab,
+            GREEDY=token is None, BLOCK_V=kernels.block(vocab))
 
 
 def make_bookkeeping(name: str, decoder):

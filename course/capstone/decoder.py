@@ -150,8 +150,8 @@ def _check_pair(target, draft):
     _check_model(target, "target")
     _check_model(draft, "draft")
     if target.config.vocab_size != draft.config.vocab_size:
-        raise ValueError(f"draft must share the target's vocabulary: the target has {target.config.vocab_size} "
-                         f"tokens, the draft {draft.config.vocab_size}")
+        raise ValueError(f"draft must share the target's vocabulary: the target has "
+                         f"{target.config.vocab_size} tokens, the draft {draft.config.vocab_size}")
     if target.device != draft.device:
         raise ValueError(f"draft must be on the target's device {target.device}, got {draft.device}")
     if target.dtype != draft.dtype:
@@ -417,7 +417,8 @@ class Decoder:
                 row = row[:row.index(eos) + 1]
             tokens.append(row)
         target_calls, draft_calls = calls
-        return Generation(tokens, t2 - t1, t1 - t0, target_calls, draft_calls, accepted, self.mode, self.method)
+        return Generation(tokens, t2 - t1, t1 - t0, target_calls, draft_calls, accepted, self.mode,
+                          self.method)
 
     def _prefill_all(self, prompts) -> None:
         self._prefill(self.target, self.t_cache, prompts)
@@ -488,8 +489,8 @@ class SpeculativeDecoder(Decoder):
         # The last round may overshoot by tree_size tokens; the draft's tree sits after the prefix.
         extra = cfg.tree_size + plan.size
         if max_len + extra > draft.config.max_positions:
-            raise ValueError(f"max_len = {max_len}: with the rows a round may add ({extra}) a sequence reaches "
-                             f"position {max_len + extra}, more than the draft's max_positions = "
+            raise ValueError(f"max_len = {max_len}: with the rows a round may add ({extra}) a sequence "
+                             f"reaches position {max_len + extra}, more than the draft's max_positions = "
                              f"{draft.config.max_positions}")
         super().__init__(target, batch=batch, max_len=max_len, mode=mode, backend=backend, impl=impl,
                          graphs=graphs, bookkeeping=bookkeeping, extra_rows=extra)
@@ -529,8 +530,8 @@ class SpeculativeDecoder(Decoder):
             if width not in workspaces:
                 workspaces[width] = self.draft.workspace(self.batch, width)
             own = self._index(width, self.d_cache, tree_len=plan.before[step])
-            index = TreeIndex(own.q_start, own.q_end, self.d_kv_start, self.d_kv_end, own.prefix, own.tree_len,
-                              own.counts)
+            index = TreeIndex(own.q_start, own.q_end, self.d_kv_start, self.d_kv_end, own.prefix,
+                              own.tree_len, own.counts)
             self._d_attend.append(self.ops.tree_attention(self.draft, self.d_cache, workspaces[width], index))
             if step == 0:  # after the launchers' checks, which want the times of a real tree
                 index.q_start[:, 0] = -1
@@ -563,21 +564,23 @@ class SpeculativeDecoder(Decoder):
         self.path, self.next_token = self.verifier()  # its output buffers: the same on every call
         self.moves = {}
         for name, cache in (("target", self.t_cache), ("draft", self.d_cache)):
-            src, dst, counts = torch.zeros((B, bs), **int32), torch.zeros((B, bs), **int32), torch.zeros(B, **int32)
+            src, dst = torch.zeros((B, bs), **int32), torch.zeros((B, bs), **int32)
+            counts = torch.zeros(B, **int32)
             self.moves[name] = (src, dst, counts, self.ops.compactor(cache, src, dst, counts))
 
     def built_for(self) -> dict:
         s = self.settings
-        return {"tree_size": s.tree_size, "width": s.width, "branch": s.branch, "steps": s.steps, "mode": s.mode}
+        return {"tree_size": s.tree_size, "width": s.width, "branch": s.branch, "steps": s.steps,
+                "mode": s.mode}
 
     # ------------------------------------------------------------------ the phases of a round
 
     def _draft_step(self, step: int) -> None:
         self.book.draft_inputs(step)
         inputs = self.step_inputs[step]
-        logits = self.draft.step(inputs.tokens, inputs.positions, self.d_cache, inputs.rows, self._d_attend[step],
-                                 workspace=self._d_workspace[step], validate=False, padding=False,
-                                 float_logits=False)
+        attend, workspace = self._d_attend[step], self._d_workspace[step]
+        logits = self.draft.step(inputs.tokens, inputs.positions, self.d_cache, inputs.rows, attend,
+                                 workspace=workspace, validate=False, padding=False, float_logits=False)
         if step == 0:
             logits = logits[:, 1:]  # the lag token's logits are not needed: its children were verified
         uniforms = None
@@ -591,7 +594,8 @@ class SpeculativeDecoder(Decoder):
         self.book.choose()
         inputs = self.t_inputs
         logits = self.target.step(inputs.tokens, inputs.positions, self.t_cache, inputs.rows, self.t_attend,
-                                  workspace=self.t_workspace, validate=False, padding=False, float_logits=False)
+                                  workspace=self.t_workspace, validate=False, padding=False,
+                                  float_logits=False)
         if self.mode == "greedy":
             self.v_best.copy_(logits.argmax(dim=-1))
         else:
@@ -680,7 +684,8 @@ def _max_len(prompts, max_new_tokens: int) -> int:
 @torch.no_grad()
 def autoregressive(target, prompts, max_new_tokens: int, *, mode: str = "greedy", seed: int = 0,
                    backend: str = "kernels", impl: str | None = None, eos: int | None = None,
-                   progress: bool = False, graphs: bool | None = None, bookkeeping: str | None = None) -> Generation:
+                   progress: bool = False, graphs: bool | None = None,
+                   bookkeeping: str | None = None) -> Generation:
     """Plain decoding of a batch of prompts with the target alone (see `PlainDecoder`); builds a
     decoder for this call. To time many calls, build a PlainDecoder once."""
     _check_model(target, "target")
@@ -716,7 +721,8 @@ def speculative(target, draft, prompts, max_new_tokens: int, *, tree_size: int =
     prompts = check_prompts(prompts, target.config.vocab_size)
     decoder = SpeculativeDecoder(target, draft, batch=len(prompts), max_len=_max_len(prompts, max_new_tokens),
                                  tree_size=cfg.tree_size, width=cfg.width, branch=cfg.branch, steps=cfg.steps,
-                                 mode=mode, backend=backend, impl=impl, graphs=graphs, bookkeeping=bookkeeping)
+                                 mode=mode, backend=backend, impl=impl, graphs=graphs,
+                                 bookkeeping=bookkeeping)
     return decoder.generate(prompts, max_new_tokens, seed=seed, eos=eos, progress=progress, trace=trace)
 
 

@@ -158,8 +158,8 @@ def choose_kernel(table, prefix, local, chosen, tokens, positions, rows, q_start
 
 @triton.jit
 def commit_kernel(path, next_token, chosen, table, prefix, prefix32, root, n_out, done, limit, eos, out, lag,
-                  lag_token, status, counter, t_src, t_dst, t_counts, d_src, d_dst, d_counts, kv_start, kv_end,
-                  batch, out_width, kv_width, last_round, span0, SIZE: tl.constexpr, N: tl.constexpr,
+                  lag_token, status, counter, t_src, t_dst, t_counts, d_src, d_dst, d_counts, kv_start,
+                  kv_end, batch, out_width, kv_width, last_round, span0, SIZE: tl.constexpr, N: tl.constexpr,
                   FIELDS_: tl.constexpr, COUNT: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per sample: after verification, the moves of the accepted path's KV in both
     caches (the compaction kernels run next), the emitted tokens, the state of the next round and
@@ -225,8 +225,8 @@ def commit_kernel(path, next_token, chosen, table, prefix, prefix32, root, n_out
 
 
 @triton.jit
-def plain_advance_kernel(logits, token, prefix, prefix32, root, n_out, done, limit, eos, out, counter, out_width,
-                         last_step, V: tl.constexpr, GREEDY: tl.constexpr, BLOCK_V: tl.constexpr):
+def plain_advance_kernel(logits, token, prefix, prefix32, root, n_out, done, limit, eos, out, counter,
+                         out_width, last_step, V: tl.constexpr, GREEDY: tl.constexpr, BLOCK_V: tl.constexpr):
     """One program per sample: plain decoding's step after the target pass: the argmax (greedy) or
     the token drawn beforehand (sample), emitted, and the state advanced (statement:
     `TorchBookkeeping.advance`)."""
@@ -259,7 +259,8 @@ def plain_advance_kernel(logits, token, prefix, prefix32, root, n_out, done, lim
             tl.store(counter, tl.minimum(steps + 1, last_step))
 
 
-interpreter.prepare(draft_inputs_kernel, add_children_kernel, choose_kernel, commit_kernel, plain_advance_kernel)
+interpreter.prepare(draft_inputs_kernel, add_children_kernel, choose_kernel, commit_kernel,
+                    plain_advance_kernel)
 
 
 def block(n: int) -> int:
