@@ -73,3 +73,13 @@ def test_figures_and_summary_draw_from_the_rows(rows, tmp_path):
         plt.close(fig)
     text = figures.summary(document)
     assert "x plain decoding at B = 1, greedy" in text and "formula: tau" in text
+
+
+def test_the_gpu_run_refuses_the_simulator(tmp_path, capsys):
+    from course.capstone import gpu_run
+
+    if not runtime.SIMULATOR:
+        pytest.skip("on a GPU this would measure")
+    assert gpu_run.main(["--out", str(tmp_path)]) == 2
+    assert gpu_run.main(["--out", str(tmp_path), "--smoke"]) == 2
+    assert "needs a GPU" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """The capstone's measurements: `python -m course bench capstone` on a GPU writes
-results/<device>/capstone.json (its figure: `python -m course figures capstone`);
-`python -m course.capstone.bench --out DIR` writes the same file into DIR, one row at a time, and
-`--smoke` checks the graphed decoders on a GPU in a minute (see `main`).
+results/<device>/capstone.json (its figures: `python -m course figures capstone`);
+`python -m course.capstone.gpu_run --out DIR` (what tools/gpu_capstone.sh runs) writes the same
+file into DIR, one row at a time, within a deadline.
 
 The medium pair (`weights.load_pair("medium")`: a 12-layer target, a 1-layer draft), in float16,
 decodes held-out prompts (`prompts`) for MAX_NEW tokens each with the course's kernels (solutions/;
@@ -41,9 +41,7 @@ without graphs ("before": every kernel launched from Python), each phase's start
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -435,114 +433,3 @@ def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | Non
     if not runtime.on_gpu():
         lines.append("(simulator: these speeds are the CPU's, not a GPU's; see results/h100/capstone.json)")
     return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- the GPU run's command line
-
-
-def smoke(pair_name: str = "small", out: Path | None = None, log=print) -> bool:
-    """A minute on a GPU: graphed decoders capture and replay, and emit what the eager ones do and
-    what plain greedy decoding does; a few timings. True if every check passed."""
-    from . import weights
-    from .decoder import PlainDecoder, SpeculativeDecoder
-
-    pair = weights.load_pair(pair_name, dtype=torch.float16)
-    encoded = Bench(pair, None, 0).encoded(2)
-    impl = course_impl.bench_impl()
-    new = 24
-    checks, report = [], {}
-
-    def build(kind, graphs, mode="greedy", tree=(8, 2, 4, 4)):
-        options = dict(batch=2, max_len=PROMPT_CHARS + new, mode=mode, backend="kernels", impl=impl,
-                       graphs=graphs)
-        if kind == "plain":
-            return PlainDecoder(pair.target, **options)
-        bs, w, k, s = tree
-        return SpeculativeDecoder(pair.target, pair.draft, tree_size=bs, width=w, branch=k, steps=s,
-                                  **options)
-
-    cases = [("plain", "greedy", None), ("tree", "greedy", (8, 2, 4, 4)), ("chain", "greedy", (5, 1, 1, 4)),
-             ("tree", "sample", (8, 2, 4, 4)), ("plain", "sample", None)]
-    plain_tokens = None
-    for kind, mode, tree in cases:
-        try:
-            t0 = time.perf_counter()
-            eager = build(kind, False, mode, tree).generate(encoded, new, seed=3)
-            t1 = time.perf_counter()
-            graphed = build(kind, True, mode, tree)
-            t2 = time.perf_counter()
-            first = graphed.generate(encoded, new, seed=3)
-            again = graphed.generate(encoded, new, seed=3)
-            same = first.tokens == eager.tokens == again.tokens
-            if kind == "plain" and mode == "greedy":
-                plain_tokens = first.tokens
-            as_plain = mode != "greedy" or first.tokens == plain_tokens
-            checks.append(same and as_plain)
-            report[f"{kind} {mode}"] = dict(graphed_equals_eager=same, equals_plain_greedy=as_plain,
-                                            eager_s=t1 - t0, build_s=t2 - t1, graphed_s=again.seconds,
-                                            eager_tokens_per_s=eager.tokens_per_s,
-                                            graphed_tokens_per_s=again.tokens_per_s,
-                                            tokens_per_call=again.tokens_per_call)
-            log(f"{kind:6s} {mode:6s} graphed == eager: {same}, == plain greedy: {as_plain}; "
-                f"{eager.tokens_per_s:8.1f} tokens/s eager, {again.tokens_per_s:8.1f} graphed "
-                f"(capture {t2 - t1:.1f} s), {again.tokens_per_call:.2f} tokens per call")
-        except Exception as error:
-            import traceback
-
-            traceback.print_exc()
-            checks.append(False)
-            report[f"{kind} {mode}"] = dict(error=f"{type(error).__name__}: {error}")
-            log(f"{kind} {mode}: FAILED {type(error).__name__}: {error}")
-    ok = all(checks)
-    log(f"smoke {'passed' if ok else 'FAILED'} ({runtime.device_name()}, pair {pair_name}, impl {impl})")
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "capstone_smoke.json").write_text(json.dumps(dict(ok=ok, pair=pair_name, cases=report),
-                                                            indent=1))
-    return ok
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m course.capstone.bench",
-        description="The capstone's side-by-side measurement on a GPU (plain, chain and tree decoding at "
-                    "B = 1 and 4, greedy and sampling), written row by row into DIR/capstone.json.")
-    parser.add_argument("--out", type=Path, required=True, help="where capstone.json (and the figure) go")
-    parser.add_argument("--pair", default=PAIR, help=f"the trained pair (default {PAIR})")
-    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole measurement")
-    parser.add_argument("--until", type=float, default=None,
-                        help="a wall-clock deadline (seconds since the epoch): the budget ends 20 s before")
-    parser.add_argument("--max-new", type=int, default=MAX_NEW, help="tokens per prompt")
-    parser.add_argument("--repeats", type=int, default=REPEATS, help="timed generations per setting")
-    parser.add_argument("--smoke", action="store_true",
-                        help="instead, a one-minute check of the graphed decoders (default pair: small)")
-    args = parser.parse_args(argv)
-    if runtime.SIMULATOR:
-        print("the capstone bench measures a GPU; this machine runs the simulator", file=sys.stderr)
-        return 2
-    if args.smoke:
-        pair = args.pair if args.pair != PAIR else "small"
-        return 0 if smoke(pair, args.out) else 1
-    from . import figures, weights
-
-    budget = args.budget if args.until is None else min(args.budget, args.until - time.time() - 20)
-    print(f"capstone bench: pair {args.pair}, {runtime.device_name()}, budget {budget:.0f} s", flush=True)
-    pair = weights.load_pair(args.pair, dtype=torch.float16)
-    args.out.mkdir(parents=True, exist_ok=True)
-    Bench(pair, args.out, budget, args.max_new, args.repeats).run()
-    document = json.loads((args.out / f"{SUITE}.json").read_text())
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        fig = figures.measured_figure(document)
-        fig.savefig(args.out / f"{SUITE}.png", dpi=120, bbox_inches="tight")
-        print(f"wrote {args.out / f'{SUITE}.png'}")
-    except Exception as error:  # the JSON is what matters; the figure can be drawn later
-        print(f"figure failed: {error}", file=sys.stderr)
-    print(figures.summary(document))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

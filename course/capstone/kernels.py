@@ -9,9 +9,9 @@ statement of it in `course.capstone.bookkeeping.TorchBookkeeping`, and giving th
 tests compare them): the draws and top-k picks themselves stay in torch, so that both statements
 take identical numbers; what is fused is integer and float64-addition arithmetic, which is exact.
 
-Flags (finished, lag) are torch.bool tensors, read and written here as int1. Every kernel loads all
-it needs before its first store, with a barrier between, so that no thread of a program overwrites
-what another thread has still to read.
+Flags (finished, lag) are torch.bool tensors (Triton reads them as u1; loads are compared with 0).
+Every kernel loads all it needs before its first store, with a barrier between, so that no thread
+of a program overwrites what another thread has still to read.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def draft_inputs_kernel(table, prefix, lag, lag_token, root, tokens, positions, 
     here = tl.load(prefix + b)
     base = table + b * SIZE * FIELDS_
     if FIRST:
-        has_lag = tl.load(lag + b)
+        has_lag = tl.load(lag + b) != 0
         lag_tok = tl.load(lag_token + b)
         root_tok = tl.load(root + b)
         tl.debug_barrier()
