@@ -62,13 +62,14 @@ def test_greedy_reference_equals_target_greedy(pair, tree_size, width, branch, s
     assert got.draft_calls == got.target_calls * decoder.settings(tree_size, width, branch, steps).steps
 
 
-def test_eos_and_lengths(pair):
+@pytest.mark.parametrize("bookkeeping", ["torch", "fused"])
+def test_eos_and_lengths(pair, bookkeeping):
     prompts = [encode("The"), encode("12 + 7 = ")]
     free = decoder.speculative(pair.target, pair.draft, prompts, 10, backend="reference")
     eos = free.tokens[0][3]
     for method in (lambda **kw: decoder.speculative(pair.target, pair.draft, prompts, 10, **kw),
                    lambda **kw: decoder.autoregressive(pair.target, prompts, 10, **kw)):
-        stopped = method(backend="reference", eos=eos)
+        stopped = method(backend="reference", eos=eos, bookkeeping=bookkeeping)
         for full, cut in zip(free.tokens, stopped.tokens, strict=True):
             end = full.index(eos) + 1 if eos in full else len(full)
             assert cut == full[:end]

@@ -26,8 +26,8 @@ from .tree import CUM, DEPTH, END, EPS, FIELDS, ID, OPEN, PARENT, RANK, START, T
 
 @triton.jit
 def draft_inputs_kernel(table, prefix, lag, lag_token, root, tokens, positions, rows, q_start, q_end, ids,
-                        scratch_row, BEFORE, SIZE: tl.constexpr, RUNS: tl.constexpr, WIDTH: tl.constexpr,
-                        FIRST: tl.constexpr, FIELDS_: tl.constexpr, BLOCK: tl.constexpr):
+                        scratch_row, BEFORE, SIZE, RUNS, WIDTH, FIRST: tl.constexpr, FIELDS_: tl.constexpr,
+                        BLOCK: tl.constexpr):
     """One program per sample: the queries of one draft step. FIRST: slot 0 the lag token (the last
     accepted node, if the draft has not run it; else a padding slot writing the scratch row), slot 1
     the root. Otherwise the RUNS best nodes not yet run (largest OPEN), marked as run."""
@@ -50,7 +50,7 @@ def draft_inputs_kernel(table, prefix, lag, lag_token, root, tokens, positions, 
     else:
         offs = tl.arange(0, BLOCK)
         frontier = tl.load(base + offs * FIELDS_ + OPEN, mask=offs < BEFORE, other=float("-inf"))
-        for r in tl.static_range(RUNS):
+        for r in range(RUNS):
             best = tl.argmax(frontier, axis=0, tie_break_left=True)
             node = base + best * FIELDS_
             token = tl.load(node + TOKEN).to(tl.int64)
@@ -69,8 +69,8 @@ def draft_inputs_kernel(table, prefix, lag, lag_token, root, tokens, positions, 
 
 @triton.jit
 def add_children_kernel(table, prefix, ids, picks, logp, kv_start, kv_end, spans, kv_width, first_child,
-                        SIZE: tl.constexpr, RUNS: tl.constexpr, BRANCH: tl.constexpr, GREEDY: tl.constexpr,
-                        FIELDS_: tl.constexpr, EPS_: tl.constexpr, BLOCK_K: tl.constexpr):
+                        SIZE, RUNS, BRANCH, GREEDY: tl.constexpr, FIELDS_: tl.constexpr, EPS_: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
     """One program per (sample, run node): its BRANCH children (tokens `picks`, draft log-probabilities
     `logp`) at their fixed ids, with depth, interval, cumulative log-probability and rank, and their
     intervals at their draft cache rows (the statement: `TorchBookkeeping.add_children`)."""
@@ -115,8 +115,8 @@ def add_children_kernel(table, prefix, ids, picks, logp, kv_start, kv_end, spans
 
 @triton.jit
 def choose_kernel(table, prefix, local, chosen, tokens, positions, rows, q_start, q_end, kv_start, kv_end,
-                  v_parents, v_tokens, kv_width, SIZE: tl.constexpr, N: tl.constexpr, FIELDS_: tl.constexpr,
-                  BLOCK: tl.constexpr, BLOCK_N: tl.constexpr):
+                  v_parents, v_tokens, kv_width, SIZE, N, FIELDS_: tl.constexpr, BLOCK: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
     """One program per sample: the N nodes of largest RANK in ascending id order (a subtree holding
     the root), and everything the target pass and the verification read about them."""
     b = tl.program_id(0)
@@ -159,8 +159,8 @@ def choose_kernel(table, prefix, local, chosen, tokens, positions, rows, q_start
 @triton.jit
 def commit_kernel(path, next_token, chosen, table, prefix, prefix32, root, n_out, done, limit, eos, out, lag,
                   lag_token, status, counter, t_src, t_dst, t_counts, d_src, d_dst, d_counts, kv_start,
-                  kv_end, batch, out_width, kv_width, last_round, span0, SIZE: tl.constexpr, N: tl.constexpr,
-                  FIELDS_: tl.constexpr, COUNT: tl.constexpr, BLOCK_N: tl.constexpr):
+                  kv_end, batch, out_width, kv_width, last_round, span0, SIZE, N, FIELDS_: tl.constexpr,
+                  COUNT: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per sample: after verification, the moves of the accepted path's KV in both
     caches (the compaction kernels run next), the emitted tokens, the state of the next round and
     its fresh tree (the statement: `TorchBookkeeping.commit`)."""
