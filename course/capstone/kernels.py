@@ -21,7 +21,14 @@ import triton.language as tl
 
 from course.core import interpreter
 
-from .tree import CUM, DEPTH, END, EPS, FIELDS, ID, OPEN, PARENT, RANK, START, TOKEN
+from . import tree
+from .tree import EPS, FIELDS
+
+# The table's columns, as Triton's compiler accepts a module's globals: constexpr only (the interpreter
+# also takes plain ints, so only a GPU compile would notice).
+CUM, DEPTH, END, ID, OPEN, PARENT, RANK, START, TOKEN = (
+    tl.constexpr(getattr(tree, name)) for name in ("CUM", "DEPTH", "END", "ID", "OPEN", "PARENT", "RANK",
+                                                    "START", "TOKEN"))
 
 
 @triton.jit
