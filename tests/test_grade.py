@@ -42,7 +42,8 @@ ONLINE, BITMASK, DFS = "attention.online_softmax", "trees.tree_bitmask_kernel", 
 HELPER = "course-grade-helper-7361"
 OUTSIDE_FILES = ("escaped.txt", "shell.txt", "ctypes.txt", "db.sqlite", "late.txt")
 
-needs_bwrap = pytest.mark.skipif(sandbox.bwrap() is None, reason="bubblewrap is not installed (.ci/run installs it)")
+needs_bwrap = pytest.mark.skipif(sandbox.bwrap() is None,
+                                 reason="bubblewrap is not installed (.ci/run installs it)")
 
 
 # ------------------------------------------------------------------------------------ the samples
@@ -149,8 +150,8 @@ def _run(base: Path, names: list[str], seed: int, extra=()) -> dict:
     except BlockingIOError:
         connected = False
     listener.close()
-    return {"grades": {g.student: g for g in grades}, "out": out, "watched_changed": _digest(watched) != before,
-            "connected": connected, "processes": _processes_with(HELPER)}
+    return {"grades": {g.student: g for g in grades}, "out": out, "connected": connected,
+            "watched_changed": _digest(watched) != before, "processes": _processes_with(HELPER)}
 
 
 def _processes_with(marker: str) -> list[int]:
@@ -165,8 +166,9 @@ def _processes_with(marker: str) -> list[int]:
 
 
 ALL = sorted(p.name for p in SAMPLES.iterdir() if (p / "sample.py").is_file())
-ESCAPING = ["segfault", "exits", "writes_outside", "forged_results", "crashing_reply", "answer_key", "patch_checks",
-            "fake_tensor", "spec_in_kernel", "detached_helper", "fork_allocate", "many_files", "info_leak"]
+ESCAPING = ["segfault", "exits", "writes_outside", "forged_results", "crashing_reply", "answer_key",
+            "patch_checks", "fake_tensor", "spec_in_kernel", "detached_helper", "fork_allocate", "many_files",
+            "info_leak"]
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +223,8 @@ FILTERED = {  # sample: (exercise, its points, note on it, flag)
     "partly_correct": (ONLINE, 1.0, "", ""),
     "syntax_error": (DFS, 0, "region 1 of trees.dfs_times_kernel does not parse: expected ':'", ""),
     "hangs": (ONLINE, 0, "hung: it ran past the time limit of 10 s", "timed out"),
-    "prints_megabytes": (ONLINE, 0, "printed or wrote too much: over the 1 MB output limit", "too much output"),
+    "prints_megabytes": (ONLINE, 0, "printed or wrote too much: over the 1 MB output limit",
+                         "too much output"),
     "monkeypatch": (ONLINE, 0, "", ""),
     "shadow_course": (ONLINE, 0, "", ""),
     "answer_key_link": (ONLINE, 0, "", ""),
@@ -259,7 +262,8 @@ def test_each_sample_gets_its_grade_and_keeps_the_points_earned_elsewhere(graded
 @needs_bwrap
 def test_changes_outside_the_holes_are_ignored_and_said_so(graded):
     grades = graded["grades"]
-    for student, module in (("monkeypatch", "attention"), ("case_size", "trees"), ("oracle_launcher", "trees")):
+    for student, module in (("monkeypatch", "attention"), ("case_size", "trees"),
+                            ("oracle_launcher", "trees")):
         assert any(f"lessons/{module}.py: your changes outside the exercise regions" in n
                    for n in grades[student].notes), grades[student].notes
     assert grades["oracle_launcher"].exercises[BITMASK].not_implemented  # the kernel is still the stub
@@ -269,7 +273,8 @@ def test_changes_outside_the_holes_are_ignored_and_said_so(graded):
 def test_case_sizes_come_from_the_graders_constants(graded):
     bitmask = graded["grades"]["case_size"].exercises[BITMASK]
     failing = [case for case, passed, _ in bitmask.results if not passed]
-    assert any("N=37" in case for case in failing), failing  # 2 * MASK_TILE + 5 with the grader's MASK_TILE = 16
+    # 2 * MASK_TILE + 5 nodes, with the grader's MASK_TILE = 16
+    assert any("N=37" in case for case in failing), failing
 
 
 @needs_bwrap
@@ -348,7 +353,8 @@ ESCAPED = {  # sample: (its points on online_softmax (dfs for spec_in_kernel), n
     "fake_tensor": (0, "", ""),
     "spec_in_kernel": (0, "", ""),
     "detached_helper": (2, "", ""),
-    "fork_allocate": (0, "used more than the memory limit (1536 MB, all its processes together)", "out of memory"),
+    "fork_allocate": (0, "used more than the memory limit (1536 MB, all its processes together)",
+                      "out of memory"),
     "many_files": (0, "printed or wrote too much", "too much output"),
     "info_leak": (0, "", ""),
 }

@@ -102,8 +102,8 @@ def grade(submissions, out, seed: int, exercises=None, limits=None, jobs: int = 
             return grade_submission(ready, setup, seed, time_kernels=speed.timed)
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            grades = list(tqdm(pool.map(one, prepared), total=len(prepared), desc="grading", unit="submission",
-                               disable=not progress))
+            grades = list(tqdm(pool.map(one, prepared), total=len(prepared), desc="grading",
+                               unit="submission", disable=not progress))
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
     report.write_all(grades, chosen, out, seed, speed)

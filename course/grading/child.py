@@ -154,7 +154,8 @@ class Callback:
         server.send({"op": "callback", "name": self.name}, args=list(args), kwargs=kwargs)
         header, decoder = server.receive()
         if header.get("op") != "callback_done":
-            raise RuntimeError(f"grading's stand-in for {self.name} failed: {str(header.get('message'))[:300]}")
+            why = str(header.get("message"))[:300]
+            raise RuntimeError(f"grading's stand-in for {self.name} failed: {why}")
         after = decoder.decode(header.get("after", {"list": []}))
         for mine, theirs in zip(tensors_in((list(args), kwargs)), after, strict=False):
             mine.copy_(theirs.to(mine.device))
@@ -178,8 +179,9 @@ def main(config: dict) -> None:
     _set_limits(config)
     faulthandler.enable()  # a segfault leaves a traceback on stderr for the feedback
     sys.dont_write_bytecode = True
-    import course  # noqa: F401  (the runtime: simulator or GPU, before numba or triton)
     import torch  # noqa: F401
+
+    import course  # noqa: F401  (the runtime: simulator or GPU, before numba or triton)
 
     server = Server(config["requests"], config["replies"])
     try:

@@ -37,9 +37,9 @@ SHORT = 1000  # characters of a child's error message kept in the feedback
 # Exceptions a check may catch by type (a launcher's refusal), rebuilt as such; anything else
 # becomes a RemoteError with the child's type name in its message.
 REBUILT = {name: getattr(builtins, name) for name in (
-    "ValueError", "TypeError", "IndexError", "KeyError", "RuntimeError", "ZeroDivisionError", "AssertionError",
-    "NotImplementedError", "OverflowError", "FloatingPointError", "ArithmeticError", "AttributeError",
-    "NameError", "UnboundLocalError", "MemoryError", "RecursionError", "LookupError")}
+    "ValueError", "TypeError", "IndexError", "KeyError", "RuntimeError", "ZeroDivisionError",
+    "AssertionError", "NotImplementedError", "OverflowError", "FloatingPointError", "ArithmeticError",
+    "AttributeError", "NameError", "UnboundLocalError", "MemoryError", "RecursionError", "LookupError")}
 
 
 class ChildGone(BaseException):  # noqa: N818  (not an error of the check: it ends the exercise)
@@ -71,8 +71,8 @@ class ModuleBroken(BaseException):  # noqa: N818
 class Channel:
     """One submission's child, started on first use and again after it was stopped."""
 
-    def __init__(self, spawn: Callable[[], sandbox.Child], limits: wire.WireLimits, device_ok: Callable[[str], bool],
-                 cleaned: Callable[[str], str] = lambda text: text):
+    def __init__(self, spawn: Callable[[], sandbox.Child], limits: wire.WireLimits,
+                 device_ok: Callable[[str], bool], cleaned: Callable[[str], str] = lambda text: text):
         self.spawn, self.limits, self.device_ok, self.cleaned = spawn, limits, device_ok, cleaned
         self.child: sandbox.Child | None = None
         self.deadline = float("inf")
@@ -177,7 +177,8 @@ class Channel:
         try:
             stand_in[None](*args, **kwargs)
         except Exception as error:  # noqa: BLE001  (the stand-in's failure goes back as text)
-            self._send(wire.frame({"op": "callback_failed", "message": f"{type(error).__name__}: {error}"[:300]}))
+            why = f"{type(error).__name__}: {error}"[:300]
+            self._send(wire.frame({"op": "callback_failed", "message": why}))
             return
         self._send(wire.frame({"op": "callback_done"}, name_of, after=tensors_in((args, kwargs))))
 
@@ -221,7 +222,8 @@ class Channel:
             return ModuleBroken(f"{kind}: {text['message']}")
         if kind == "ExerciseNotImplemented":
             return ExerciseNotImplemented(text["message"])
-        raised = REBUILT.get(kind, RemoteError)(text["message"] if kind in REBUILT else f"{kind}: {text['message']}")
+        message = text["message"] if kind in REBUILT else f"{kind}: {text['message']}"
+        raised = REBUILT.get(kind, RemoteError)(message)
         raised.remote_crash = Crash(kind, text["message"], text["thread"], text["place"], text["source"],
                                     text["access"], f"{kind}: {text['message']}")
         return raised
@@ -284,7 +286,8 @@ class RemoteKernel(RemoteFunction):
         self.remote_stub = stub
 
     def __call__(self, *args, **kwargs):
-        raise RuntimeError(f"{self.__name__} runs in the grading sandbox: launch it through the module's launcher")
+        raise RuntimeError(f"{self.__name__} runs in the grading sandbox: launch it through the module's "
+                           "launcher")
 
     def __getitem__(self, grid):
         return self
@@ -312,8 +315,10 @@ class ProxyModule:
 
     def _call(self, name: str, args: tuple, kwargs: dict):
         state = self._state
-        callbacks = {n: v for n, v in vars(self).items() if n in state["remote"] and v is not state["remote"][n]}
-        return state["channel"].call(state["module"], name, args, kwargs, self._name_of, self._resolve, callbacks)
+        remote = state["remote"]
+        callbacks = {n: v for n, v in vars(self).items() if n in remote and v is not remote[n]}
+        return state["channel"].call(state["module"], name, args, kwargs, self._name_of, self._resolve,
+                                     callbacks)
 
     def _name_of(self, obj) -> str | None:
         """A dataclass the child can rebuild: one of a lesson module's own classes or one it imports."""

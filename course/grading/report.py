@@ -50,15 +50,17 @@ def write_gradebook(grades: list[SubmissionGrade], exercises: list, path: Path,
     timed = _timed(exercises, speed)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([_cell(c) for c in ["student", *[e.id for e in exercises], "total", "possible", "flags",
-                                            *[f"speed {e.id}" for e in timed]]])
+        header = ["student", *[e.id for e in exercises], "total", "possible", "flags",
+                  *[f"speed {e.id}" for e in timed]]
+        writer.writerow([_cell(c) for c in header])
         writer.writerow(["(points)", *[e.points for e in exercises],
                          sum(e.points for e in exercises), "", "", *["" for _ in timed]])
         for grade in grades:
             ratios = [speed.ratio(grade.exercises[e.id]) for e in timed]
-            writer.writerow([_cell(c) for c in [
-                grade.student, *[f"{grade.exercises[e.id].points:g}" for e in exercises], f"{grade.total:g}",
-                f"{grade.possible:g}", "; ".join(grade.flags), *["" if r is None else f"{r:.3f}" for r in ratios]]])
+            row = [grade.student, *[f"{grade.exercises[e.id].points:g}" for e in exercises],
+                   f"{grade.total:g}", f"{grade.possible:g}", "; ".join(grade.flags),
+                   *["" if r is None else f"{r:.3f}" for r in ratios]]
+            writer.writerow([_cell(c) for c in row])
 
 
 def _quote(text: str) -> list[str]:

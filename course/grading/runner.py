@@ -26,7 +26,7 @@ from course.core import runtime
 
 from ..release import ROOT, differences, lesson_holes, render_pieces
 from . import proxy, sandbox, splice, wire
-from .collect import Submission, SubmissionError, lesson_modules, prepare
+from .collect import Submission, SubmissionError, prepare
 
 TAIL_BYTES = 2000
 DETAIL_CHARS = 600
@@ -110,7 +110,8 @@ class Setup:
     rendered: dict  # the release's lessons tree (course.release.render_pieces)
 
     @classmethod
-    def build(cls, exercises: list, workroot: Path, limits: Limits, isolate: bool, hidden: list[Path]) -> Setup:
+    def build(cls, exercises: list, workroot: Path, limits: Limits, isolate: bool,
+              hidden: list[Path]) -> Setup:
         from course.core.impl import load
 
         solutions = ROOT / "solutions"
@@ -164,13 +165,14 @@ def prepare_submission(submission: Submission, setup: Setup) -> Prepared:
     return Prepared(submission, workdir, code, spliced, notes)
 
 
-def grade_submission(prepared: Prepared, setup: Setup, seed: int, time_kernels: bool = False) -> SubmissionGrade:
+def grade_submission(prepared: Prepared, setup: Setup, seed: int,
+                     time_kernels: bool = False) -> SubmissionGrade:
     """Grade one prepared submission: every chosen exercise's checks against its child."""
     exercises, limits = setup.exercises, setup.limits
     submission = prepared.submission
     grade = SubmissionGrade(submission.student, str(submission.source),
-                            {e.id: ExerciseGrade(e.id, float(e.points)) for e in exercises}, list(prepared.notes),
-                            isolated=setup.isolate)
+                            {e.id: ExerciseGrade(e.id, float(e.points)) for e in exercises},
+                            list(prepared.notes), isolated=setup.isolate)
     try:
         if prepared.code is None:
             grade.flag("unusable")
@@ -191,8 +193,8 @@ def grade_submission(prepared: Prepared, setup: Setup, seed: int, time_kernels: 
 
 def _channel(prepared: Prepared, setup: Setup) -> proxy.Channel:
     limits = setup.limits
-    settings = sandbox.Settings(limits.memory_mb << 20, limits.output_mb << 20, limits.processes, setup.isolate,
-                                runtime.SIMULATOR)
+    settings = sandbox.Settings(limits.memory_mb << 20, limits.output_mb << 20, limits.processes,
+                                setup.isolate, runtime.SIMULATOR)
     logs = prepared.workdir / "logs"
     logs.mkdir(exist_ok=True)
     work = prepared.workdir / "work"
@@ -211,8 +213,8 @@ def _channel(prepared: Prepared, setup: Setup) -> proxy.Channel:
     return channel
 
 
-def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup: Setup, channel: proxy.Channel,
-                    seed: int, total_deadline: float, time_kernels: bool) -> None:
+def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup: Setup,
+                    channel: proxy.Channel, seed: int, total_deadline: float, time_kernels: bool) -> None:
     from course.checks import run_cases
 
     g = grade.exercises[exercise.id]
@@ -231,9 +233,9 @@ def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup:
         return
     started = time.monotonic()
     channel.start_exercise(min(total_deadline, started + setup.limits.per_exercise_s))
-    module = proxy.ProxyModule(exercise.module, setup.trusted[exercise.module], setup.remote[exercise.module],
-                               setup.kernels[exercise.module], prepared.spliced.modules[exercise.module].stubs,
-                               channel, setup.trusted)
+    name = exercise.module
+    module = proxy.ProxyModule(name, setup.trusted[name], setup.remote[name], setup.kernels[name],
+                               prepared.spliced.modules[name].stubs, channel, setup.trusted)
     try:
         report = run_cases(exercise.id, exercise.cases(module, seed))
         g.results = [(r.case, bool(r.passed), r.detail) for r in report.results]
@@ -282,7 +284,8 @@ def _gone(grade: SubmissionGrade, g: ExerciseGrade, gone: proxy.ChildGone, chann
                  else f"the time limit of {limits.per_exercise_s:g} s per exercise")
         text = f"hung: it ran past {which} {when} (killed)"
     elif why == "memory":
-        text = f"used more than the memory limit ({limits.memory_mb} MB, all its processes together) {when} (killed)"
+        text = (f"used more than the memory limit ({limits.memory_mb} MB, all its processes together) {when} "
+                "(killed)")
     elif why == "output":
         text = (f"printed or wrote too much: over the {limits.output_mb} MB output limit (printing and files "
                 f"together) {when} (killed)")

@@ -54,7 +54,8 @@ FIRST_UID = 60000
 _uids = itertools.count()
 BOOT = ("import json, sys; config = json.loads(sys.argv[1]); sys.path[:0] = config['path']; "
         "from course.grading.child import main; main(config)")
-JOIN_CGROUP = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 97; shift; n=$((n - 1)); done; exec "$@"'
+JOIN_CGROUP = ('n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 97; shift; n=$((n - 1)); done; '
+               'exec "$@"')
 
 
 class SandboxMissing(RuntimeError):
@@ -120,10 +121,11 @@ def make_plan(harness: Path, hidden: list[Path], gpu: bool, simulator: bool, sma
            "USER": "student", "LOGNAME": "student", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONNOUSERSITE": "1", "COURSE_SIM": "1" if simulator else "0",
            "COURSE_SIZES": "small" if small_sizes else "full",
-           "TRITON_CACHE_DIR": str(INSIDE / "cache" / "triton"), "NUMBA_CACHE_DIR": str(INSIDE / "cache" / "numba"),
-           "MPLCONFIGDIR": str(INSIDE / "cache" / "mpl")}
+           "TRITON_CACHE_DIR": str(INSIDE / "cache" / "triton"),
+           "NUMBA_CACHE_DIR": str(INSIDE / "cache" / "numba"), "MPLCONFIGDIR": str(INSIDE / "cache" / "mpl")}
     env.update({name: os.environ[name] for name in PASSED_ENV if name in os.environ})
-    return Plan(harness, executable, tuple(path), tuple(binds), tuple(hidden_inside), gpu, tuple(sorted(env.items())))
+    return Plan(harness, executable, tuple(path), tuple(binds), tuple(hidden_inside), gpu,
+                tuple(sorted(env.items())))
 
 
 def _site_folders() -> list[str]:
@@ -142,9 +144,10 @@ def _inside_any(path: str, folders: list[str]) -> bool:
 
 # What the child's harness leaves out of course/: the exercise table and every check (their cases,
 # tolerances and diagnostics), the capstone. Its course/__init__.py imports the runtime alone.
-LEFT_OUT = ("exercises.py", "checks/diagnose.py", "checks/diagnose_attention.py", "topics/*/check.py", "capstone",
-            "__main__.py")
-HARNESS_INIT = '''"""The grading child's copy of the harness: what launching kernels needs (course.grading.sandbox)."""
+LEFT_OUT = ("exercises.py", "checks/diagnose.py", "checks/diagnose_attention.py", "topics/*/check.py",
+            "capstone", "__main__.py")
+HARNESS_INIT = '''"""The grading child's copy of the harness: what launching kernels needs
+(course.grading.sandbox)."""
 
 from .core import runtime  # noqa: F401  (decides between GPU and simulator before numba or triton)
 '''

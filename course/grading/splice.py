@@ -64,7 +64,8 @@ TORCH_FORBIDDEN = frozenset({"load", "save", "compile", "jit", "ops", "hub", "li
                              "backends", "utils", "nn", "special", "fx", "func", "package"})
 REFUSED_STATEMENTS = {
     ast.Import: "imports a module", ast.ImportFrom: "imports a module", ast.Global: "uses `global`",
-    ast.Nonlocal: "uses `nonlocal`", ast.ClassDef: "defines a class", ast.AsyncFunctionDef: "defines a coroutine",
+    ast.Nonlocal: "uses `nonlocal`", ast.ClassDef: "defines a class",
+    ast.AsyncFunctionDef: "defines a coroutine",
     ast.Await: "awaits", ast.Yield: "yields", ast.YieldFrom: "yields", ast.AsyncFor: "uses `async for`",
     ast.AsyncWith: "uses `async with`",
 }
@@ -245,8 +246,8 @@ def _syntax_problems(parts, module: str) -> list[Problem]:
     except SyntaxError as error:  # each parses alone, not together: grade them all as stubs
         for segment in _written(parts):
             segment.used = False
-            problems.append(Problem(segment.exercises,
-                                    f"{segment.describe()} does not parse with your other regions: {error.msg}"))
+            note = f"{segment.describe()} does not parse with your other regions: {error.msg}"
+            problems.append(Problem(segment.exercises, note))
     return problems
 
 
@@ -367,8 +368,8 @@ def _kernel_numpy(value) -> bool:
     """numpy's scalar types, ufuncs and constants: what a Numba kernel may call."""
     import numpy as np
 
-    return ((isinstance(value, type) and issubclass(value, np.generic)) or isinstance(value, (np.ufunc, float))
-            or value in (np.iinfo, np.finfo, np.dtype))
+    return ((isinstance(value, type) and issubclass(value, np.generic))
+            or isinstance(value, (np.ufunc, float)) or value in (np.iinfo, np.finfo, np.dtype))
 
 
 def refusals(tree: ast.Module, first: int, last: int, context: Context,
@@ -448,9 +449,9 @@ def _stubs(text: str) -> dict[str, str]:
     found = {}
     for node in ast.parse(text).body:
         if isinstance(node, ast.FunctionDef):
-            calls = sorted((c for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
-                            and c.func.id == "todo" and c.args and isinstance(c.args[0], ast.Constant)),
-                           key=lambda c: c.lineno)
+            calls = sorted((c for c in ast.walk(node) if isinstance(c, ast.Call)
+                            and isinstance(c.func, ast.Name) and c.func.id == "todo" and c.args
+                            and isinstance(c.args[0], ast.Constant)), key=lambda c: c.lineno)
             if calls:
                 found[node.name] = str(calls[0].args[0].value)
     return found
@@ -458,7 +459,8 @@ def _stubs(text: str) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------ a module
 
-def splice_module(module: str, pieces: list[Piece], student_text: str | None, context: Context) -> SplicedModule:
+def splice_module(module: str, pieces: list[Piece], student_text: str | None,
+                  context: Context) -> SplicedModule:
     """One lesson module as graded: the lesson's text with the student's code in the holes it can use."""
     if student_text is None:
         text = "".join(line for piece in pieces for line in piece.lines)
@@ -467,7 +469,8 @@ def splice_module(module: str, pieces: list[Piece], student_text: str | None, co
     if len(student) > MAX_STUDENT_LINES:
         text = "".join(line for piece in pieces for line in piece.lines)
         exercises = tuple(dict.fromkeys(p.hole.region.exercise for p in pieces if p.hole is not None))
-        problem = Problem(exercises, f"lessons/{module}.py has more than {MAX_STUDENT_LINES} lines: not graded")
+        problem = Problem(exercises, f"lessons/{module}.py has more than {MAX_STUDENT_LINES} lines: "
+                          "not graded")
         return SplicedModule(module, text, True, [problem], stubs=_stubs(text))
     parts, changed = _line_up(pieces, student)
     problems = [Problem(p.exercises, f"could not find {p.describe()} in lessons/{module}.py: the lines "
@@ -481,8 +484,8 @@ def splice_module(module: str, pieces: list[Piece], student_text: str | None, co
         line_map.setdefault(graded, 0)
     ignored = ""
     if changed:
-        ignored = (f"lessons/{module}.py: your changes outside the exercise regions (lines {_ranges(changed)}) "
-                   "were ignored: grading runs the course's own code there")
+        ignored = (f"lessons/{module}.py: your changes outside the exercise regions (lines "
+                   f"{_ranges(changed)}) were ignored: grading runs the course's own code there")
     return SplicedModule(module, text, True, problems, ignored,
                          {k: v for k, v in line_map.items() if v}, _stubs(text))
 

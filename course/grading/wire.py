@@ -85,10 +85,11 @@ class Encoder:
             tag = "list" if isinstance(value, list) else "tuple"
             return {tag: [self.encode(item, depth + 1) for item in value]}
         if isinstance(value, dict):
-            return {"dict": [[self.encode(k, depth + 1), self.encode(v, depth + 1)] for k, v in value.items()]}
+            return {"dict": [[self.encode(k, depth + 1), self.encode(v, depth + 1)]
+                             for k, v in value.items()]}
         if isinstance(value, slice):
             return {"slice": [self.encode(x, depth + 1) for x in (value.start, value.stop, value.step)]}
-        if hasattr(value, "item") and getattr(value, "shape", None) == () and not isinstance(value, torch.Tensor):
+        if hasattr(value, "item") and getattr(value, "shape", None) == ():
             return self.encode(value.item(), depth)  # a numpy scalar
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             name = self.name_of(value)
