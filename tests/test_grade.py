@@ -13,13 +13,10 @@ sandbox on and short limits:
 from __future__ import annotations
 
 import csv
-import functools
 import hashlib
 import json
 import os
-import runpy
 import socket
-import textwrap
 import zipfile
 from pathlib import Path
 
@@ -28,11 +25,9 @@ import pytest
 from course.core import runtime
 from course.grading import Limits, grade, sandbox
 from course.grading.collect import SubmissionError, find_submissions, safe_extract
-from course.release import Piece, render_pieces
+from tests.grading_samples import SAMPLES, recipe, write_correct, write_sample
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-SAMPLES = HERE / "submissions"
+ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = ["trees.dfs_times_kernel", "trees.tree_bitmask_kernel", "attention.online_softmax"]
 POINTS = {"trees.dfs_times_kernel": 3, "trees.tree_bitmask_kernel": 2, "attention.online_softmax": 2}
 SEED, ESCAPED_SEED = 1234, 97531
@@ -44,76 +39,6 @@ OUTSIDE_FILES = ("escaped.txt", "shell.txt", "ctypes.txt", "db.sqlite", "late.tx
 
 needs_bwrap = pytest.mark.skipif(sandbox.bwrap() is None,
                                  reason="bubblewrap is not installed (.ci/run installs it)")
-
-
-# ------------------------------------------------------------------------------------ the samples
-
-def _answer(source_lines: list[str], piece: Piece) -> list[str]:
-    """The solution's lines for one hole of the lesson (a region's code, without its markers)."""
-    hole = piece.hole
-    lines = source_lines[hole.first : hole.last + 1]
-    if hole.module != hole.region.exercise.split(".")[0] or not lines[0].strip().startswith("### BEGIN"):
-        return lines
-    body = lines[1:-1]
-    cut = next((i for i, line in enumerate(body) if line.strip() == "### LESSON"), len(body))
-    return body[:cut]
-
-
-@functools.cache
-def _pieces(module: str) -> list[Piece]:
-    return render_pieces(ROOT / "solutions")[Path(f"{module}.py")]
-
-
-def lesson_with(module: str, holes: dict[str, str], stubs: list[str]) -> str:
-    """The lesson of `module` with every hole answered from solutions/, except `holes` (exercise ->
-    the student's code) and `stubs` (exercises left as the todo)."""
-    source_lines = (ROOT / "solutions" / f"{module}.py").read_text().splitlines(keepends=True)
-    out = []
-    for piece in _pieces(module):
-        exercise = piece.hole.region.exercise if piece.hole is not None else None
-        if exercise is None or exercise in stubs:
-            out += piece.lines
-        elif exercise in holes:
-            indent = piece.lines[0][: len(piece.lines[0]) - len(piece.lines[0].lstrip())]
-            out.append(textwrap.indent(textwrap.dedent(holes[exercise]).strip("\n") + "\n", indent))
-        else:
-            out += _answer(source_lines, piece)
-    return "".join(out)
-
-
-def recipe(name: str) -> dict:
-    return runpy.run_path(str(SAMPLES / name / "sample.py"))
-
-
-def write_sample(name: str, target_root: Path, tokens: dict[str, str]) -> Path:
-    spec = recipe(name)
-    folder = target_root / spec.get("NAME", name)
-    lessons = folder / "lessons"
-    holes = {k: _tokens(v, tokens) for k, v in spec.get("HOLES", {}).items()}
-    if not spec.get("BARE"):
-        lessons.mkdir(parents=True)
-        for module in ("trees", "attention"):
-            text = lesson_with(module, holes, spec.get("STUBS", []))
-            for old, new in spec.get("OUTSIDE", {}).get(module, []):
-                assert text.count(old) == 1, f"{name}: {old!r} must stand once in lessons/{module}.py"
-                text = text.replace(old, new)
-            (lessons / f"{module}.py").write_text(text)
-    for relative, content in spec.get("FILES", {}).items():
-        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
-        (folder / relative).write_text(content)
-    for relative, target in spec.get("LINKS", {}).items():
-        link = folder / relative
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.exists():
-            link.unlink()
-        link.symlink_to(ROOT / target)
-    return folder
-
-
-def _tokens(code: str, tokens: dict[str, str]) -> str:
-    for token, value in tokens.items():
-        code = code.replace(token, value)
-    return code
 
 
 def _digest(folder: Path) -> str:
@@ -138,7 +63,7 @@ def _run(base: Path, names: list[str], seed: int, extra=()) -> dict:
     for name in names:
         write_sample(name, submissions, tokens)
     for name in extra:
-        write_sample("ann_lee", base / "correct_source", tokens).rename(submissions / name)
+        write_correct(submissions / name)
     before = _digest(watched)
     out = base / "out"
     with pytest.MonkeyPatch.context() as patch:
@@ -324,6 +249,13 @@ def test_gradebook_has_a_row_per_student_and_a_column_per_exercise(graded):
 def test_nothing_outside_the_submissions_changed(graded):
     assert not graded["watched_changed"]
     assert not [name for name in OUTSIDE_FILES if (ROOT / name).exists()]
+
+
+@needs_bwrap
+def test_grades_json_says_how_the_submissions_were_limited(graded):
+    document = json.loads((graded["out"] / "grades.json").read_text())
+    assert document["sandbox"]["isolated"] is True
+    assert document["sandbox"]["limits"].startswith(("cgroup v", "per process"))
 
 
 @needs_bwrap

@@ -106,5 +106,5 @@ def grade(submissions, out, seed: int, exercises=None, limits=None, jobs: int = 
                                unit="submission", disable=not progress))
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
-    report.write_all(grades, chosen, out, seed, speed)
+    report.write_all(grades, chosen, out, seed, speed, setup.describe())
     return grades

@@ -145,7 +145,7 @@ def as_json(grade: SubmissionGrade, speed: Speed | None = None) -> dict:
 
 
 def write_all(grades: list[SubmissionGrade], exercises: list, out: Path, seed: int,
-              speed: Speed | None = None) -> None:
+              speed: Speed | None = None, sandbox: dict | None = None) -> None:
     speed = speed or Speed.untimed()
     hooked = {e.id for e in exercises if e.bench is not None}
     out.mkdir(parents=True, exist_ok=True)
@@ -155,5 +155,5 @@ def write_all(grades: list[SubmissionGrade], exercises: list, out: Path, seed: i
     for grade in grades:
         (folder / f"{grade.student}.md").write_text(feedback(grade, speed=speed, hooked=hooked))
     (out / "grades.json").write_text(json.dumps(
-        {"exercises": [e.id for e in exercises], "timing": speed.as_json(),
+        {"exercises": [e.id for e in exercises], "timing": speed.as_json(), "sandbox": sandbox or {},
          "students": [as_json(g, speed) for g in grades]}, indent=1))

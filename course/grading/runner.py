@@ -108,6 +108,12 @@ class Setup:
     isolate: bool
     modules: set[str]  # the modules the chosen exercises run (the others stay stubs)
     rendered: dict  # the release's lessons tree (course.release.render_pieces)
+    limits_by: str  # how memory and processes are limited (sandbox.Cgroup.probe)
+
+    def describe(self) -> dict:
+        """What grades.json says about the sandbox."""
+        return {"isolated": self.isolate, "limits": self.limits_by if self.isolate else "per process only",
+                "bubblewrap": sandbox.bwrap() if self.isolate else None}
 
     @classmethod
     def build(cls, exercises: list, workroot: Path, limits: Limits, isolate: bool,
@@ -130,7 +136,8 @@ class Setup:
         plan = sandbox.make_plan(harness, hidden, runtime.on_gpu(), runtime.SIMULATOR, runtime.SMALL_SIZES)
         return cls(exercises, trusted, {m: splice.context_of(m, t) for m, t in trusted.items()},
                    proxy.remote_names(sources, holes), {m: proxy.kernel_names(s) for m, s in sources.items()},
-                   workroot, limits, plan, isolate, modules, render_pieces(solutions))
+                   workroot, limits, plan, isolate, modules, render_pieces(solutions),
+                   sandbox.Cgroup.probe() if isolate else "")
 
 
 @dataclass

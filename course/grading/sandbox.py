@@ -260,6 +260,15 @@ class Cgroup:
             raise
         return cls(folders, 1)
 
+    @classmethod
+    def probe(cls) -> str:
+        """Which whole-submission limits this grader can set: 'cgroup v2', 'cgroup v1', or the fallback."""
+        made = cls.create(f"course-grade-probe-{os.getpid()}", 1 << 30, 64)
+        if made is None:
+            return "per process (RLIMIT_NPROC, RLIMIT_AS in the simulator) and the grader's polling"
+        made.remove()
+        return f"cgroup v{made.version}"
+
     @property
     def procs(self) -> list[str]:
         return [str(f / "cgroup.procs") for f in self.folders]
