@@ -348,8 +348,11 @@ def lesson_pieces(source: str, module: str, where: str, sources: Mapping[str, st
 def stub_source(source: str, module: str, where: str, sources: Mapping[str, str] | None = None,
                 is_open: Callable[[str], bool] = lambda exercise: True) -> str:
     """The lesson version of one solution module (see lesson_pieces)."""
-    return "".join(line for piece in lesson_pieces(source, module, where, sources, is_open)
-                   for line in piece.lines)
+    return lesson_text(lesson_pieces(source, module, where, sources, is_open))
+
+
+def lesson_text(pieces: list[Piece]) -> str:
+    return "".join(line for piece in pieces for line in piece.lines)
 
 
 def _uncomment(line: str) -> str:
@@ -402,9 +405,13 @@ def render_pieces(solutions: Path,
 def render(solutions: Path, is_open: Callable[[str], bool] = lambda exercise: True) -> dict[Path, bytes]:
     """Every file of the lessons tree, by relative path, as the release would write it (see
     render_pieces)."""
-    return {relative: content if isinstance(content, bytes)
-            else "".join(line for piece in content for line in piece.lines).encode()
-            for relative, content in render_pieces(solutions, is_open).items()}
+    return files_of(render_pieces(solutions, is_open))
+
+
+def files_of(rendered: Mapping[Path, bytes | list[Piece]]) -> dict[Path, bytes]:
+    """render_pieces' tree as the files' bytes."""
+    return {relative: content if isinstance(content, bytes) else lesson_text(content).encode()
+            for relative, content in rendered.items()}
 
 
 def differences(solutions: Path = ROOT / "solutions", lessons: Path = ROOT / "lessons") -> list[str]:

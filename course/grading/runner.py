@@ -12,10 +12,12 @@ the next exercise gets a fresh child.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import types
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from course.core import runtime
 
-from ..release import ROOT, differences, lesson_holes, render_pieces
+from ..release import ROOT, files_of, lesson_holes, render_pieces
 from . import proxy, sandbox, splice, wire
 from .collect import Submission, SubmissionError, prepare
 
@@ -98,7 +100,7 @@ class Setup:
     """What every submission of one grading run shares."""
 
     exercises: list
-    trusted: dict[str, types.ModuleType]  # module -> the grader's solution module
+    trusted: dict[str, types.ModuleType]  # module -> the grader's own stub of it (_stub_modules)
     contexts: dict[str, splice.Context]
     remote: dict[str, set[str]]
     kernels: dict[str, set[str]]
@@ -118,26 +120,41 @@ class Setup:
     @classmethod
     def build(cls, exercises: list, workroot: Path, limits: Limits, isolate: bool,
               hidden: list[Path]) -> Setup:
-        from course.core.impl import load
-
         solutions = ROOT / "solutions"
-        stale = differences(solutions, ROOT / "lessons")
-        if stale:
-            raise ValueError(f"lessons/ is not what the release writes ({stale[0]}, ...): grading reads its "
-                             "constants and helpers from there; run `python -m course release --force`")
         sources = proxy.solution_sources(solutions)
         holes = {m: [(h.first + 1, h.last + 1) for h in lesson_holes(m, sources)] for m in sources}
         modules = {e.module for e in exercises} | {r.split(".")[0] for e in exercises for r in e.requires}
-        # The grader's own stubs, not its solutions: should a kernel ever run here by mistake, it
-        # would stop at its todo(...) rather than hand out the answer.
-        trusted = {m: load(m, "lessons") for m in sorted(modules)}
+        rendered = render_pieces(solutions)
+        trusted = _stub_modules(rendered, workroot / "stubs", modules)
         harness = workroot / "harness"
         sandbox.copy_harness(harness)
         plan = sandbox.make_plan(harness, hidden, runtime.on_gpu(), runtime.SIMULATOR, runtime.SMALL_SIZES)
         return cls(exercises, trusted, {m: splice.context_of(m, t) for m, t in trusted.items()},
                    proxy.remote_names(sources, holes), {m: proxy.kernel_names(s) for m, s in sources.items()},
-                   workroot, limits, plan, isolate, modules, render_pieces(solutions),
+                   workroot, limits, plan, isolate, modules, rendered,
                    sandbox.Cgroup.probe() if isolate else "")
+
+
+STUBS = "course_grading_stubs"
+
+
+def _stub_modules(rendered: dict, folder: Path, modules: set[str]) -> dict[str, types.ModuleType]:
+    """The lesson modules as the release writes them, imported as the package STUBS: what the checks'
+    constants, classes and helpers come from. Stubs, not the solutions: should a kernel ever run in
+    the grader by mistake, it stops at its todo(...) rather than hand out the answer; and not the
+    repository's lessons/, which may hold the instructor's own answers."""
+    for name in [n for n in sys.modules if n == STUBS or n.startswith(f"{STUBS}.")]:
+        del sys.modules[name]  # an earlier grading run's, from a folder since removed
+    for relative, content in files_of(rendered).items():
+        path = folder / STUBS / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    sys.path.insert(0, str(folder))
+    try:
+        importlib.invalidate_caches()
+        return {m: importlib.import_module(f"{STUBS}.{m}") for m in sorted(modules)}
+    finally:
+        sys.path.remove(str(folder))
 
 
 @dataclass
@@ -216,8 +233,20 @@ def _channel(prepared: Prepared, setup: Setup) -> proxy.Channel:
 
     devices = {"cpu"} | ({"cuda"} if runtime.on_gpu() else set())
     channel = proxy.Channel(spawn, wire.WireLimits(blob_bytes=limits.reply_mb << 20),
-                            lambda device: device in devices, clean_text)
+                            lambda device: device in devices,
+                            lambda text: _student_lines(clean_text(text), prepared.spliced))
     return channel
+
+
+def _student_lines(text: str, spliced: splice.Spliced) -> str:
+    """'lessons/trees.py:65' in a child's text, with the line the student's own file has there (a
+    line of their code: the graded module's numbers differ where they changed lines outside holes)."""
+    def student(match: re.Match) -> str:
+        module = spliced.modules.get(match.group(1))
+        line = module.line_map.get(int(match.group(2))) if module is not None else None
+        return f"lessons/{match.group(1)}.py:{line or match.group(2)}"
+
+    return re.sub(r"lessons/(\w+)\.py:(\d+)", student, text)
 
 
 def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup: Setup,

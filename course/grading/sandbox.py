@@ -93,6 +93,10 @@ class Plan:
 
 def make_plan(harness: Path, hidden: list[Path], gpu: bool, simulator: bool, small_sizes: bool) -> Plan:
     """The plan for this grader's Python: sys.path and prefixes read from the running interpreter."""
+    if gpu:  # the driver makes some /dev/nvidia* nodes (nvidia-uvm) when a context first needs them
+        import torch
+
+        torch.cuda.init()
     secret = [Path(p).resolve() for p in hidden]
     prefixes = {str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     # The child's path: the grader's sys.path entries that belong to the interpreter (its prefixes,
@@ -190,15 +194,24 @@ class Cgroup:
 
     @classmethod
     def create(cls, name: str, memory_bytes: int, processes: int) -> Cgroup | None:
-        """None where this grader cannot make one (no write access, no controllers)."""
+        """None where this grader cannot make one (no write access, no controllers, or a process
+        cannot join it: cgroup v2 keeps processes out of a cgroup whose children hold controllers)."""
         for attempt in (cls._v2, cls._v1):
             try:
                 made = attempt(name, memory_bytes, processes)
             except OSError:
                 made = None
-            if made is not None:
+            if made is not None and made._joinable():
                 return made
+            if made is not None:
+                made.remove()
         return None
+
+    def _joinable(self) -> bool:
+        command = ["/bin/sh", "-c", JOIN_CGROUP, "sh", str(len(self.procs)), *self.procs, "true"]
+        trial = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        return trial.returncode == 0
 
     @staticmethod
     def _own(controller: str) -> tuple[Path, str] | None:

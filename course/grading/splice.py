@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..release import Piece
+from ..release import Piece, lesson_text
 
 MAX_STUDENT_LINES = 50_000
 
@@ -463,11 +463,11 @@ def splice_module(module: str, pieces: list[Piece], student_text: str | None,
                   context: Context) -> SplicedModule:
     """One lesson module as graded: the lesson's text with the student's code in the holes it can use."""
     if student_text is None:
-        text = "".join(line for piece in pieces for line in piece.lines)
+        text = lesson_text(pieces)
         return SplicedModule(module, text, False, stubs=_stubs(text))
     student = student_text.replace("\r\n", "\n").splitlines(keepends=True)
     if len(student) > MAX_STUDENT_LINES:
-        text = "".join(line for piece in pieces for line in piece.lines)
+        text = lesson_text(pieces)
         exercises = tuple(dict.fromkeys(p.hole.region.exercise for p in pieces if p.hole is not None))
         problem = Problem(exercises, f"lessons/{module}.py has more than {MAX_STUDENT_LINES} lines: "
                           "not graded")
@@ -479,15 +479,12 @@ def splice_module(module: str, pieces: list[Piece], student_text: str | None,
                 for p in parts if isinstance(p, Segment) and p.written is None]
     problems += _syntax_problems(parts, module)
     problems += _refusal_problems(parts, context)
-    text, line_map, spans = _assemble(parts)
-    for graded in range(1, text.count("\n") + 2):
-        line_map.setdefault(graded, 0)
+    text, line_map, _ = _assemble(parts)
     ignored = ""
     if changed:
         ignored = (f"lessons/{module}.py: your changes outside the exercise regions (lines "
                    f"{_ranges(changed)}) were ignored: grading runs the course's own code there")
-    return SplicedModule(module, text, True, problems, ignored,
-                         {k: v for k, v in line_map.items() if v}, _stubs(text))
+    return SplicedModule(module, text, True, problems, ignored, line_map, _stubs(text))
 
 
 def splice(lessons: Path | None, rendered: Mapping[Path, bytes | list[Piece]],
