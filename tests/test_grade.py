@@ -155,6 +155,7 @@ FILTERED = {  # sample: (exercise, its points, note on it, flag)
     "answer_key_link": (ONLINE, 0, "", ""),
     "oracle_launcher": (BITMASK, 0, "", ""),
     "injection": (ONLINE, 0, "", ""),
+    "changes_input": (ONLINE, 0, "", ""),
     **{name: (exercise, 0, why, "tampering") for name, (exercise, why) in REFUSED.items()},
 }
 
@@ -200,6 +201,13 @@ def test_case_sizes_come_from_the_graders_constants(graded):
     failing = [case for case, passed, _ in bitmask.results if not passed]
     # 2 * MASK_TILE + 5 nodes, with the grader's MASK_TILE = 16
     assert any("N=37" in case for case in failing), failing
+
+
+@needs_bwrap
+def test_a_call_that_changes_its_input_fails_its_cases(graded):
+    results = graded["grades"]["changes_input"].exercises[ONLINE].results
+    assert results and all(not passed and "changed tensor argument 1 (shape (5, 37)) in place" in detail
+                           for _, passed, detail in results)
 
 
 @needs_bwrap

@@ -257,6 +257,19 @@ def test_every_function_that_runs_a_kernel_or_a_hole_is_forwarded():
     assert "INDEX_DTYPES" not in remote["trees"]
 
 
+def test_the_in_place_launchers_are_the_ones_the_solutions_document():
+    import ast
+
+    documented = {}
+    for module, source in proxy.solution_sources(SOLUTIONS).items():
+        for node in ast.parse(source).body:
+            doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef) else None
+            returns = ast.unparse(node.returns) if isinstance(node, ast.FunctionDef) and node.returns else ""
+            if doc and "in place" in doc.split("\n\n")[0] and "Callable" not in returns:
+                documented.setdefault(module, set()).add(node.name)
+    assert documented == proxy.IN_PLACE
+
+
 # ------------------------------------------------------------------------------------ the sandbox
 
 def test_the_plan_binds_no_secret(tmp_path):

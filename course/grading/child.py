@@ -6,7 +6,8 @@ grader's: no solutions, no checks, no seed. It reads requests from one pipe and 
 another (`course.grading.wire`):
 
 - {"op": "call", "module", "name", "args", "kwargs", "callbacks"}: call `lessons.<module>.<name>`
-  and answer {"result": ..., "after": [every tensor argument after the call]} or {"error": ...};
+  and answer {"result": ..., "after": [every tensor argument after the call]} (or "result_is": i
+  when it returned its i-th tensor argument itself) or {"error": ...};
   `callbacks` names module attributes the grader stands in for during the call (a check's
   stand-in for a kernel still left as a stub): calling one asks the grader to run it;
 - {"op": "time", "hook": [...]}: time the graded kernels with an exercise's bench hook
@@ -123,11 +124,18 @@ class Server:
         finally:
             for name, value in saved.items():
                 setattr(module, name, value)
+        given = tensors_in((args, kwargs))
+        same = [i for i, tensor in enumerate(given) if result is tensor]  # an in-place launcher returns it
         try:
-            self.send({"op": "result"}, result=result, after=tensors_in((args, kwargs)))
-        except TypeError as error:
-            self.send({"error": {"kind": "TypeError", "message": f"the launcher returned what grading cannot "
-                                                                  f"send back: {error}"}})
+            if same:
+                reply = self.wire.frame({"op": "result", "result_is": same[0]}, after=given)
+            else:
+                reply = self.wire.frame({"op": "result"}, self._name_of, result=result, after=given)
+        except Exception as error:  # noqa: BLE001  (a meta tensor, a closure: whatever cannot be sent)
+            why = f"the launcher returned what grading cannot send back: {type(error).__name__}: {error}"
+            self.send({"error": {"kind": "TypeError", "message": why[:2000]}})
+            return
+        self.wire.write_all(self.replies, reply)
 
     def time(self, header: dict) -> None:
         from .speed import hook_from_spec, time_impl_with

@@ -54,6 +54,18 @@ class ReplyError(RuntimeError):
     """The child's reply could not be read: a failed case."""
 
 
+class InputChanged(RuntimeError):
+    """A call changed a tensor it was given, and its launcher is not one that works in place: a
+    failed case (a check that computes its reference from the inputs after the call must see the
+    inputs it made)."""
+
+
+# The launchers that change their tensor arguments in place, as their solutions document it
+# (tests/test_grade_splice.py keeps this in step with the docstrings). The grader copies what
+# such a call changed back into its own tensors; any other call that changes one fails the case.
+IN_PLACE = {"swiftspec": {"compact"}}
+
+
 class RemoteError(RuntimeError):
     """An exception of a type checks do not catch, raised in the child."""
 
@@ -192,7 +204,13 @@ class Channel:
                 after = decoder.decode(header.get("after"))
             except wire.WireError as error:
                 raise ReplyError(f"the grading process sent a reply grading cannot read ({error})") from None
-            _copy_back(tensors_in((list(args), kwargs)), after)
+            given = tensors_in((list(args), kwargs))
+            _copy_back(given, after, name in IN_PLACE.get(module, ()), name)
+            same = header.get("result_is")
+            if same is not None:  # it returned an argument itself: the grader's own tensor
+                if not wire.is_int(same) or not 0 <= same < len(given):
+                    raise ReplyError("the grading process named an argument that is not there")
+                return given[same]
             return _fresh(result)
 
         outcome = self.request({"op": "call", "module": module, "name": name, "callbacks": sorted(callbacks)},
@@ -229,16 +247,21 @@ class Channel:
         return raised
 
 
-def _copy_back(mine: list[torch.Tensor], theirs) -> None:
-    """What the call changed in its tensor arguments, into the grader's own tensors."""
+def _copy_back(mine: list[torch.Tensor], theirs, in_place: bool, name: str) -> None:
+    """What an in-place call changed in its tensor arguments, into the grader's own tensors; for any
+    other call, InputChanged if it changed one."""
     if not isinstance(theirs, list) or len(theirs) != len(mine):
         raise ReplyError("the grading process sent back a different number of arguments")
-    for own, back in zip(mine, theirs, strict=True):
+    for number, (own, back) in enumerate(zip(mine, theirs, strict=True), start=1):
         if not isinstance(back, torch.Tensor) or back.shape != own.shape or back.dtype != own.dtype:
             raise ReplyError("the grading process sent back an argument of another shape or dtype")
         back = back.to(own.device)
-        if not torch.equal(own, back) and not (own.is_floating_point() and _same_with_nans(own, back)):
-            own.copy_(back)
+        if torch.equal(own, back) or (own.is_floating_point() and _same_with_nans(own, back)):
+            continue
+        if not in_place:
+            raise InputChanged(f"{name} changed tensor argument {number} (shape {tuple(own.shape)}) in "
+                               "place: it must leave its inputs as they were")
+        own.copy_(back)
 
 
 def _same_with_nans(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -155,7 +155,7 @@ class Decoder:
             raise WireError(f"tensors may not live on {device!r}")
         if dtype not in DTYPES:
             raise WireError(f"unknown dtype {dtype!r}")
-        if not all(_is_int(x) and x >= 0 for x in (start, count)):
+        if not all(is_int(x) and x >= 0 for x in (start, count)):
             raise WireError("a storage's start and count must be non-negative ints")
         itemsize = torch.empty(0, dtype=DTYPES[dtype]).element_size()
         if start + count * itemsize > len(self.blob):
@@ -168,7 +168,7 @@ class Decoder:
             raise WireError("too many or too deeply nested values")
         if value is None or isinstance(value, (bool, float)):
             return value
-        if _is_int(value):
+        if is_int(value):
             return value
         if isinstance(value, str):
             if len(value) > MAX_STRING:
@@ -208,7 +208,7 @@ class Decoder:
             if len(value) != 1 or not isinstance(parts, list) or len(parts) != 3:
                 raise WireError("a slice must hold [start, stop, step]")
             parts = [self.decode(x, depth + 1) for x in parts]
-            if not all(x is None or _is_int(x) for x in parts):
+            if not all(x is None or is_int(x) for x in parts):
                 raise WireError("a slice holds ints or None")
             return slice(*parts)
         if "tensor" in value:
@@ -223,13 +223,13 @@ class Decoder:
         if not isinstance(spec, dict) or set(spec) != {"storage", "dtype", "shape", "stride", "offset"}:
             raise WireError("a tensor must give storage, dtype, shape, stride and offset")
         index, shape, stride, offset = spec["storage"], spec["shape"], spec["stride"], spec["offset"]
-        if not _is_int(index) or not 0 <= index < len(self.storages):
+        if not is_int(index) or not 0 <= index < len(self.storages):
             raise WireError("a tensor names a storage that is not there")
         device, dtype, start, count = self.storages[index]
         if spec["dtype"] != DTYPE_NAMES[dtype]:
             raise WireError("a tensor's dtype differs from its storage's")
         if not (isinstance(shape, list) and isinstance(stride, list) and len(shape) == len(stride) <= MAX_RANK
-                and all(_is_int(x) and x >= 0 for x in shape + stride) and _is_int(offset) and offset >= 0):
+                and all(is_int(x) and x >= 0 for x in shape + stride) and is_int(offset) and offset >= 0):
             raise WireError("a tensor's shape, stride and offset must be non-negative ints, rank at most 8")
         numel = 1
         for n in shape:
@@ -268,7 +268,7 @@ class Decoder:
         return obj
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
