@@ -306,6 +306,12 @@ def test_the_sandbox_holds_what_gets_past_the_hole_rules(escaped, student):
     points, note, flag = ESCAPED[student]
     exercise = DFS if student == "spec_in_kernel" else ONLINE
     g = escaped["grades"][student]
+    limits = json.loads((escaped["out"] / "grades.json").read_text())["sandbox"]["limits"]
+    if student == "fork_allocate" and not limits.startswith("cgroup"):
+        # per process only (no cgroup here): RLIMIT_AS refuses each child's 700 MB, so the limit holds
+        # without a kill, or the grader's polling stops the sandbox
+        assert g.exercises[ONLINE].points == 2 or note in g.exercises[ONLINE].note
+        return
     assert g.exercises[exercise].points == points, g.exercises[exercise]
     assert note in g.exercises[exercise].note
     assert (flag in g.flags) if flag else g.flags == []

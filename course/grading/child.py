@@ -73,6 +73,17 @@ class Server:
 
         self.wire = wire
         self.requests, self.replies = requests, replies
+        self.pid = os.getpid()
+        # A process the code forks is no server: it loses the channel at once, so that nothing it
+        # does (an exception climbing back through `call`) can be read as an answer.
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        for fd in (self.requests, self.replies):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def send(self, message: dict, **values) -> None:
         self.wire.write_all(self.replies, self.wire.frame(message, self._name_of, **values))
@@ -196,6 +207,9 @@ def main(config: dict) -> None:
         server.serve()
     except EOFError:
         pass
+    except OSError:  # a forked copy of the server, without the channel
+        if os.getpid() == server.pid:
+            raise
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown: a submission's atexit hooks or threads must not matter
 
