@@ -120,7 +120,7 @@ def make_plan(harness: Path, hidden: list[Path], gpu: bool, simulator: bool, sma
         if os.path.lexists(candidate) and candidate not in binds and not _inside_any(candidate, binds):
             binds.append(candidate)
     binds = [b for b in binds if not any(Path(b).resolve() == s for s in secret)]
-    hidden_inside = [str(s) for s in secret if any(Path(b) == s or Path(b) in s.parents for b in binds)]
+    hidden_inside = [str(s) for s in secret if s.is_dir() and any(Path(b) in s.parents for b in binds)]
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(INSIDE / "work"), "TMPDIR": "/tmp",
            "USER": "student", "LOGNAME": "student", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONNOUSERSITE": "1", "COURSE_SIM": "1" if simulator else "0",
