@@ -98,9 +98,9 @@ def _grade(args) -> int:
     from .grading import Limits, grade
 
     limits = Limits(per_exercise_s=args.timeout_per_exercise, total_s=args.timeout_total,
-                    memory_mb=args.memory_mb, output_mb=args.output_mb)
+                    memory_mb=args.memory_mb, output_mb=args.output_mb, processes=args.processes)
     grades = grade(args.submissions, args.out, args.seed, exercises=args.exercises, limits=limits,
-                   jobs=args.jobs, timing=not args.no_timing)
+                   jobs=args.jobs, timing=not args.no_timing, sandbox=not args.no_sandbox)
     flagged = [g for g in grades if g.flags]
     print(f"graded {len(grades)} submissions: {args.out}/gradebook.csv, {args.out}/feedback/"
           + (f"; flagged: {', '.join(f'{g.student} ({chr(59).join(g.flags)})' for g in flagged)}"
@@ -170,8 +170,15 @@ def main(argv=None) -> int:
     grade.add_argument("--exercises", nargs="+", help="exercise ids or notebook numbers (default: all)")
     grade.add_argument("--timeout-per-exercise", type=float, default=600.0, help="seconds (default 600)")
     grade.add_argument("--timeout-total", type=float, default=3600.0, help="seconds per submission")
-    grade.add_argument("--memory-mb", type=int, default=8192, help="address-space limit (simulator only)")
-    grade.add_argument("--output-mb", type=int, default=16, help="cap on what a submission prints")
+    grade.add_argument("--memory-mb", type=int, default=8192,
+                       help="memory of a submission's processes together (default 8192)")
+    grade.add_argument("--output-mb", type=int, default=16,
+                       help="cap on what a submission prints and writes, together (default 16)")
+    grade.add_argument("--processes", type=int, default=4096,
+                       help="processes and threads of a submission together (default 4096)")
+    grade.add_argument("--no-sandbox", action="store_true",
+                       help="grade without bubblewrap's isolation (where it is missing); every feedback "
+                            "file then says so")
     grade.add_argument("--jobs", type=int, default=1, help="submissions graded at once")
     grade.add_argument("--no-timing", action="store_true",
                        help="on a GPU, skip timing passed kernels against the solutions' (never timed "

@@ -56,6 +56,8 @@ def todo(exercise: str, region: int | None = None, lines: int | None = None, def
 
 def kernel_stub_name(kernel) -> str | None:
     """The exercise a kernel's source still leaves undone, or None when it is written."""
+    if hasattr(kernel, "remote_stub"):  # a kernel graded in a sandbox, read there (course.grading.proxy)
+        return kernel.remote_stub
     call = _stub_in(python_function(kernel))
     return None if call is None else str(call.args[0].value)
 

@@ -304,36 +304,65 @@ def _stub_lines(hole: Hole, module: str, indent: str) -> list[str]:
     return [f"{indent}{comment}\n", f"{indent}todo({arguments})\n"]
 
 
-def stub_source(source: str, module: str, where: str, sources: Mapping[str, str] | None = None,
-                is_open: Callable[[str], bool] = lambda exercise: True) -> str:
-    """The lesson version of one solution module. `sources` (module -> solution source) holds the
-    rungs it builds on, whose open answers it must not show either; `is_open` as in lesson_holes."""
+@dataclass(frozen=True)
+class Piece:
+    """A run of a lesson's lines: copied from the solution (`hole` None), or what stands in a hole
+    (its stub, or a find-the-bug region's defective lines). Grading lines a student's file up with
+    these to find what the student wrote in each hole (`course.grading.splice`)."""
+    lines: tuple[str, ...]
+    hole: Hole | None = None
+
+
+def lesson_pieces(source: str, module: str, where: str, sources: Mapping[str, str] | None = None,
+                  is_open: Callable[[str], bool] = lambda exercise: True) -> list[Piece]:
+    """The lesson version of one solution module, as pieces in order. `sources` (module -> solution
+    source) holds the rungs it builds on, whose open answers it must not show either; `is_open` as
+    in lesson_holes."""
     regions = find_regions(source, module, where)
     if regions and not re.search(r"^from course\.exercise import .*\btodo\b", source, re.MULTILINE):
         raise ReleaseError(f"{where}: has exercise regions, so it must import todo from course.exercise")
     sources = {**(sources or {}), module: source}
     lines = source.splitlines(keepends=True)
     holes = {hole.first: hole for hole in lesson_holes(module, sources, is_open)}
-    out, index = [], 0
+    pieces, copied, index = [], [], 0
+
+    def stand_in(hole: Hole, stub: list[str]) -> None:
+        if copied:
+            pieces.append(Piece(tuple(copied)))
+            copied.clear()
+        pieces.append(Piece(tuple(stub), hole))
+
     while index < len(lines):
         stripped = lines[index].strip()
         hole = holes.get(index)
         if hole is not None and hole.module == module and _bug_part(source.splitlines(), hole.region):
             lesson = _bug_part(source.splitlines(), hole.region)
-            out.extend(_uncomment(line) for line in lines[lesson + 1 : hole.last])
+            stand_in(hole, [_uncomment(line) for line in lines[lesson + 1 : hole.last]])
             index = hole.last + 1
         elif hole is not None:
             indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
-            out.extend(_stub_lines(hole, module, indent))
+            stand_in(hole, _stub_lines(hole, module, indent))
             index = hole.last + 1
         elif stripped.startswith((BEGIN, END)):  # a solved region: its code stays, its markers go
             index += 1
         elif stripped == LESSON:  # a solved find-the-bug region: the correct code, not the defect
             index = next(i for i in range(index, len(lines)) if lines[i].strip().startswith(END)) + 1
         else:
-            out.append(lines[index])
+            copied.append(lines[index])
             index += 1
-    return "".join(out)
+    if copied:
+        pieces.append(Piece(tuple(copied)))
+    return pieces
+
+
+def stub_source(source: str, module: str, where: str, sources: Mapping[str, str] | None = None,
+                is_open: Callable[[str], bool] = lambda exercise: True) -> str:
+    """The lesson version of one solution module (see lesson_pieces)."""
+    return lesson_text(lesson_pieces(source, module, where, sources, is_open))
+
+
+def lesson_text(pieces: list[Piece]) -> str:
+    return "".join(line for piece in pieces for line in piece.lines)
 
 
 def _uncomment(line: str) -> str:
@@ -357,9 +386,11 @@ def _check_relative_imports(source: str, where: str) -> None:
             )
 
 
-def render(solutions: Path, is_open: Callable[[str], bool] = lambda exercise: True) -> dict[Path, bytes]:
-    """Every file of the lessons tree, by relative path, as the release would write it. Each open
-    exercise (all of them, unless `is_open` says otherwise) is a stub wherever its answer would stand."""
+def render_pieces(solutions: Path,
+                  is_open: Callable[[str], bool] = lambda exercise: True) -> dict[Path, bytes | list[Piece]]:
+    """Every file of the lessons tree, by relative path: a module as its lesson's pieces (the header
+    first, as copied lines), any other file as its bytes. Each open exercise (all of them, unless
+    `is_open` says otherwise) is a stub wherever its answer would stand."""
     if not (solutions / "__init__.py").is_file():
         raise ReleaseError(
             f"solutions: {solutions} is not here. Releasing and grading need the course's own "
@@ -376,9 +407,21 @@ def render(solutions: Path, is_open: Callable[[str], bool] = lambda exercise: Tr
         where = f"solutions/{relative.as_posix()}"
         module = ".".join(relative.with_suffix("").parts)
         _check_relative_imports(sources[module], where)
-        body = stub_source(sources[module], module, where, sources, is_open)
-        files[relative] = (HEADER.format(path=relative.as_posix()) + body).encode()
+        header = Piece(tuple(HEADER.format(path=relative.as_posix()).splitlines(keepends=True)))
+        files[relative] = [header, *lesson_pieces(sources[module], module, where, sources, is_open)]
     return files
+
+
+def render(solutions: Path, is_open: Callable[[str], bool] = lambda exercise: True) -> dict[Path, bytes]:
+    """Every file of the lessons tree, by relative path, as the release would write it (see
+    render_pieces)."""
+    return files_of(render_pieces(solutions, is_open))
+
+
+def files_of(rendered: Mapping[Path, bytes | list[Piece]]) -> dict[Path, bytes]:
+    """render_pieces' tree as the files' bytes."""
+    return {relative: content if isinstance(content, bytes) else lesson_text(content).encode()
+            for relative, content in rendered.items()}
 
 
 def differences(solutions: Path = ROOT / "solutions", lessons: Path = ROOT / "lessons") -> list[str]:

@@ -1,128 +1,369 @@
 """Grading: sample submissions (tests/submissions/) get the grades and notes they must get.
 
-One grading run over every sample (two at a time) with a small, fast subset of exercises
-and short limits; the correct submission and the `_solution_*.py` modules the hostile
-samples import are written from solutions/ into a temporary folder, never committed here.
+Each sample is a recipe (`sample.py`): the code a student wrote in some exercise holes, lines
+changed outside them, extra files, links. At test time it becomes a lessons/ folder: the lesson
+with every other hole filled from solutions/ (so nothing here holds a solution), then the sample's
+changes. Two grading runs, two submissions at a time, over three fast exercises, with the
+sandbox on and short limits:
+- `graded`: every sample as handed in; the hole rules refuse what reaches outside an exercise;
+- `escaped`: the hostile samples again with the hole rules switched off (monkeypatched), standing
+  for a student who found a way past them: then the sandbox alone must hold.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
-import shutil
+import os
+import socket
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from course.core import runtime
-from course.grading import Limits, grade
+from course.grading import Limits, grade, sandbox
 from course.grading.collect import SubmissionError, find_submissions, safe_extract
+from tests.grading_samples import SAMPLES, recipe, write_correct, write_sample
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-SAMPLES = HERE / "submissions"
-EXERCISES = ["trees.dfs_times_kernel", "attention.online_softmax", "attention.merge_attention"]
-POINTS = {"trees.dfs_times_kernel": 3, "attention.online_softmax": 2, "attention.merge_attention": 2}
-SEED = 1234
+ROOT = Path(__file__).resolve().parent.parent
+EXERCISES = ["trees.dfs_times_kernel", "trees.tree_bitmask_kernel", "attention.online_softmax"]
+POINTS = {"trees.dfs_times_kernel": 3, "trees.tree_bitmask_kernel": 2, "attention.online_softmax": 2}
+SEED, ESCAPED_SEED = 1234, 97531
+LIMITS = Limits(per_exercise_s=10, total_s=120, memory_mb=1536, output_mb=1, processes=1024)
+CANARY = "canary-3141-grader-secret"
+ONLINE, BITMASK, DFS = "attention.online_softmax", "trees.tree_bitmask_kernel", "trees.dfs_times_kernel"
+HELPER = "course-grade-helper-7361"
+OUTSIDE_FILES = ("escaped.txt", "shell.txt", "ctypes.txt", "db.sqlite", "late.txt")
+
+needs_bwrap = pytest.mark.skipif(sandbox.bwrap() is None,
+                                 reason="bubblewrap is not installed (.ci/run installs it)")
 
 
-def _lessons_with_solutions(folder: Path) -> Path:
-    lessons = folder / "lessons"
-    lessons.mkdir(parents=True, exist_ok=True)
-    for module in ("trees", "attention"):
-        source = (ROOT / "solutions" / f"{module}.py").read_text()
-        (lessons / f"_solution_{module}.py").write_text(source)
-        if not (lessons / f"{module}.py").exists():
-            (lessons / f"{module}.py").write_text(source)
-    return lessons
+def _digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        h.update(str(path.relative_to(folder)).encode())
+        if path.is_file():
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _run(base: Path, names: list[str], seed: int, extra=()) -> dict:
+    watched = base / "watched"  # stands for the grader's repository and other students: nothing may change
+    (watched / "course").mkdir(parents=True)
+    (watched / "course" / "keep.py").write_text("unchanged")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.setblocking(False)
+    tokens = {"@WATCHED@": str(watched), "@ROOT@": str(ROOT), "@PORT@": str(listener.getsockname()[1])}
+    submissions = base / "submissions"
+    for name in names:
+        write_sample(name, submissions, tokens)
+    for name in extra:
+        write_correct(submissions / name)
+    before = _digest(watched)
+    out = base / "out"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COURSE_GRADE_CANARY", CANARY)
+        grades = grade(submissions, out, seed, exercises=EXERCISES, limits=LIMITS, jobs=2, progress=False)
+    try:
+        listener.accept()
+        connected = True
+    except BlockingIOError:
+        connected = False
+    listener.close()
+    return {"grades": {g.student: g for g in grades}, "out": out, "connected": connected,
+            "watched_changed": _digest(watched) != before, "processes": _processes_with(HELPER)}
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+ALL = sorted(p.name for p in SAMPLES.iterdir() if (p / "sample.py").is_file())
+ESCAPING = ["segfault", "exits", "writes_outside", "forged_results", "crashing_reply", "answer_key",
+            "patch_checks", "fake_tensor", "spec_in_kernel", "detached_helper", "fork_allocate", "many_files",
+            "info_leak"]
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    base = tmp_path_factory.mktemp("grading")
-    submissions = base / "submissions"
-    for sample in sorted(p for p in SAMPLES.iterdir() if p.is_dir()):
-        shutil.copytree(sample, submissions / sample.name)
-        _lessons_with_solutions(submissions / sample.name)
-    _lessons_with_solutions(submissions / "correct")
-    # a zipped repository copy, wrapped in a folder as GitHub's "download zip" does
-    zipped = base / "zipped"
-    _lessons_with_solutions(zipped / "SpecKernels-main")
-    with zipfile.ZipFile(submissions / "zipped.zip", "w") as zf:
+    base = tmp_path_factory.mktemp("graded")
+    zipped = base / "zipped"  # a zipped repository copy, wrapped in a folder as GitHub's "download zip" does
+    write_sample("ann_lee", zipped / "SpecKernels-main", {})
+    (base / "submissions").mkdir()
+    with zipfile.ZipFile(base / "submissions" / "zipped.zip", "w") as zf:
         for path in sorted(zipped.rglob("*.py")):
             zf.write(path, path.relative_to(zipped).as_posix())
-    watched = base / "watched"  # stands for the grader's repository: nothing may change here
-    watched.mkdir()
-    (watched / "keep.txt").write_text("unchanged")
-    out = base / "out"
-    limits = Limits(per_exercise_s=20, total_s=120, memory_mb=8192, output_mb=1)
-    grades = grade(submissions, out, SEED, exercises=EXERCISES, limits=limits, jobs=2, progress=False,
-                   watch=[watched])
-    return {g.student: g for g in grades}, out
+    return _run(base, ALL, SEED, extra=["correct"])
+
+
+@pytest.fixture(scope="module")
+def escaped(tmp_path_factory):
+    from course.grading import splice
+
+    base = tmp_path_factory.mktemp("escaped")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(splice, "refusals", lambda *args, **kwargs: [])
+        return _run(base, ESCAPING, ESCAPED_SEED, extra=["correct"])
 
 
 def _points(g) -> dict[str, float]:
     return {e: g.exercises[e].points for e in EXERCISES}
 
 
-def test_correct_submissions_get_every_point(graded):
-    grades, _ = graded
-    for student in ("correct", "zipped"):
-        assert _points(grades[student]) == POINTS, grades[student].exercises
-        assert grades[student].flags == [] and grades[student].notes == []
+def _feedback(run, student: str) -> str:
+    return (run["out"] / "feedback" / f"{student}.md").read_text()
 
 
-def test_partly_correct_gets_partial_credit(graded):
-    g = graded[0]["partly_correct"]
-    assert g.exercises["attention.online_softmax"].fraction == 0.5  # the large-score cases fail
-    assert _points(g) == {**POINTS, "attention.online_softmax": 1.0}
+def _all_text(g) -> str:
+    parts = [*g.notes] + [x for e in g.exercises.values() for x in (e.note, e.not_implemented)]
+    parts += [detail for e in g.exercises.values() for _, _, detail in e.results]
+    return "\n".join(parts)
+
+
+# ------------------------------------------------------------------------------------ with the hole rules
+
+REFUSED = {  # sample: (exercise, why)
+    "segfault": (ONLINE, "imports a module"), "exits": (ONLINE, "imports a module"),
+    "writes_outside": (ONLINE, "imports a module"), "forged_results": (ONLINE, "imports a module"),
+    "crashing_reply": (ONLINE, "imports a module"), "answer_key": (ONLINE, "imports a module"),
+    "patch_checks": (ONLINE, "changes torch.Tensor.any, which belongs to the module"),
+    "fake_tensor": (ONLINE, "defines a class"), "library_softmax": (ONLINE, "uses softmax"),
+    "spec_in_kernel": (DFS, "uses pyspec_ref"), "detached_helper": (ONLINE, "imports a module"),
+    "fork_allocate": (ONLINE, "imports a module"), "many_files": (ONLINE, "uses open"),
+    "info_leak": (ONLINE, "imports a module"),
+}
+FILTERED = {  # sample: (exercise, its points, note on it, flag)
+    "partly_correct": (ONLINE, 1.0, "", ""),
+    "syntax_error": (DFS, 0, "region 1 of trees.dfs_times_kernel does not parse: expected ':'", ""),
+    "hangs": (ONLINE, 0, "hung: it ran past the time limit of 10 s", "timed out"),
+    "prints_megabytes": (ONLINE, 0, "printed or wrote too much: over the 1 MB output limit",
+                         "too much output"),
+    "monkeypatch": (ONLINE, 0, "", ""),
+    "shadow_course": (ONLINE, 0, "", ""),
+    "answer_key_link": (ONLINE, 0, "", ""),
+    "oracle_launcher": (BITMASK, 0, "", ""),
+    "injection": (ONLINE, 0, "", ""),
+    "changes_input": (ONLINE, 0, "", ""),
+    **{name: (exercise, 0, why, "tampering") for name, (exercise, why) in REFUSED.items()},
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("student", ["correct", "zipped", "ann_lee", "ann_lee-2"])
+def test_correct_submissions_get_every_point(graded, student):
+    g = graded["grades"][student]
+    assert _points(g) == POINTS, g.exercises
     assert g.flags == []
 
 
-@pytest.mark.parametrize("student, exercise, note, flag", [
-    ("import_error", "trees.dfs_times_kernel", "importing lessons/trees.py failed", ""),
-    ("hangs", "attention.online_softmax", "hung: it ran past the time limit of 20 s", "timed out"),
-    ("segfault", "attention.merge_attention", "crashed the interpreter: SIGSEGV", "crashed"),
-    ("sys_exit", "attention.online_softmax", "called sys.exit(3)", "exited"),
-    ("prints_megabytes", "attention.online_softmax", "printed too much", "too much output"),
-    ("writes_outside", "attention.online_softmax", "tried to write outside its folder",
-     "writes outside its folder"),
-    ("monkeypatch", "attention.online_softmax", "monkeypatching", "monkeypatched the harness"),
-])
-def test_hostile_submissions_keep_the_points_earned_elsewhere(graded, student, exercise, note, flag):
-    grades, out = graded
-    g = grades[student]
-    assert g.exercises[exercise].points == 0
+@needs_bwrap
+@pytest.mark.parametrize("student", sorted(FILTERED))
+def test_each_sample_gets_its_grade_and_keeps_the_points_earned_elsewhere(graded, student):
+    exercise, points, note, flag = FILTERED[student]
+    student_id = recipe(student).get("NAME", student).replace("+", "_")
+    g = graded["grades"][student_id]
+    assert g.exercises[exercise].points == points, g.exercises[exercise]
     assert note in g.exercises[exercise].note
-    if flag:
-        assert flag in g.flags
-    zeroed = {exercise}
-    if student == "monkeypatch":  # every import of its attention.py patches the check again
-        zeroed.add("attention.merge_attention")
-        assert "monkeypatching" in g.exercises["attention.merge_attention"].note
-    assert {e: p for e, p in _points(g).items() if e not in zeroed} == {
-        e: p for e, p in POINTS.items() if e not in zeroed}
-    feedback = (out / "feedback" / f"{student}.md").read_text()
-    assert note in feedback
+    assert (flag in g.flags) if flag else g.flags == [], g.flags
+    if flag == "tampering":
+        assert "was refused" in g.exercises[exercise].note
+    if note:
+        assert note.split(":")[0] in _feedback(graded, student_id)
+    others = {e: p for e, p in _points(g).items() if e != exercise}
+    assert others == {e: p for e, p in POINTS.items() if e != exercise}
 
 
-def test_nothing_outside_the_submissions_changed(graded):
-    grades, _ = graded
-    assert not any("files outside its folder changed" in n for g in grades.values() for n in g.notes)
+@needs_bwrap
+def test_changes_outside_the_holes_are_ignored_and_said_so(graded):
+    grades = graded["grades"]
+    for student, module in (("monkeypatch", "attention"), ("case_size", "trees"),
+                            ("oracle_launcher", "trees")):
+        assert any(f"lessons/{module}.py: your changes outside the exercise regions" in n
+                   for n in grades[student].notes), grades[student].notes
+    assert grades["oracle_launcher"].exercises[BITMASK].not_implemented  # the kernel is still the stub
 
 
+@needs_bwrap
+def test_case_sizes_come_from_the_graders_constants(graded):
+    bitmask = graded["grades"]["case_size"].exercises[BITMASK]
+    failing = [case for case, passed, _ in bitmask.results if not passed]
+    # 2 * MASK_TILE + 5 nodes, with the grader's MASK_TILE = 16
+    assert any("N=37" in case for case in failing), failing
+
+
+@needs_bwrap
+def test_a_call_that_changes_its_input_fails_its_cases(graded):
+    results = graded["grades"]["changes_input"].exercises[ONLINE].results
+    assert results and all(not passed and "changed tensor argument 1 (shape (5, 37)) in place" in detail
+                           for _, passed, detail in results)
+
+
+@needs_bwrap
+def test_links_to_the_answer_key_are_not_followed(graded):
+    grades = graded["grades"]
+    assert any("lessons/attention.py is a link" in n for n in grades["answer_key_link"].notes)
+    assert grades["answer_key_link"].exercises[ONLINE].not_implemented
+    linked = grades["linked_lessons"]
+    assert linked.total == 0 and "unusable" in linked.flags
+    assert any("could not use the submission" in n for n in linked.notes)
+
+
+@needs_bwrap
+def test_colliding_names_get_distinct_ids_and_a_note(graded):
+    grades = graded["grades"]
+    assert grades["ann_lee"].notes == []
+    assert any("graded as ann_lee-2" in n for n in grades["ann_lee-2"].notes)
+    assert (graded["out"] / "feedback" / "ann_lee-2.md").exists()
+
+
+@needs_bwrap
+def test_gradebook_and_feedback_are_escaped(graded):
+    rows = list(csv.reader((graded["out"] / "gradebook.csv").open()))
+    cells = [cell for row in rows for cell in row]
+    assert not [c for c in cells if c.startswith(("=", "+", "-", "@", "\t", "\r"))]
+    assert ["'-1_1"] == [row[0] for row in rows if row[0].endswith("-1_1")]
+    feedback = _feedback(graded, "-1_1")
+    assert "HYPERLINK" in feedback  # the error text is shown ...
+    outside_code = feedback.split("```")[0::2]  # ... but outside code blocks, nothing is live
+    assert not any("<img" in part or "](http" in part for part in outside_code)
+
+
+@needs_bwrap
 def test_gradebook_has_a_row_per_student_and_a_column_per_exercise(graded):
-    grades, out = graded
+    grades, out = graded["grades"], graded["out"]
     rows = list(csv.DictReader((out / "gradebook.csv").open()))
     assert rows[0]["student"] == "(points)"
-    by_student = {r["student"]: r for r in rows[1:]}
+    by_student = {r["student"].lstrip("'"): r for r in rows[1:]}
     assert set(by_student) == set(grades)
     assert float(by_student["correct"]["total"]) == sum(POINTS.values())
-    assert float(by_student["partly_correct"]["attention.online_softmax"]) == 1.0
-    assert "crashed" in by_student["segfault"]["flags"]
-    feedback = (out / "feedback" / "partly_correct.md").read_text()
-    assert "failed: 5x37 scores, block=1, large scores" in feedback
+    assert float(by_student["partly_correct"][ONLINE]) == 1.0
+    assert "timed out" in by_student["hangs"]["flags"]
+    assert "failed: 5x37 scores, block=1, large scores" in _feedback(graded, "partly_correct")
+
+
+@needs_bwrap
+def test_nothing_outside_the_submissions_changed(graded):
+    assert not graded["watched_changed"]
+    assert not [name for name in OUTSIDE_FILES if (ROOT / name).exists()]
+
+
+@needs_bwrap
+def test_grades_json_says_how_the_submissions_were_limited(graded):
+    document = json.loads((graded["out"] / "grades.json").read_text())
+    assert document["sandbox"]["isolated"] is True
+    assert document["sandbox"]["limits"].startswith(("cgroup v", "per process"))
+
+
+@needs_bwrap
+@pytest.mark.skipif(not runtime.SIMULATOR, reason="on a GPU, grading times the exercises")
+def test_simulator_grading_times_nothing_and_says_so(graded):
+    out = graded["out"]
+    feedback = _feedback(graded, "correct")
+    assert "## Speed" in feedback and "Not timed: this grading ran in the simulator" in feedback
+    assert "without isolation" not in feedback
+    document = json.loads((out / "grades.json").read_text())
+    assert document["timing"]["timed"] is False
+    assert document["students"][0]["exercises"][DFS]["student_ms"] is None
+    header = next(csv.reader((out / "gradebook.csv").open()))
+    assert not any(column.startswith("speed ") for column in header)
+
+
+# ------------------------------------------------------------------------------------ past the hole rules
+
+ESCAPED = {  # sample: (its points on online_softmax (dfs for spec_in_kernel), note on it, flag)
+    "segfault": (0, "crashed the interpreter: SIGSEGV", "crashed"),
+    "exits": (0, "ended the process: exit code 3", "exited"),
+    "writes_outside": (2, "", ""),
+    "forged_results": (0, "", ""),
+    "crashing_reply": (0, "", ""),
+    "answer_key": (0, "", ""),
+    "patch_checks": (0, "", ""),
+    "fake_tensor": (0, "", ""),
+    "spec_in_kernel": (0, "", ""),
+    "detached_helper": (2, "", ""),
+    "fork_allocate": (0, "used more than the memory limit (1536 MB, all its processes together)",
+                      "out of memory"),
+    "many_files": (0, "printed or wrote too much", "too much output"),
+    "info_leak": (0, "", ""),
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("student", sorted(ESCAPED))
+def test_the_sandbox_holds_what_gets_past_the_hole_rules(escaped, student):
+    points, note, flag = ESCAPED[student]
+    exercise = DFS if student == "spec_in_kernel" else ONLINE
+    g = escaped["grades"][student]
+    limits = json.loads((escaped["out"] / "grades.json").read_text())["sandbox"]["limits"]
+    if student == "fork_allocate" and not limits.startswith("cgroup"):
+        # per process only (no cgroup here): RLIMIT_AS refuses each child's 700 MB, so the limit holds
+        # without a kill, or the grader's polling stops the sandbox
+        assert g.exercises[ONLINE].points == 2 or note in g.exercises[ONLINE].note
+        return
+    assert g.exercises[exercise].points == points, g.exercises[exercise]
+    assert note in g.exercises[exercise].note
+    assert (flag in g.flags) if flag else g.flags == []
+    others = {e: p for e, p in _points(g).items() if e != exercise}
+    assert others == {e: p for e, p in POINTS.items() if e != exercise}
+    assert _points(escaped["grades"]["correct"]) == POINTS
+
+
+@needs_bwrap
+def test_replies_the_grader_cannot_read_fail_cases_not_the_run(escaped):
+    crashing = escaped["grades"]["crashing_reply"].exercises[ONLINE]
+    assert crashing.results and all("reply grading cannot read" in d for _, p, d in crashing.results if not p)
+    forged = escaped["grades"]["forged_results"].exercises[ONLINE]
+    assert forged.results and not any(p for _, p, _ in forged.results)
+
+
+@needs_bwrap
+def test_the_answer_key_is_out_of_reach(escaped):
+    text = _all_text(escaped["grades"]["answer_key"])
+    assert "No module named 'solutions'" in text and "found []" in text
+    processes = [int(p) for p in text.split("among processes [")[1].split("]")[0].split(", ")]
+    assert max(processes) < 50  # its own PID namespace: the grader's processes are not there
+
+
+@needs_bwrap
+def test_nothing_escapes_the_sandbox(escaped):
+    assert not escaped["watched_changed"]
+    assert not [name for name in OUTSIDE_FILES if (ROOT / name).exists()]
+    assert escaped["processes"] == []  # the detached helpers died with the sandbox
+    assert not escaped["connected"]
+
+
+@needs_bwrap
+def test_the_child_sees_no_secret(escaped):
+    text = _all_text(escaped["grades"]["info_leak"])
+    feedback = _feedback(escaped, "info_leak")
+    assert "no network" in text and "uid=" in text and "uid=0 " not in text
+    for secret in (CANARY, str(ESCAPED_SEED), str(ROOT), str(escaped["out"]), "partly_correct", "segfault"):
+        assert secret not in text and secret not in feedback, secret
+
+
+# ------------------------------------------------------------------------------------ pieces
+
+def test_grading_refuses_without_bubblewrap_unless_told(tmp_path, monkeypatch):
+    write_sample("ann_lee", tmp_path / "submissions", {})
+    monkeypatch.setattr(sandbox, "bwrap", lambda: None)
+    with pytest.raises(ValueError, match="--no-sandbox"):
+        grade(tmp_path / "submissions", tmp_path / "out", SEED, exercises=[ONLINE], progress=False)
+    grades = grade(tmp_path / "submissions", tmp_path / "out", SEED, exercises=[ONLINE], progress=False,
+                   sandbox=False, limits=LIMITS)
+    assert grades[0].exercises[ONLINE].points == 2
+    assert "produced without isolation" in (tmp_path / "out" / "feedback" / "ann_lee.md").read_text()
 
 
 def test_zips_may_not_escape(tmp_path):
@@ -140,33 +381,25 @@ def test_find_submissions(tmp_path):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "trees.py").write_text("")
     (tmp_path / "c.zip").write_bytes(b"")
-    assert [s.student for s in find_submissions(tmp_path)] == ["a", "b", "c"]
+    (tmp_path / "C").mkdir()  # the same as c.zip, ignoring case
+    (tmp_path / "C" / "trees.py").write_text("")
+    found = find_submissions(tmp_path)
+    assert [s.student for s in found] == ["C", "a", "b", "c-2"]
+    assert found[-1].note and not found[0].note
     assert [s.student for s in find_submissions(tmp_path / "a")] == ["a"]
     with pytest.raises(ValueError, match="submissions"):
         find_submissions(tmp_path / "missing")
 
 
-# ------------------------------------------------------------------ speed (course.grading.speed)
-
-@pytest.mark.skipif(not runtime.SIMULATOR, reason="on a GPU, grading times the exercises")
-def test_simulator_grading_times_nothing_and_says_so(graded):
-    grades, out = graded
-    feedback = (out / "feedback" / "correct.md").read_text()
-    assert "## Speed" in feedback and "Not timed: this grading ran in the simulator" in feedback
-    document = json.loads((out / "grades.json").read_text())
-    assert document["timing"]["timed"] is False
-    assert document["students"][0]["exercises"]["trees.dfs_times_kernel"]["student_ms"] is None
-    header = next(csv.reader((out / "gradebook.csv").open()))
-    assert not any(column.startswith("speed ") for column in header)
-
-
 def test_every_ladder_rung_and_the_triton_kernel_have_a_bench_hook():
     from course.exercises import EXERCISES
+    from course.grading.speed import hook_from_spec
     from course.topics.ladder.rungs import RUNGS
 
-    hooked = {e.id for e in EXERCISES.values() if e.bench is not None}
-    assert {f"{rung.module}.tree_attention_kernel" for rung in RUNGS} <= hooked
+    hooked = {e.id: e.bench for e in EXERCISES.values() if e.bench is not None}
+    assert {f"{rung.module}.tree_attention_kernel" for rung in RUNGS} <= set(hooked)
     assert "triton_attention.tree_attention_kernel" in hooked
+    assert all(hook_from_spec(hook.spec) == hook for hook in hooked.values())  # what the child rebuilds
 
 
 def _fake(exercise_id: str, points: int, hook):
@@ -224,11 +457,3 @@ def test_timed_results_are_reported_with_a_fake_timer(tmp_path):
     fast_json = document["students"][0]["exercises"]["m.fast"]
     assert (fast_json["student_ms"], fast_json["solution_ms"], fast_json["time_ratio"]) == (1.0, 2.0, 0.5)
     assert document["timing"]["timed"] is True and document["timing"]["device"] == "Fake GPU"
-
-
-def test_worker_result_carries_the_time():
-    from course.grading.runner import _grade_from
-
-    g = _grade_from({"exercise": "m.fast", "results": [["case", True, ""]], "student_ms": 1.5,
-                     "timing_note": ""}, 2.0)
-    assert g.student_ms == 1.5 and g.points == 2.0

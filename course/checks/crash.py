@@ -52,6 +52,9 @@ class Crash:
 
 
 def describe(raised: BaseException) -> Crash:
+    remote = getattr(raised, "remote_crash", None)
+    if isinstance(remote, Crash):  # raised in a grading child and described there (course.grading.proxy)
+        return remote
     error = original_error(raised)
     message = str(error)
     thread_match = THREAD_PREFIX.match(message)

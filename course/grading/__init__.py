@@ -1,34 +1,49 @@
 """Instructor grading: `python -m course grade SUBMISSIONS --out DIR --seed S`.
 
-- `collect`: find submissions (repo copies, lessons/ folders, zips), extract zips safely;
-- `worker`: the child process that imports one submission and runs the checks;
-- `runner`: one submission's child processes, time/memory/output limits, what a crash means;
+- `collect`: find submissions (repo copies, lessons/ folders, zips), extract zips safely, distinct ids;
+- `splice`: the grader's own lesson modules with each student's code in the holes, the code checked;
+- `sandbox`: the bubblewrap sandbox a submission's child runs in, and its limits;
+- `child`: that child: runs the graded modules' functions on the inputs it is sent;
+- `wire`: the channel's format (plain values, tensors as bytes; never a pickle);
+- `proxy`: the module a check gets: the grader's constants and helpers, the child's kernels;
+- `runner`: one submission's exercises, and what a crash, a hang or a limit means;
 - `report`: gradebook.csv, feedback/<student>.md, grades.json;
 - `speed`: on a GPU, each passed exercise's kernel timed against the solution's.
 
-Every exercise's points come from `course.exercises.EXERCISES`; partial credit is the
-share of its test cases passed. The same seed gives the same grade.
+The checks run here, in the grader's process, with the private seed: the child never sees the
+seed, the expected outputs or the tolerances. Every exercise's points come from
+`course.exercises.EXERCISES`; partial credit is the share of its test cases passed. The same
+seed gives the same grade.
 """
 
 from __future__ import annotations
 
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-from .runner import ExerciseGrade, Limits, SubmissionGrade
 
 __all__ = ["ExerciseGrade", "Limits", "SubmissionGrade", "grade"]
 
 
-def grade(submissions, out, seed: int, exercises=None, limits: Limits | None = None, jobs: int = 1,
-          progress: bool = True, watch=None, timing: bool = True) -> list[SubmissionGrade]:
+def __getattr__(name: str):
+    # The grading child imports this package too; it needs none of the grader's side.
+    if name in ("ExerciseGrade", "Limits", "SubmissionGrade"):
+        from . import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def grade(submissions, out, seed: int, exercises=None, limits=None, jobs: int = 1, progress: bool = True,
+          timing: bool = True, sandbox: bool = True) -> list:
     """Grade every submission under `submissions`, write the reports under `out`, return the grades.
 
-    exercises: ids or notebook numbers (default: all); watch: folders whose files a submission must
-    not change (default: the grader's repository); timing: on a GPU, time each passed exercise's
-    kernel against the solution's (course.grading.speed; never in the simulator).
+    exercises: ids or notebook numbers (default: all); timing: on a GPU, time each passed exercise's
+    kernel against the solution's (course.grading.speed; never in the simulator); sandbox: False
+    grades without isolation (where bubblewrap is missing), and every feedback file says so.
     """
+    import shutil
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
     from tqdm import tqdm
 
     from course.core import runtime
@@ -37,8 +52,9 @@ def grade(submissions, out, seed: int, exercises=None, limits: Limits | None = N
     from ..exercises import select
     from ..release import ROOT
     from . import report
-    from .collect import find_submissions, lesson_stubs
-    from .runner import grade_submission
+    from . import sandbox as jail
+    from .collect import find_submissions
+    from .runner import Limits, Setup, grade_submission, prepare_submission
     from .speed import Speed
 
     if not isinstance(seed, int):
@@ -51,6 +67,12 @@ def grade(submissions, out, seed: int, exercises=None, limits: Limits | None = N
     limits = limits or Limits()
     if limits.per_exercise_s <= 0 or limits.total_s <= 0:
         raise ValueError("timeouts must be positive")
+    if min(limits.memory_mb, limits.output_mb, limits.processes, limits.reply_mb) <= 0:
+        raise ValueError("memory_mb, output_mb, processes and reply_mb must be positive")
+    if sandbox and jail.bwrap() is None:
+        raise ValueError("sandbox: bubblewrap (bwrap) is not installed here or cannot run (it needs user "
+                         "namespaces, or root). Install it (Debian/Ubuntu: apt-get install bubblewrap), or "
+                         "pass --no-sandbox to grade without isolation (every feedback file then says so)")
     chosen = []
     for selector in exercises or [None]:
         chosen += [e for e in select(selector) if e not in chosen]
@@ -58,10 +80,7 @@ def grade(submissions, out, seed: int, exercises=None, limits: Limits | None = N
     found = find_submissions(Path(submissions))
     if not found:
         raise ValueError(f"submissions: no submission found under {submissions}")
-    watch = [ROOT] if watch is None else list(watch)
-    watch += [s.source for s in found if s.source.is_dir()]
     out.mkdir(parents=True, exist_ok=True)
-    lesson_stubs()  # rendered here, in the main thread (see lesson_stubs)
     if not timing:
         speed = Speed.untimed("timing was switched off (--no-timing)")
     elif not runtime.on_gpu():
@@ -71,13 +90,21 @@ def grade(submissions, out, seed: int, exercises=None, limits: Limits | None = N
         if jobs > 1:
             speed.note = (f"Submissions were graded {jobs} at a time, so these times may include other "
                           "submissions' work on the same GPU; grade with --jobs 1 for clean timings.")
-    with tempfile.TemporaryDirectory(prefix="course-grade-") as workroot:
-        def one(submission):
-            return grade_submission(submission, chosen, seed, limits, Path(workroot), watch=watch,
-                                    time_kernels=speed.timed)
+    workroot = Path(tempfile.mkdtemp(prefix="course-grade-"))
+    try:
+        hidden = [ROOT, out, Path(submissions), workroot]
+        setup = Setup.build(chosen, workroot, limits, sandbox, hidden)
+        # Every submission is spliced here, in the main thread: CPython 3.11.7's ast.parse can fail
+        # in a worker thread ("AST constructor recursion depth mismatch", fixed in later releases).
+        prepared = [prepare_submission(s, setup) for s in found]
+
+        def one(ready):
+            return grade_submission(ready, setup, seed, time_kernels=speed.timed)
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            grades = list(tqdm(pool.map(one, found), total=len(found), desc="grading", unit="submission",
-                               disable=not progress))
-    report.write_all(grades, chosen, out, seed, speed)
+            grades = list(tqdm(pool.map(one, prepared), total=len(prepared), desc="grading",
+                               unit="submission", disable=not progress))
+    finally:
+        shutil.rmtree(workroot, ignore_errors=True)
+    report.write_all(grades, chosen, out, seed, speed, setup.describe())
     return grades

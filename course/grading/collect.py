@@ -1,14 +1,15 @@
-"""Finding submissions and preparing each one's working copy.
+"""Finding submissions and the lessons folder in each.
 
 A submission is a student's copy of `lessons/`: the whole repository, the `lessons/`
 folder alone, or a .zip of either. Zips are extracted with checks (no absolute paths,
-no `..`, no links, a size cap), and only the lessons files are ever used: the grader's
-own `course/` and `pyspec_ref/` stand in for whatever copies a submission carries.
+no `..`, no links, a size cap), and only the lesson files are ever read, never followed through
+a link: what runs is the grader's own lesson text with the student's code in its holes
+(`course.grading.splice`). Students whose names are the same once made file-safe (`ann lee/`
+and `ann_lee/`) get distinct ids and a note.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 import shutil
 import stat
@@ -16,7 +17,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ..release import ROOT, render
+from ..release import ROOT
 
 MAX_UNZIPPED_BYTES = 256 * 2**20
 MAX_ZIP_MEMBERS = 20_000
@@ -29,8 +30,9 @@ class SubmissionError(ValueError):
 
 @dataclass(frozen=True)
 class Submission:
-    student: str  # a file-name-safe name: the folder's or the zip's name
+    student: str  # a file-name-safe id: the folder's or the zip's name (made distinct when two collide)
     source: Path  # what was found under SUBMISSIONS
+    note: str = ""  # why the id is not the name
 
 
 def lesson_modules() -> set[str]:
@@ -38,9 +40,12 @@ def lesson_modules() -> set[str]:
     return {p.stem for p in (ROOT / "solutions").glob("*.py") if p.stem != "__init__"}
 
 
+def _name(path: Path) -> str:
+    return path.name[: -len(".zip")] if path.name.lower().endswith(".zip") else path.name
+
+
 def student_name(path: Path) -> str:
-    name = path.name[: -len(".zip")] if path.name.lower().endswith(".zip") else path.name
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name).strip(".") or "unnamed"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", _name(path)).strip(".") or "unnamed"
 
 
 def _looks_like_lessons(folder: Path) -> bool:
@@ -62,14 +67,29 @@ def find_submissions(submissions: Path) -> list[Submission]:
         return [Submission(student_name(submissions), submissions)]
     if not submissions.is_dir():
         raise ValueError(f"submissions: {submissions} is neither a folder nor a .zip")
-    found = [Submission(student_name(p), p) for p in sorted(submissions.iterdir())
-             if not p.name.startswith(".") and not p.is_symlink()
-             and (p.is_dir() or p.suffix.lower() == ".zip")]
-    names = [s.student for s in found]
-    clashes = sorted({n for n in names if names.count(n) > 1})
-    if clashes:
-        raise ValueError(f"submissions: two submissions share a student name: {', '.join(clashes)}")
-    return found
+    entries = [p for p in sorted(submissions.iterdir()) if not p.name.startswith(".") and not p.is_symlink()
+               and (p.is_dir() or p.suffix.lower() == ".zip")]
+    return distinct(entries)
+
+
+def distinct(entries: list[Path]) -> list[Submission]:
+    """A submission per entry, each with an id of its own. A name that is file-safe already keeps
+    it; one that is taken (ignoring case) once made file-safe gets -2, -3, ... and a note."""
+    order = sorted(entries, key=lambda path: student_name(path) != _name(path))  # the exact names first
+    taken: set[str] = set()
+    ids, notes = {}, {}
+    for path in order:
+        name = student_name(path)
+        student, number = name, 1
+        while student.lower() in taken:
+            number += 1
+            student = f"{name}-{number}"
+        taken.add(student.lower())
+        ids[path] = student
+        if number > 1:
+            notes[path] = (f"graded as {student}: another submission's name, made safe as a file name, "
+                           f"is also {name}")
+    return [Submission(ids[path], path, notes.get(path, "")) for path in entries]
 
 
 def safe_extract(archive: Path, target: Path) -> None:
@@ -102,31 +122,30 @@ def safe_extract(archive: Path, target: Path) -> None:
 
 
 def find_lessons(folder: Path) -> Path:
-    """The lessons folder inside an unpacked submission (a repo copy, or the folder itself)."""
-    if (folder / "lessons").is_dir():
-        return folder / "lessons"
-    if _looks_like_lessons(folder):
-        return folder
-    candidates = sorted((p for p in folder.rglob("lessons") if p.is_dir() and not p.is_symlink()),
-                        key=lambda p: len(p.parts))
-    candidates += sorted((p for p in folder.rglob("*") if p.is_dir() and _looks_like_lessons(p)),
-                         key=lambda p: len(p.parts))
-    if not candidates:
-        raise SubmissionError("no lessons/ folder and no lesson module (trees.py, attention.py, ...) found")
-    return candidates[0]
+    """The lessons folder inside an unpacked submission (a repo copy, or the folder itself); never
+    through a link."""
+    root = folder.resolve()
+    if (folder / "lessons").is_dir() and not (folder / "lessons").is_symlink():
+        found = folder / "lessons"
+    elif _looks_like_lessons(folder):
+        found = folder
+    else:
+        candidates = sorted((p for p in folder.rglob("lessons") if p.is_dir() and not p.is_symlink()),
+                            key=lambda p: len(p.parts))
+        candidates += sorted((p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink()
+                              and _looks_like_lessons(p)), key=lambda p: len(p.parts))
+        if not candidates:
+            raise SubmissionError("no lessons/ folder and no lesson module (trees.py, attention.py, ...) "
+                                  "found")
+        found = candidates[0]
+    if found.resolve() != root and root not in found.resolve().parents:
+        raise SubmissionError("its lessons folder is a link to somewhere else: not followed")
+    return found
 
 
-@functools.cache
-def lesson_stubs() -> dict[Path, bytes]:
-    """The released lessons tree (fresh stubs), rendered once per grading run. `grade` calls this
-    in the main thread before its worker threads start: CPython 3.11.7's ast.parse can fail in a
-    worker thread ("AST constructor recursion depth mismatch", fixed in later 3.11 releases)."""
-    return render(ROOT / "solutions")
-
-
-def prepare(submission: Submission, workdir: Path) -> tuple[Path, list[str]]:
-    """Write <workdir>/sub/lessons: fresh stubs from solutions/, overlaid with the student's
-    lessons files. Returns (sub folder, notes). Modules a student did not hand in stay stubs."""
+def prepare(submission: Submission, workdir: Path) -> tuple[Path | None, list[str]]:
+    """The submission's lessons folder (a zip is extracted into workdir first) and notes; None when
+    it holds no lesson module (every exercise is then graded as a stub)."""
     notes = []
     source = submission.source
     if source.is_file():
@@ -135,28 +154,18 @@ def prepare(submission: Submission, workdir: Path) -> tuple[Path, list[str]]:
         safe_extract(source, unpacked)
         source = unpacked
     lessons = find_lessons(source)
-    sub = workdir / "sub"
-    target = sub / "lessons"
-    for relative, content in lesson_stubs().items():
-        path = target / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
     modules = lesson_modules()
     handed_in = []
-    for path in sorted(lessons.rglob("*.py")):
-        relative = path.relative_to(lessons)
-        if "__pycache__" in relative.parts or path.is_symlink() or not path.is_file():
+    for path in sorted(lessons.glob("*.py")):
+        if path.stem not in modules:
             continue
-        if path.stat().st_size > MAX_LESSON_FILE_BYTES:
-            notes.append(f"skipped {relative.as_posix()}: larger than {MAX_LESSON_FILE_BYTES >> 20} MiB")
-            continue
-        destination = target / relative
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, destination)
-        if relative.stem in modules and len(relative.parts) == 1:
-            handed_in.append(relative.stem)
-    (sub / "tmp").mkdir()
-    (sub / "home").mkdir()
+        if path.is_symlink() or not path.is_file():
+            notes.append(f"lessons/{path.name} is a link or not a file: not read")
+        elif path.stat().st_size > MAX_LESSON_FILE_BYTES:
+            notes.append(f"skipped lessons/{path.name}: larger than {MAX_LESSON_FILE_BYTES >> 20} MiB")
+        else:
+            handed_in.append(path.stem)
     if not handed_in:
         notes.append("no lesson module found in the submission: every exercise is graded as a stub")
-    return sub, notes
+        return None, notes
+    return lessons, notes

@@ -10,7 +10,9 @@ and the feedback says that nothing was timed.
 from __future__ import annotations
 
 import csv
+import html
 import json
+import re
 from pathlib import Path
 
 from .runner import SubmissionGrade
@@ -18,6 +20,23 @@ from .speed import Speed
 
 FAILURES_SHOWN = 5
 DETAIL_CHARS = 1500
+NOT_ISOLATED = ("**This grade was produced without isolation** (`--no-sandbox`): the submission's code ran "
+                "with the grader's rights, so nothing kept it from the answer key or from other "
+                "submissions.")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value) -> str:
+    """A CSV cell no spreadsheet runs as a formula (a leading =, +, -, @, tab or CR gets a quote)."""
+    text = str(value)
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
+def _md(text: str) -> str:
+    """Text from a submission or its child, safe in markdown: no raw HTML, no links or images, no
+    code span or table cell it could open."""
+    text = html.escape(str(text), quote=False)
+    return re.sub(r"([\[\]|`])", r"\\\1", text)
 
 
 def _timed(exercises: list, speed: Speed | None) -> list:
@@ -31,15 +50,17 @@ def write_gradebook(grades: list[SubmissionGrade], exercises: list, path: Path,
     timed = _timed(exercises, speed)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["student", *[e.id for e in exercises], "total", "possible", "flags",
-                         *[f"speed {e.id}" for e in timed]])
+        header = ["student", *[e.id for e in exercises], "total", "possible", "flags",
+                  *[f"speed {e.id}" for e in timed]]
+        writer.writerow([_cell(c) for c in header])
         writer.writerow(["(points)", *[e.points for e in exercises],
                          sum(e.points for e in exercises), "", "", *["" for _ in timed]])
         for grade in grades:
             ratios = [speed.ratio(grade.exercises[e.id]) for e in timed]
-            writer.writerow([grade.student, *[f"{grade.exercises[e.id].points:g}" for e in exercises],
-                             f"{grade.total:g}", f"{grade.possible:g}", "; ".join(grade.flags),
-                             *["" if r is None else f"{r:.3f}" for r in ratios]])
+            row = [grade.student, *[f"{grade.exercises[e.id].points:g}" for e in exercises],
+                   f"{grade.total:g}", f"{grade.possible:g}", "; ".join(grade.flags),
+                   *["" if r is None else f"{r:.3f}" for r in ratios]]
+            writer.writerow([_cell(c) for c in row])
 
 
 def _quote(text: str) -> list[str]:
@@ -60,7 +81,7 @@ def speed_section(grade: SubmissionGrade, speed: Speed, hooked: set[str]) -> lis
     lines += ["| exercise | speed |", "|---|---|"]
     for g in grade.exercises.values():
         if g.exercise in hooked:
-            lines.append(f"| `{g.exercise}` | {speed.describe(g)} |")
+            lines.append(f"| `{g.exercise}` | {_md(speed.describe(g))} |")
     others = [g.exercise for g in grade.exercises.values() if g.exercise not in hooked]
     if others:
         lines += ["", f"No timing for: {', '.join(f'`{e}`' for e in others)}."]
@@ -69,14 +90,16 @@ def speed_section(grade: SubmissionGrade, speed: Speed, hooked: set[str]) -> lis
 
 def feedback(grade: SubmissionGrade, seed_public: bool = False, speed: Speed | None = None,
              hooked: set[str] = frozenset()) -> str:
-    lines = [f"# Feedback for {grade.student}", "",
+    lines = [f"# Feedback for {_md(grade.student)}", "",
              f"Total: **{grade.total:g} / {grade.possible:g}** points.", ""]
+    if not grade.isolated:
+        lines += [NOT_ISOLATED, ""]
     if grade.notes:
-        lines += ["## About the submission", "", *[f"- {n}" for n in grade.notes], ""]
+        lines += ["## About the submission", "", *[f"- {_md(n)}" for n in grade.notes], ""]
     lines += ["| exercise | points | cases passed |", "|---|---|---|"]
     for g in grade.exercises.values():
         passed = f"{len(g.results) - len(g.failures)} / {len(g.results)}" if g.results else "-"
-        passed = f"not counted ({g.violation})" if g.violation else passed
+        passed = f"not counted ({_md(g.violation)})" if g.violation else passed
         lines.append(f"| `{g.exercise}` | {g.points:g} / {g.points_possible:g} | {passed} |")
     lines.append("")
     for g in grade.exercises.values():
@@ -84,16 +107,16 @@ def feedback(grade: SubmissionGrade, seed_public: bool = False, speed: Speed | N
             continue
         lines += [f"## `{g.exercise}`: {g.points:g} / {g.points_possible:g}", ""]
         if g.note:
-            lines += ["Note: " + g.note.splitlines()[0], ""]
+            lines += ["Note: " + _md(g.note.splitlines()[0]), ""]
             rest = "\n".join(g.note.splitlines()[1:]).strip()
             if rest:
                 lines += [*_quote(rest), ""]
         if g.not_implemented:
-            lines += [f"Not implemented: {g.not_implemented}", ""]
+            lines += [f"Not implemented: {_md(g.not_implemented)}", ""]
         elif not g.results and not g.note:
             lines += ["No test case ran.", ""]
         for case, _, detail in g.failures[:FAILURES_SHOWN]:
-            lines += [f"- failed: {case}", ""]
+            lines += [f"- failed: {_md(case)}", ""]
             if detail:
                 lines += [*_quote(detail), ""]
         if len(g.failures) > FAILURES_SHOWN:
@@ -122,7 +145,7 @@ def as_json(grade: SubmissionGrade, speed: Speed | None = None) -> dict:
 
 
 def write_all(grades: list[SubmissionGrade], exercises: list, out: Path, seed: int,
-              speed: Speed | None = None) -> None:
+              speed: Speed | None = None, sandbox: dict | None = None) -> None:
     speed = speed or Speed.untimed()
     hooked = {e.id for e in exercises if e.bench is not None}
     out.mkdir(parents=True, exist_ok=True)
@@ -132,5 +155,5 @@ def write_all(grades: list[SubmissionGrade], exercises: list, out: Path, seed: i
     for grade in grades:
         (folder / f"{grade.student}.md").write_text(feedback(grade, speed=speed, hooked=hooked))
     (out / "grades.json").write_text(json.dumps(
-        {"exercises": [e.id for e in exercises], "timing": speed.as_json(),
+        {"exercises": [e.id for e in exercises], "timing": speed.as_json(), "sandbox": sandbox or {},
          "students": [as_json(g, speed) for g in grades]}, indent=1))

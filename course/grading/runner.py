@@ -1,36 +1,47 @@
-"""Grading one submission: its child processes, their limits, and what their ends mean."""
+"""Grading one submission: its graded modules, its sandboxed child, and what the child's ends mean.
+
+`Setup` holds what a grading run shares (built once, in the main thread): the grader's own
+solution modules (the checks' constants and helpers come from them), which names of each module
+run an exercise's code (`course.grading.proxy.remote_names`), the harness copy and the sandbox
+plan. `prepare_submission` (main thread too) finds a submission's lessons and splices its holes
+into the grader's lessons (`course.grading.splice`). `grade_submission` then runs every
+exercise's checks here, in the grader's process, on a `ProxyModule` whose kernels run in the
+submission's child; a child that dies, hangs or passes a limit costs the exercise it was on, and
+the next exercise gets a fresh child.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import importlib
 import os
-import select
+import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from course.core import runtime
 
-from ..release import ROOT
+from ..release import ROOT, files_of, lesson_holes, render_pieces
+from . import proxy, sandbox, splice, wire
 from .collect import Submission, SubmissionError, prepare
 
-STARTUP_S = 180.0  # importing torch, numba and the harness in a fresh child
-MAX_LINE_BYTES = 64 * 2**20  # a result line longer than this is not one
 TAIL_BYTES = 2000
+DETAIL_CHARS = 600
 
 
 @dataclass(frozen=True)
 class Limits:
     per_exercise_s: float = 600.0
     total_s: float = 3600.0
-    memory_mb: int = 8192  # address space; applied in the simulator only (CUDA maps far more)
-    output_mb: int = 16  # stdout + stderr + any file the child writes
+    memory_mb: int = 8192  # all the submission's processes together (see course.grading.sandbox)
+    output_mb: int = 16  # stdout + stderr + every file it writes, together
+    processes: int = 4096  # processes and threads together (the simulator runs a thread per GPU thread)
+    reply_mb: int = 1024  # the largest reply the grader reads
 
 
 @dataclass
@@ -67,6 +78,7 @@ class SubmissionGrade:
     exercises: dict[str, ExerciseGrade]
     notes: list[str] = field(default_factory=list)  # about the submission as a whole
     flags: list[str] = field(default_factory=list)  # short names of hostile behaviour, for the gradebook
+    isolated: bool = True  # False: graded without the sandbox (--no-sandbox)
 
     @property
     def total(self) -> float:
@@ -81,51 +93,252 @@ class SubmissionGrade:
             self.flags.append(name)
 
 
-def digest(folder: Path) -> str:
-    """sha256 over every file's path and bytes under folder (the harness copy a child imports)."""
-    h = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            h.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
+# ------------------------------------------------------------------------------------ the run
+
+@dataclass
+class Setup:
+    """What every submission of one grading run shares."""
+
+    exercises: list
+    trusted: dict[str, types.ModuleType]  # module -> the grader's own stub of it (_stub_modules)
+    contexts: dict[str, splice.Context]
+    remote: dict[str, set[str]]
+    kernels: dict[str, set[str]]
+    workroot: Path
+    limits: Limits
+    plan: sandbox.Plan
+    isolate: bool
+    modules: set[str]  # the modules the chosen exercises run (the others stay stubs)
+    rendered: dict  # the release's lessons tree (course.release.render_pieces)
+    limits_by: str  # how memory and processes are limited (sandbox.Cgroup.probe)
+
+    def describe(self) -> dict:
+        """What grades.json says about the sandbox."""
+        return {"isolated": self.isolate, "limits": self.limits_by if self.isolate else "per process only",
+                "bubblewrap": sandbox.bwrap() if self.isolate else None}
+
+    @classmethod
+    def build(cls, exercises: list, workroot: Path, limits: Limits, isolate: bool,
+              hidden: list[Path]) -> Setup:
+        solutions = ROOT / "solutions"
+        sources = proxy.solution_sources(solutions)
+        holes = {m: [(h.first + 1, h.last + 1) for h in lesson_holes(m, sources)] for m in sources}
+        modules = {e.module for e in exercises} | {r.split(".")[0] for e in exercises for r in e.requires}
+        rendered = render_pieces(solutions)
+        trusted = _stub_modules(rendered, workroot / "stubs", modules)
+        harness = workroot / "harness"
+        sandbox.copy_harness(harness)
+        plan = sandbox.make_plan(harness, hidden, runtime.on_gpu(), runtime.SIMULATOR, runtime.SMALL_SIZES)
+        return cls(exercises, trusted, {m: splice.context_of(m, t) for m, t in trusted.items()},
+                   proxy.remote_names(sources, holes), {m: proxy.kernel_names(s) for m, s in sources.items()},
+                   workroot, limits, plan, isolate, modules, rendered,
+                   sandbox.Cgroup.probe() if isolate else "")
 
 
-def listing(folder: Path, skip: list[Path]) -> dict[str, tuple[int, int]]:
-    """path -> (mtime_ns, size) of every file under folder, skipping `skip` folders and caches."""
-    skip = [s.resolve() for s in skip]
-    found = {}
-    for dirpath, dirnames, filenames in os.walk(folder):
-        here = Path(dirpath).resolve()
-        dirnames[:] = [d for d in dirnames if d not in ("__pycache__", ".git") and (here / d) not in skip]
-        for name in filenames:
-            try:
-                st = os.lstat(os.path.join(dirpath, name))
-            except OSError:
-                continue
-            found[os.path.join(dirpath, name)] = (st.st_mtime_ns, st.st_size)
-    return found
+STUBS = "course_grading_stubs"
 
 
-def _tail(path: Path) -> str:
-    """The end of a child's stderr; for a fatal signal, faulthandler's traceback without its module list."""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(0, size - 64 * TAIL_BYTES))
-        text = f.read().decode(errors="replace")
-    fatal = text.rfind("Fatal Python error")
-    if fatal >= 0:
-        text = text[fatal:].split("\nExtension modules:")[0]
-        return text[:TAIL_BYTES]
-    return ("..." if len(text) > TAIL_BYTES else "") + text[-TAIL_BYTES:]
-
-
-def _kill(proc: subprocess.Popen) -> None:
+def _stub_modules(rendered: dict, folder: Path, modules: set[str]) -> dict[str, types.ModuleType]:
+    """The lesson modules as the release writes them, imported as the package STUBS: what the checks'
+    constants, classes and helpers come from. Stubs, not the solutions: should a kernel ever run in
+    the grader by mistake, it stops at its todo(...) rather than hand out the answer; and not the
+    repository's lessons/, which may hold the instructor's own answers."""
+    for name in [n for n in sys.modules if n == STUBS or n.startswith(f"{STUBS}.")]:
+        del sys.modules[name]  # an earlier grading run's, from a folder since removed
+    for relative, content in files_of(rendered).items():
+        path = folder / STUBS / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    sys.path.insert(0, str(folder))
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the whole group: threads and children it started
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+        importlib.invalidate_caches()
+        return {m: importlib.import_module(f"{STUBS}.{m}") for m in sorted(modules)}
+    finally:
+        sys.path.remove(str(folder))
+
+
+@dataclass
+class Prepared:
+    """One submission, ready to grade: its graded lessons written under `code`."""
+
+    submission: Submission
+    workdir: Path
+    code: Path | None
+    spliced: splice.Spliced | None
+    notes: list[str]
+
+
+def prepare_submission(submission: Submission, setup: Setup) -> Prepared:
+    """Find the submission's lessons and write its graded modules (call it in the main thread)."""
+    workdir = Path(tempfile.mkdtemp(prefix="submission-", dir=setup.workroot))
+    notes = [submission.note] if submission.note else []
+    try:
+        lessons, found = prepare(submission, workdir)
+    except (SubmissionError, OSError) as error:
+        return Prepared(submission, workdir, None, None, [*notes, f"could not use the submission: {error}"])
+    notes += found
+    contexts = {m: c for m, c in setup.contexts.items() if m in setup.modules}
+    spliced = splice.splice(lessons, setup.rendered, contexts)
+    notes += [m.ignored for m in spliced.modules.values() if m.ignored and m.module in setup.modules]
+    code = workdir / "code"
+    for relative, content in spliced.files.items():
+        path = code / "lessons" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    sandbox.readable(code)
+    return Prepared(submission, workdir, code, spliced, notes)
+
+
+def grade_submission(prepared: Prepared, setup: Setup, seed: int,
+                     time_kernels: bool = False) -> SubmissionGrade:
+    """Grade one prepared submission: every chosen exercise's checks against its child."""
+    exercises, limits = setup.exercises, setup.limits
+    submission = prepared.submission
+    grade = SubmissionGrade(submission.student, str(submission.source),
+                            {e.id: ExerciseGrade(e.id, float(e.points)) for e in exercises},
+                            list(prepared.notes), isolated=setup.isolate)
+    try:
+        if prepared.code is None:
+            grade.flag("unusable")
+            for g in grade.exercises.values():
+                g.note = "not graded: the submission could not be used"
+            return grade
+        channel = _channel(prepared, setup)
+        total_deadline = time.monotonic() + limits.total_s
+        try:
+            for exercise in exercises:
+                _grade_exercise(grade, exercise, prepared, setup, channel, seed, total_deadline, time_kernels)
+        finally:
+            channel.stop()
+        return grade
+    finally:
+        shutil.rmtree(prepared.workdir, ignore_errors=True)
+
+
+def _channel(prepared: Prepared, setup: Setup) -> proxy.Channel:
+    limits = setup.limits
+    settings = sandbox.Settings(limits.memory_mb << 20, limits.output_mb << 20, limits.processes,
+                                setup.isolate, runtime.SIMULATOR)
+    logs = prepared.workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    work = prepared.workdir / "work"
+    work.mkdir(exist_ok=True)
+    runs = [0]
+
+    def spawn() -> sandbox.Child:
+        runs[0] += 1
+        pair = (logs / f"run{runs[0]}.out", logs / f"run{runs[0]}.err")
+        name = f"course-grade-{os.getpid()}-{prepared.workdir.name}-{runs[0]}"
+        return sandbox.start(setup.plan, prepared.code, settings, pair, name, work)
+
+    devices = {"cpu"} | ({"cuda"} if runtime.on_gpu() else set())
+    channel = proxy.Channel(spawn, wire.WireLimits(blob_bytes=limits.reply_mb << 20),
+                            lambda device: device in devices,
+                            lambda text: _student_lines(clean_text(text), prepared.spliced))
+    return channel
+
+
+def _student_lines(text: str, spliced: splice.Spliced) -> str:
+    """'lessons/trees.py:65' in a child's text, with the line the student's own file has there (a
+    line of their code: the graded module's numbers differ where they changed lines outside holes)."""
+    def student(match: re.Match) -> str:
+        module = spliced.modules.get(match.group(1))
+        line = module.line_map.get(int(match.group(2))) if module is not None else None
+        return f"lessons/{match.group(1)}.py:{line or match.group(2)}"
+
+    return re.sub(r"lessons/(\w+)\.py:(\d+)", student, text)
+
+
+def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup: Setup,
+                    channel: proxy.Channel, seed: int, total_deadline: float, time_kernels: bool) -> None:
+    from course.checks import run_cases
+
+    g = grade.exercises[exercise.id]
+    if time.monotonic() >= total_deadline:
+        g.note = f"not run: the total time limit ({setup.limits.total_s:g} s) ran out"
+        grade.flag("timed out")
+        return
+    wanted = (exercise.id, *exercise.requires)
+    problems = prepared.spliced.problems(wanted)
+    if problems:
+        tampering = [p for p in problems if p.tampering]
+        g.note = "; ".join(p.note for p in problems)
+        if tampering:
+            g.violation = "tampering"
+            grade.flag("tampering")
+        return
+    started = time.monotonic()
+    channel.start_exercise(min(total_deadline, started + setup.limits.per_exercise_s))
+    name = exercise.module
+    module = proxy.ProxyModule(name, setup.trusted[name], setup.remote[name], setup.kernels[name],
+                               prepared.spliced.modules[name].stubs, channel, setup.trusted)
+    try:
+        report = run_cases(exercise.id, exercise.cases(module, seed))
+        g.results = [(r.case, bool(r.passed), r.detail) for r in report.results]
+        g.not_implemented = report.not_implemented
+        _after_exercise(channel)
+        spec = getattr(exercise.bench, "spec", None)
+        if time_kernels and report.passed and spec is not None:
+            channel.deadline = min(total_deadline, time.monotonic() + setup.limits.per_exercise_s)
+            g.student_ms, g.timing_note = channel.time(spec)
+    except proxy.ChildGone as gone:
+        _gone(grade, g, gone, channel, setup.limits, total_deadline)
+    except proxy.ModuleBroken as broken:
+        g.note = f"importing lessons/{exercise.module}.py failed: {broken.message}"
+        channel.stop()
+    except proxy.ReplyError as error:
+        g.note = str(error)
+    except Exception as error:  # noqa: BLE001  (a check that broke must not stop the run)
+        g.note = clean_text(f"the check stopped with {type(error).__name__}: {error}")[:DETAIL_CHARS]
+    g.seconds = round(time.monotonic() - started, 3)
+
+
+def _after_exercise(channel: proxy.Channel) -> None:
+    """The output limit, added up once more after the exercise (a write at its very end counts)."""
+    child = channel.child
+    if child is not None and not child.closed:
+        child.tick()
+        if child.over:
+            raise proxy.ChildGone(child.over)
+
+
+GONE_FLAGS = {"timeout": "timed out", "memory": "out of memory", "output": "too much output",
+              "garbled": "garbled the results"}
+
+
+def _gone(grade: SubmissionGrade, g: ExerciseGrade, gone: proxy.ChildGone, channel: proxy.Channel,
+          limits: Limits, total_deadline: float) -> None:
+    child = channel.child
+    channel.stop()
+    code = child.returncode if child is not None else None
+    why = gone.why
+    if why == "ended" and code == -signal.SIGXFSZ:
+        why = "output"
+    when = f"while {g.exercise} was checked"
+    if why == "timeout":
+        which = ("the total time limit" if time.monotonic() >= total_deadline - 0.5
+                 else f"the time limit of {limits.per_exercise_s:g} s per exercise")
+        text = f"hung: it ran past {which} {when} (killed)"
+    elif why == "memory":
+        text = (f"used more than the memory limit ({limits.memory_mb} MB, all its processes together) {when} "
+                "(killed)")
+    elif why == "output":
+        text = (f"printed or wrote too much: over the {limits.output_mb} MB output limit (printing and files "
+                f"together) {when} (killed)")
+    elif why == "garbled":
+        text = f"garbled the grader's channel {when} (killed): {clean_text(gone.detail)[:200]}"
+    elif code is not None and code < 0:
+        text = f"crashed the interpreter: {_signal_name(code)} {when}"
+    else:
+        text = f"ended the process: exit code {code} {when}"
+    flag = GONE_FLAGS.get(why, "crashed" if code is not None and code < 0 else "exited")
+    g.note, g.violation = f"{text}; scored zero", flag
+    g.results = []
+    if child is not None and why not in ("timeout", "output"):
+        stderr = _tail(child.logs[1]).strip()
+        if stderr:
+            g.note += f"\n\nstderr (end):\n{stderr}"
+    grade.flag(flag)
 
 
 def _signal_name(code: int) -> str:
@@ -135,200 +348,38 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-class _Child:
-    """One worker process over the exercises still to grade."""
-
-    def __init__(self, sub: Path, harness: Path, exercises: list[str], seed: int, limits: Limits, logs: Path,
-                 time_kernels: bool = False):
-        self.out, self.err = logs.with_suffix(".out"), logs.with_suffix(".err")
-        read, write = os.pipe()
-        self.pipe = read
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSTARTUP", "PYTHONHOME", "COURSE_IMPL")}
-        # The harness first (it shadows any course/, pyspec_ref/ a submission carries), then the
-        # grader's own PYTHONPATH (where its packages may live: a GPU machine's carried numpy).
-        own = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-        env.update(PYTHONPATH=os.pathsep.join([str(harness), *own]),
-                   COURSE_SIM="1" if runtime.SIMULATOR else "0",
-                   PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1", HOME=str(sub / "home"),
-                   TMPDIR=str(sub / "tmp"), TRITON_CACHE_DIR=str(sub / "tmp" / "triton"),
-                   NUMBA_CACHE_DIR=str(sub / "tmp" / "numba"), MPLCONFIGDIR=str(sub / "tmp" / "mpl"))
-        command = [sys.executable, "-m", "course.grading.worker", "--exercises", ",".join(exercises),
-                   "--seed", str(seed), "--result-fd", str(write), "--memory-mb", str(limits.memory_mb),
-                   "--output-mb", str(limits.output_mb)] + (["--time"] if time_kernels else [])
-        with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.proc = subprocess.Popen(command, cwd=sub, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=err, pass_fds=(write,), start_new_session=True)
-        os.close(write)
-
-    def messages(self, deadline_for):
-        """Decoded messages until the pipe closes; ('timeout', None) once the deadline has passed."""
-        buffer = b""
-        try:
-            while True:
-                left = deadline_for() - time.monotonic()
-                if left <= 0:
-                    yield "timeout", None
-                    return
-                ready, _, _ = select.select([self.pipe], [], [], min(left, 1.0))
-                if not ready:
-                    continue
-                chunk = os.read(self.pipe, 1 << 16)
-                if not chunk:
-                    return
-                buffer += chunk
-                if len(buffer) > MAX_LINE_BYTES:
-                    yield "garbled", None
-                    return
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    try:
-                        message = json.loads(line)
-                    except ValueError:
-                        yield "garbled", None
-                        return
-                    yield "message", message
-        finally:
-            os.close(self.pipe)
-
-
-def _grade_from(message: dict, possible: float) -> ExerciseGrade:
-    return ExerciseGrade(message["exercise"], possible,
-                         [(str(c), bool(p), str(d)) for c, p, d in message.get("results", [])],
-                         str(message.get("not_implemented", "")), str(message.get("note", "")),
-                         str(message.get("violation", "")), message.get("seconds"),
-                         message.get("student_ms"), str(message.get("timing_note", "")))
-
-
-def grade_submission(submission: Submission, exercises: list, seed: int, limits: Limits,
-                     workroot: Path, watch: list[Path] = (), keep: bool = False,
-                     time_kernels: bool = False) -> SubmissionGrade:
-    """Grade one submission in child processes; `exercises` are course.exercises.Exercise rows.
-    time_kernels: on a GPU, also time each passed exercise's kernel (course.grading.speed)."""
-    possible = {e.id: float(e.points) for e in exercises}
-    grade = SubmissionGrade(submission.student, str(submission.source),
-                            {e.id: ExerciseGrade(e.id, possible[e.id]) for e in exercises})
-    workdir = Path(tempfile.mkdtemp(prefix=f"{submission.student}-", dir=workroot))
+def _tail(path: Path) -> str:
+    """The end of a child's stderr; for a fatal signal, faulthandler's traceback without its module list."""
     try:
-        try:
-            sub, notes = prepare(submission, workdir)
-        except (SubmissionError, OSError) as error:
-            grade.notes.append(f"could not use the submission: {error}")
-            grade.flag("unusable")
-            for g in grade.exercises.values():
-                g.note = "not graded: the submission could not be used"
-            return grade
-        grade.notes.extend(notes)
-        harness = workdir / "harness"
-        for package in ("course", "pyspec_ref"):
-            shutil.copytree(ROOT / package, harness / package, ignore=shutil.ignore_patterns("__pycache__"))
-        harness_digest = digest(harness)
-        logs = workdir / "logs"
-        logs.mkdir()
-        skip = [sub, harness, logs, workroot]
-        watched = [Path(w) for w in watch] + [workdir]
-        before = {str(w): listing(w, skip if w != workdir else [sub, harness, logs]) for w in watched}
-        _run_children(grade, sub, harness, [e.id for e in exercises], seed, limits, logs, time_kernels)
-        if digest(harness) != harness_digest:
-            grade.notes.append("changed the grader's own files (course/ or pyspec_ref/) while it ran: "
-                               "every exercise scores zero")
-            grade.flag("changed the harness")
-            for g in grade.exercises.values():
-                g.violation = g.violation or "changed the harness"
-        for w in watched:
-            after = listing(w, skip if w != workdir else [sub, harness, logs])
-            old = before[str(w)]
-            touched = sorted(p for p in set(old) | set(after) if old.get(p) != after.get(p))
-            if touched:
-                shown = ", ".join(touched[:5]) + (" ..." if len(touched) > 5 else "")
-                grade.notes.append(f"files outside its folder changed while it ran: {shown}")
-                grade.flag("wrote outside its folder")
-        return grade
-    finally:
-        if not keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    fatal = text.rfind("Fatal Python error")
+    if fatal >= 0:
+        text = text[fatal:].split("\nExtension modules:")[0]
+        return clean_text(text)[:TAIL_BYTES]
+    return clean_text(("..." if len(text) > TAIL_BYTES else "") + text[-TAIL_BYTES:])
 
 
-def _run_children(grade: SubmissionGrade, sub: Path, harness: Path, remaining: list[str], seed: int,
-                  limits: Limits, logs: Path, time_kernels: bool = False) -> None:
-    total_deadline = time.monotonic() + limits.total_s
-    runs = 0
-    while remaining:
-        if time.monotonic() >= total_deadline:
-            for exercise in remaining:
-                grade.exercises[exercise].note = (f"not run: the total time limit ({limits.total_s:g} s) "
-                                                  "ran out")
-            grade.flag("timed out")
-            return
-        runs += 1
-        child = _Child(sub, harness, remaining, seed, limits, logs / f"run{runs}", time_kernels)
-        current, deadline = None, [min(total_deadline, time.monotonic() + STARTUP_S)]
-        ended, progressed = "", False
-        for kind, message in child.messages(lambda: deadline[0]):  # noqa: B023  (read live)
-            if kind != "message":
-                ended = kind
-                break
-            event = message.get("event")
-            if event == "start" and message.get("exercise") in remaining:
-                current = message["exercise"]
-                deadline[0] = min(total_deadline, time.monotonic() + limits.per_exercise_s)
-            elif event == "result" and message.get("exercise") in remaining:
-                exercise = message["exercise"]
-                grade.exercises[exercise] = _grade_from(message, grade.exercises[exercise].points_possible)
-                if message.get("violation"):
-                    grade.flag(message["violation"])
-                remaining.remove(exercise)
-                progressed, current = True, None
-                deadline[0] = min(total_deadline, time.monotonic() + limits.per_exercise_s)
-        timed_out = ended == "timeout"
-        if child.proc.poll() is None:
-            if not timed_out and ended != "garbled":
-                try:  # the pipe closed: give the process a moment to exit by itself
-                    child.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
-            _kill(child.proc)
-        code = child.proc.returncode
-        if current is None and not progressed:
-            # it died before starting an exercise: the next run would too
-            why = _ending(code, timed_out, ended, limits, total_deadline, "while starting")
-            for exercise in remaining:
-                grade.exercises[exercise].note = f"not graded: the grading process {why}"
-                if child.err.exists():
-                    grade.exercises[exercise].note += f"\n\nstderr (end):\n{_tail(child.err)}"
-            grade.flag("crashed")
-            return
-        if current is not None:
-            why = _ending(code, timed_out, ended, limits, total_deadline, f"while {current} was checked")
-            g = grade.exercises[current]
-            g.note, g.violation = f"{why}; scored zero", _flag_of(code, timed_out, ended)
-            stderr = _tail(child.err).strip()
-            if stderr:
-                g.note += f"\n\nstderr (end):\n{stderr}"
-            grade.flag(_flag_of(code, timed_out, ended))
-            remaining.remove(current)
+# A path in what a child wrote: the submission's own lessons keep their name, anything else of the
+# grader's or the system's is cut to its last part.
+_PATH = re.compile(r"(?<![\w.~])/(?:[^\s'\"`:,;()\[\]{}<>|]+/)*[^\s'\"`:,;()\[\]{}<>|]*")
+_OWN = ((f"{sandbox.INSIDE}/code/lessons/", "lessons/"), (f"{sandbox.INSIDE}/harness/", ""),
+        (f"{sandbox.INSIDE}/work", "~"))
 
 
-def _flag_of(code, timed_out, ended) -> str:
-    if timed_out:
-        return "timed out"
-    if ended == "garbled":
-        return "garbled the results"
-    if code is not None and code == -signal.SIGXFSZ:
-        return "too much output"
-    if code is not None and code < 0:
-        return "crashed"
-    return "exited"
+def clean_text(text: str) -> str:
+    """A child's text for the feedback: the submission's files by their lessons/ names, every other
+    path (the grader's folders, its Python, its temporary folders) cut to its last part."""
+    def shorten(match: re.Match) -> str:
+        path = match.group(0)
+        for prefix, shown in _OWN:
+            if path.startswith(prefix):
+                return shown + path[len(prefix):]
+        return ".../" + path.rstrip("/").rsplit("/", 1)[-1] if path.count("/") > 1 else path
 
-
-def _ending(code, timed_out, ended, limits: Limits, total_deadline: float, when: str) -> str:
-    if timed_out:
-        which = ("the total time limit" if time.monotonic() >= total_deadline - 0.5
-                 else f"the time limit of {limits.per_exercise_s:g} s per exercise")
-        return f"hung: it ran past {which} {when} (killed)"
-    if ended == "garbled":
-        return f"garbled the grader's result channel {when} (killed)"
-    if code is not None and code == -signal.SIGXFSZ:
-        return f"printed too much: over the {limits.output_mb} MB output limit {when} (killed)"
-    if code is not None and code < 0:
-        return f"crashed the interpreter: {_signal_name(code)} {when}"
-    return f"ended the process: exit code {code} {when}"
+    return _PATH.sub(shorten, text.replace("\x00", ""))

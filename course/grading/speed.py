@@ -30,26 +30,54 @@ def _default_timer(fn: Callable[[], object]) -> float:
 
 # ------------------------------------------------------------------------------- the exercises' hooks
 
-def rung_bench(rung_name: str) -> Callable[[str], Callable[[], None]]:
+@dataclass(frozen=True)
+class BenchHook:
+    """An exercise's bench hook, `hook(impl)`; `spec` names it in a request to the grading child,
+    which rebuilds it with `hook_from_spec` (a closure cannot cross the channel)."""
+
+    kind: str  # "rung" (a ladder rung, `name` its rung) or "triton" (notebook 12's kernel)
+    name: str = ""
+
+    def __call__(self, impl: str) -> Callable[[], object]:
+        return _rung_kernels(self.name, impl) if self.kind == "rung" else _triton_kernel(impl)
+
+    @property
+    def spec(self) -> list[str]:
+        return [self.kind, self.name]
+
+    def __repr__(self) -> str:
+        return f"rung_bench({self.name!r})" if self.kind == "rung" else "triton_bench"
+
+
+def hook_from_spec(spec) -> BenchHook:
+    """The hook a request names; a ValueError for anything else."""
+    if isinstance(spec, list) and len(spec) == 2 and spec[0] == "triton":
+        return triton_bench
+    if isinstance(spec, list) and len(spec) == 2 and spec[0] == "rung" and spec[1] in ladder.BY_NAME:
+        return rung_bench(spec[1])
+    raise ValueError(f"not a bench hook: {spec!r}")
+
+
+def rung_bench(rung_name: str) -> BenchHook:
     """The hook of a ladder rung: its kernels alone (`course.core.launch.kernels_of`, as the ladder's
     benchmark times them) at the benchmark's shape FlashSpecInfer's (10, 10, 1024, 64), BFS trees."""
+    ladder.BY_NAME[rung_name]  # a KeyError names a rung that does not exist
+    return BenchHook("rung", rung_name)
+
+
+def _rung_kernels(rung_name: str, impl: str) -> Callable[[], None]:
+    from course.core.launch import kernels_of
+    from course.topics.ladder import bench as ladder_bench
+
     rung = ladder.BY_NAME[rung_name]
-
-    def bench(impl: str) -> Callable[[], None]:
-        from course.core.launch import kernels_of
-        from course.topics.ladder import bench as ladder_bench
-
-        batch, heads, n, d = ladder_bench.PAPER_SHAPE
-        q, k, v = ladder_bench.random_qkv(batch, heads, n, d)
-        start, end = ladder_bench.benchmark_times(batch, n, "bfs")
-        return kernels_of(ladder_bench.rung_fn(rung, q, k, v, start, end, impl))
-
-    bench.__qualname__ = f"rung_bench({rung_name!r})"
-    return bench
+    batch, heads, n, d = ladder_bench.PAPER_SHAPE
+    q, k, v = ladder_bench.random_qkv(batch, heads, n, d)
+    start, end = ladder_bench.benchmark_times(batch, n, "bfs")
+    return kernels_of(ladder_bench.rung_fn(rung, q, k, v, start, end, impl))
 
 
-def triton_bench(impl: str) -> Callable[[], object]:
-    """The hook of notebook 12's Triton kernel: `prepare_attention(...)` (the kernel without the launcher's
+def _triton_kernel(impl: str) -> Callable[[], object]:
+    """notebook 12's Triton kernel: `prepare_attention(...)` (the kernel without the launcher's
     input checks, as `course.topics.triton_attention.bench` times it) in fp16 at the benchmark's shape,
     BFS trees."""
     import torch
@@ -66,14 +94,22 @@ def triton_bench(impl: str) -> Callable[[], object]:
     return fn
 
 
+triton_bench = BenchHook("triton")
+
+
 # ---------------------------------------------------------------------------------------- timing
 
 def time_impl(exercise, impl: str, timer: Timer | None = None) -> tuple[float | None, str]:
     """(median ms, "") of `impl`'s kernel for one exercise, or (None, why not)."""
     if exercise.bench is None:
         return None, "no timing for this exercise"
+    return time_impl_with(exercise.bench, impl, timer)
+
+
+def time_impl_with(hook: Callable, impl: str, timer: Timer | None = None) -> tuple[float | None, str]:
+    """(median ms, "") of `impl`'s kernels as a bench hook runs them, or (None, why not)."""
     try:
-        return float((timer or _default_timer)(exercise.bench(impl))), ""
+        return float((timer or _default_timer)(hook(impl))), ""
     except Exception as error:  # a kernel that passed the checks can still fail at this size
         return None, f"timing failed: {type(error).__name__}: {str(error)[:300]}"
 

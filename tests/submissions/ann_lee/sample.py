@@ -1,0 +1,2 @@
+"""A correct submission named ann_lee."""
+
