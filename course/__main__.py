@@ -104,6 +104,14 @@ def _grade(args) -> int:
 def _generate(args) -> int:
     from .capstone.bench import generate_report
 
+    if args.parallel:  # notebook 20: the draft and the target in two processes
+        from .capstone import parallel
+
+        print(parallel.generate_report(args.prompt, pair=args.pair, max_new_tokens=args.max_new_tokens,
+                                       tree_size=args.tree_size, width=args.width, steps=args.steps,
+                                       mode=args.mode, seed=args.seed, backend=args.backend, impl=args.impl))
+        return 0
+
     print(generate_report(args.prompt, pair=args.pair, max_new_tokens=args.max_new_tokens,
                           tree_size=args.tree_size, width=args.width, mode=args.mode, seed=args.seed,
                           backend=args.backend, impl=args.impl, progress=not args.no_progress))
@@ -183,6 +191,12 @@ def main(argv=None) -> int:
     generate.add_argument("--impl", choices=("lessons", "solutions"), default=None,
                           help="which copy of the kernels (default: COURSE_IMPL, else lessons)")
     generate.add_argument("--no-progress", action="store_true", help="no progress bar")
+    generate.add_argument("--parallel", action="store_true",
+                          help="SwiftSpec's parallel tree generation (notebook 20): the draft and the "
+                               "target in two processes, on two GPUs (in the simulator: on the CPU, through "
+                               "gloo); one prompt")
+    generate.add_argument("--steps", type=int, default=2,
+                          help="with --parallel: draft steps per round while the target verifies (d)")
     generate.set_defaults(run=_generate)
     args, rest = parser.parse_known_args(argv)
     if args.command == "sanitize":  # its own options: `python -m course sanitize --help`

@@ -363,8 +363,10 @@ def _query_tensors(batch: int, width: int) -> tuple[torch.Tensor, ...]:
             torch.zeros((batch, width), dtype=torch.int32))
 
 
-def _draft(ops, draft, cache, state: _Batch, cfg: Settings, gen) -> int:
-    """Grow every active sample's tree (SwiftSpec §3.1); returns the number of draft passes."""
+def _draft(ops, draft, cache, state: _Batch, cfg: Settings, gen, plan: int | None = None) -> int:
+    """Grow every active sample's tree (SwiftSpec §3.1); returns the number of draft passes.
+    plan: the expansion steps of every active sample, instead of this round's own rule (the
+    parallel workers of notebook 20 choose them; a short tree still grows to tree_size)."""
     batch = len(state.trees)
     device = cache.data.device
     steps = []  # expansion steps each sample still wants this round
@@ -374,6 +376,8 @@ def _draft(ops, draft, cache, state: _Batch, cfg: Settings, gen) -> int:
             continue
         need = math.ceil(max(0, cfg.tree_size - len(tree)) / cfg.width)
         steps.append(max(need, 1 if len(tree) < cfg.tree_cap else 0))
+    if plan is not None:
+        steps = [plan if active else 0 for active in state.active]
     u = torch.rand((batch, cfg.branch), generator=gen, dtype=torch.float64) if cfg.mode == "sample" else None
     for b, tree in enumerate(state.trees):
         if state.active[b] and tree.needs_children():  # a sample-mode re-root: fresh draws from its q

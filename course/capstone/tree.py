@@ -155,7 +155,7 @@ class DraftTree:
         if new_root is not None and self.parents[node(new_root, "new_root")] != committed[-1]:
             raise ValueError(f"new_root = {new_root} is not a child of committed[-1] = {committed[-1]}")
 
-    def reroot(self, committed: list[int], new_root: int | None, next_token: int
+    def reroot(self, committed: list[int], new_root: int | None, next_token: int, keep_subtree: bool = False
                ) -> tuple[DraftTree, list[tuple[int, int]]]:
         """The tree after verification (SwiftSpec §3.2) and its cache moves.
 
@@ -170,13 +170,16 @@ class DraftTree:
         a reused subtree enters the next verification would depend, through the tree-size budget,
         on the values of the children drawn in it, which the walk's exactness forbids (see the
         module docstring). The decoder draws new_root's children afresh from its q (`redraw`).
+        keep_subtree=True keeps the whole subtree and its queued candidates in sample mode too, as
+        the parallel workers of notebook 20 do (`pyspec_ref.parallel_tree` says why that stays exact).
         """
         self._require_root_path(committed, new_root)
         k1 = len(committed)
         moves = [(v, i) for i, v in enumerate(committed) if v != i]
         if new_root is None:
             return DraftTree.fresh(next_token, self.mode), moves
-        if self.mode == "sample":
+        drop_subtree = self.mode == "sample" and not keep_subtree
+        if drop_subtree:
             keep = [new_root]
         else:
             kids = self.children()
@@ -197,7 +200,7 @@ class DraftTree:
             key = 0.0 if v == new_root else self.key[v] - base
             tree._add(parent, self.tokens[v], self.cum[v] - base, key)
             tree.run[-1], tree.q[-1] = self.run[v], self.q[v]
-        tree.heap = [] if self.mode == "sample" else [
+        tree.heap = [] if drop_subtree else [
             (-(-neg - base), order, new_of_old[p], t, c - base) for neg, order, p, t, c in self.heap
             if p in new_of_old]
         heapq.heapify(tree.heap)
