@@ -369,9 +369,9 @@ def check_target_cache(prefix: Sequence[int], cache: Sequence) -> None:
 
 def check_message_log(messages: Sequence[Message], tree_size: int) -> None:
     """The protocol's order (SwiftSpec §3.1, Algorithm 1): SUBTREE(r) then ACCEPTED(r) or STOP(r),
-    rounds 0, 1, 2, ..., STOP last;
-    each SUBTREE a topological tree of at most tree_size nodes rooted at index 0, each ACCEPTED path
-    a root path of its round's SUBTREE. Raises AssertionError naming the message."""
+    rounds 0, 1, 2, ..., STOP last; each SUBTREE a topological tree of at most tree_size nodes
+    rooted at index 0, each ACCEPTED path a root path of its round's SUBTREE. Raises AssertionError
+    naming the message."""
     subtree = None
     for i, m in enumerate(messages):
         expect_subtree = i % 2 == 0
@@ -453,9 +453,10 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
     check=True checks `check_draft_cache` after every re-root, `check_target_cache` after every
     verification and `check_message_log` at the end.
 
-    Returns tokens (the output, at most max_new_tokens), messages (the log), events (side, what,
-    round, start, end), rounds (per round: sent nodes, accepted path length, whether a subtree
-    was reused and how many nodes survived), target_calls, draft_steps, tokens_per_call (tokens
+    Returns tokens (the output, at most max_new_tokens), messages (the log), times (per message:
+    when it was sent and when its receiver took it), events (side, what, round, start, end), rounds
+    (per round: sent nodes, accepted path length, whether a subtree was reused and how many nodes
+    survived), target_calls, draft_steps, tokens_per_call (tokens
     emitted per target call, before truncation), time (the clock when the target stops).
     """
     prompt, n, bs, w, d, k = _check_options(prompt, max_new_tokens, tree_size, width, steps, branch, mode,
@@ -471,6 +472,7 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
     dr.fresh(prompt[-1])
     last = prompt[-1]  # the last committed token: the root the target expects
     messages: list[Message] = []
+    times: list[tuple[float, float]] = []  # per message: (sent, received) on the clock
     events: list[dict] = []
     rounds: list[dict] = []
     clock = {"draft": 0.0, "target": 0.0}
@@ -507,7 +509,9 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         sub = dr.select(bs)
         sub = Message(SUBTREE, r, sub.parents, sub.tokens, sub.q)
         messages.append(sub)
-        wait_until("target", r, clock["draft"])
+        sent = clock["draft"]
+        wait_until("target", r, sent)
+        times.append((sent, clock["target"]))
         if schedule == "parallel":
             grow("grow", r, d)  # drafting during verification: off the critical path
         path, nxt = tg.verify(sub, last)
@@ -517,7 +521,9 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         last = nxt
         finished = len(tg.emitted) >= n or (eos is not None and eos in tg.emitted[:n])
         messages.append(Message(STOP if finished else ACCEPTED, r, path=tuple(path), next_token=nxt))
-        wait_until("draft", r, clock["target"])
+        sent = clock["target"]
+        wait_until("draft", r, sent)
+        times.append((sent, clock["draft"]))
         info = {"round": r, "sent": len(sub.parents), "accepted": len(path) - 1, "reused": False, "kept": 0}
         rounds.append(info)
         if finished:
@@ -533,6 +539,6 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
     tokens = tg.emitted[:n]
     if eos is not None and eos in tokens:
         tokens = tokens[:tokens.index(eos) + 1]
-    return {"tokens": tokens, "messages": messages, "events": events, "rounds": rounds,
+    return {"tokens": tokens, "messages": messages, "times": times, "events": events, "rounds": rounds,
             "target_calls": tg.calls, "draft_steps": dr.steps,
             "tokens_per_call": len(tg.emitted) / tg.calls, "time": clock["target"]}
