@@ -504,7 +504,7 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         work("draft", what, r, (dr.steps - before) * step_cost)
 
     r = 0
-    grow("fill", 0, d if schedule == "serial" else 0)
+    grow("grow", 0, d if schedule == "serial" else 0)
     while True:
         sub = dr.select(bs)
         sub = Message(SUBTREE, r, sub.parents, sub.tokens, sub.q)
@@ -513,7 +513,7 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         wait_until("target", r, sent)
         times.append((sent, clock["target"]))
         if schedule == "parallel":
-            grow("grow", r, d)  # drafting during verification: off the critical path
+            grow("grow ahead", r, d)  # drafting during verification: off the critical path
         path, nxt = tg.verify(sub, last)
         work("target", "verify", r, target_cost)
         if check:
@@ -533,7 +533,7 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         if check:
             check_draft_cache(dr.prefix, dr.parents, dr.tokens, dr.run, dr.birth, dr.cache)
         r += 1
-        grow("fill", r, d if schedule == "serial" else 0)  # serial: all the drafting happens here
+        grow("grow", r, d if schedule == "serial" else 0)  # serial: all the drafting happens here
     if check:
         check_message_log(messages, bs)
     tokens = tg.emitted[:n]

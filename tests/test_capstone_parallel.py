@@ -282,3 +282,53 @@ def test_generate_parallel_on_one_gpu_says_what_it_needs(monkeypatch, capsys):
     assert main(["generate", "--parallel", "--prompt", "The old "]) == 2
     err = capsys.readouterr().err
     assert "two GPUs" in err and "this machine has 1" in err
+
+
+# --------------------------------------------------------------------------- the bench and its figures
+
+
+def test_the_bench_runs_on_the_cpu_and_its_figure_draws():
+    """The GPU bench's code, run on the CPU (tiny pair, reference backend): every method's row, in
+    the results schema, and parallel.png's figure drawn from them."""
+    import matplotlib.pyplot as plt
+
+    from course.capstone import parallel_bench, parallel_figures
+    from course.measure import results
+
+    rows = parallel_bench.measure(pair="tiny", n_prompts=1, max_new=6, steps=(1,), repeats=1, cpu=True,
+                                  backend="reference", log=lambda *_: None)
+    names = {(r["name"], r["mode"]) for r in rows}
+    assert names == {(n, m) for n in ("autoregressive", "serial decoder", "serial", "parallel")
+                     for m in ("greedy", "sample")}
+    greedy = [r for r in rows if r["mode"] == "greedy" and r["name"] != "autoregressive"]
+    assert all(r["identical"] and r["max_abs_err"] == 0.0 for r in greedy)
+    best = parallel_figures.best_parallel(rows)
+    assert best["timeline"] and {e["side"] for e in best["timeline"]} == {"draft", "target"}
+    assert best["tokens_per_call"] > 1 and best["verify_ms"] > 0 and best["target_calls"] < 6
+    document = {"suite": "parallel", "device": "test", "date": "2026-01-01T00:00:00", "software": {},
+                "gpus": 0, "rows": rows}
+    results.validate(document)
+    figure = parallel_figures.measured_figure(document)
+    assert len(figure.axes) == 4  # two timelines, greedy and sampling bars
+    plt.close(figure)
+
+
+def test_the_sequence_diagram_draws_every_message_of_its_rounds():
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Annotation
+
+    from course.capstone import parallel_figures
+    from pyspec_ref import parallel_tree as pt
+
+    def model(path):  # a deterministic toy target: the next token leans on the last one
+        weights_ = [1.0 + ((path[-1] * 7 + t * 3) % 5) for t in range(5)]
+        return [w / sum(weights_) for w in weights_]
+
+    out = pt.simulate_parallel_tree(model, model, [1, 2], 20, tree_size=3, width=1, steps=2)
+    ax = parallel_figures.sequence_diagram(out["messages"], out["times"], out["events"], rounds=2)
+    arrows = [a for a in ax.texts if isinstance(a, Annotation)]
+    labels = [t.get_text() for t in ax.texts if t.get_text().startswith(("SUBTREE", "ACCEPTED", "STOP"))]
+    assert len([m for m in out["messages"] if m.round < 2]) == len(arrows) == len(labels) == 4
+    plt.close(ax.figure)
+    with pytest.raises(ValueError, match="pair up"):
+        parallel_figures.sequence_diagram(out["messages"], out["times"][:-1], out["events"])
