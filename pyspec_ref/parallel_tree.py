@@ -22,8 +22,9 @@ so the target never sees a node that verification has already ruled out.
 One round of each worker (Algorithm 1, with ``d`` = ``steps`` expansions per round):
 
 * draft: send SUBTREE(r); grow the tree by ``steps`` steps of ``w`` leaves each (this is the work
-  done during verification); receive; on STOP leave; on ACCEPTED re-root (below), grow while the
-  tree holds fewer than ``bs`` nodes, and send SUBTREE(r + 1);
+  done during verification); receive; on STOP leave; on ACCEPTED re-root (below), top the tree up
+  to ``bs`` nodes if it holds fewer (a step of as many nodes as are missing: §3.2, "it expands bs
+  nodes immediately using one draft model inference"), and send SUBTREE(r + 1);
 * target: receive SUBTREE(r); one pass over its nodes; verify (greedy: `greedy_tree_verification`,
   sampling: `tree_speculative_sampling`); commit the path and the next token; send STOP if the
   generation is finished, else ACCEPTED(r).
@@ -445,8 +446,8 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
     round (during verification for schedule "parallel", after re-rooting for "serial"); branch:
     candidate children per run node; mode: "greedy" or "sample" (uniforms from random.Random(seed)
     for the draft and random.Random(seed + 1) for the target); eos: a token that ends the output.
-    The draft tree holds at most tree_size + (steps + 1) * width nodes: a step starts only if its
-    nodes fit (the capacity of the draft's tree cache).
+    The draft tree holds at most 2 * tree_size + (steps + 1) * width nodes: a step of w starts only
+    if its nodes fit (the capacity of the draft's tree cache; a top-up may overshoot tree_size).
 
     A clock in units of `target_cost` per target pass and `step_cost` per draft pass (messages are
     free) times each side's work and waits: the timeline and the sequence diagram of notebook 20.
@@ -462,7 +463,7 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
     prompt, n, bs, w, d, k = _check_options(prompt, max_new_tokens, tree_size, width, steps, branch, mode,
                                             schedule, eos)
     vocab = len(validate_distribution(list(target(tuple(prompt))), f"target{tuple(prompt)}"))
-    capacity = bs + (d + 1) * w
+    capacity = 2 * bs + (d + 1) * w
     dr = _Draft(draft, mode, k, random.Random(seed), vocab)
     tg = _Target(target, mode, random.Random(seed + 1), vocab)
     # Prefill: both caches hold the prompt but its last token, which is the first root.
@@ -489,14 +490,16 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
             clock[side] = t
 
     def grow(what: str, r: int, planned: int) -> None:
-        """Run the root if it is new, step while the tree holds fewer than bs nodes, then take
-        `planned` more steps (as many as fit the capacity); a step pops and runs the w best
-        candidates."""
+        """Run the root if it is new; top the tree up to bs nodes in steps of as many nodes as
+        were missing (§3.2: a short tree "expands bs nodes immediately using one draft model
+        inference"); then take `planned` steps of w nodes (as many as fit the capacity). A step
+        pops the best candidates and runs them in one draft pass."""
         before = dr.steps
+        missing = max(w, bs - len(dr.parents))
         if not dr.run[0]:
             dr.step(w)
         while dr.heap and len(dr.parents) < bs:
-            dr.step(w)
+            dr.step(missing)
         for _ in range(min(planned, max(0, (capacity - len(dr.parents)) // w))):
             if not dr.heap:
                 break

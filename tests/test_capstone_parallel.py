@@ -22,6 +22,7 @@ from course.measure.stats import chi_square_p_value
 
 PROMPT = encode("The old fox ")
 TINY = {role: str(weights.weight_path("tiny", role)) for role in wire.ROLES}
+DEVICE = "cuda:0" if runtime.on_gpu() else "cpu"  # both processes of a test job
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +181,8 @@ def test_the_handshake_names_every_difference():
 
 
 def _job(**changes) -> parallel.Job:
-    options = dict(tree_size=4, width=2, max_new_tokens=8, backend="reference", peer_timeout=2.0)
+    options = dict(tree_size=4, width=2, max_new_tokens=8, backend="reference", peer_timeout=2.0,
+                   devices={"target": DEVICE, "draft": DEVICE})
     runs = changes.pop("runs", [parallel.Run(PROMPT, 2)])
     return parallel.Job(TINY["target"], TINY["draft"], runs, **(options | changes))
 
@@ -199,6 +201,19 @@ def test_two_processes_produce_the_lockstep_tokens(pair, plain):
         assert generation.processes == 2 and generation.target_calls == len(generation.accepted)
         sides = {e["side"] for e in generation.events}
         assert sides == {"draft", "target"}  # both timelines came back
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_through_nccl(pair, plain):
+    """On a machine with two GPUs: the target on cuda:0, the draft on cuda:1, NCCL between them."""
+    runs = [parallel.Run(PROMPT, 2, "greedy", 0), parallel.Run(PROMPT, 3, "sample", 5)]
+    job = _job(runs=runs, max_new_tokens=16, backend="kernels", impl="solutions", transport="nccl",
+               devices={"target": "cuda:0", "draft": "cuda:1"})
+    got = parallel.launch(job, timeout=300)
+    assert got[0].tokens == plain[:16]
+    same = parallel.generate(pair.target, pair.draft, PROMPT, 16, tree_size=4, width=2, steps=3, branch=4,
+                             mode="sample", seed=5, impl="solutions")
+    assert (got[1].tokens, got[1].accepted) == (same.tokens, same.accepted)
 
 
 def test_a_mismatched_pair_is_refused_before_anything_runs(tmp_path):

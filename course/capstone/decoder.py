@@ -363,10 +363,12 @@ def _query_tensors(batch: int, width: int) -> tuple[torch.Tensor, ...]:
             torch.zeros((batch, width), dtype=torch.int32))
 
 
-def _draft(ops, draft, cache, state: _Batch, cfg: Settings, gen, plan: int | None = None) -> int:
+def _draft(ops, draft, cache, state: _Batch, cfg: Settings, gen, plan: int | None = None,
+           width: int | None = None) -> int:
     """Grow every active sample's tree (SwiftSpec §3.1); returns the number of draft passes.
-    plan: the expansion steps of every active sample, instead of this round's own rule (the
-    parallel workers of notebook 20 choose them; a short tree still grows to tree_size)."""
+    plan, width: the expansion steps of every active sample and the nodes per step, instead of
+    this round's own rule and cfg.width (the parallel workers of notebook 20 choose them; a short
+    tree still grows to tree_size)."""
     batch = len(state.trees)
     device = cache.data.device
     steps = []  # expansion steps each sample still wants this round
@@ -394,7 +396,7 @@ def _draft(ops, draft, cache, state: _Batch, cfg: Settings, gen, plan: int | Non
             elif steps[b] > 0 or len(tree) < cfg.tree_size:
                 # Also past the planned steps while the tree is short: a step adds fewer than w
                 # nodes when the queue holds fewer candidates (w > branch after a fresh root).
-                run[b] = tree.pop(cfg.width)
+                run[b] = tree.pop(cfg.width if width is None else width)
                 steps[b] = max(steps[b] - 1, 0)
         if not any(run):
             return calls

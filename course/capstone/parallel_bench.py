@@ -50,6 +50,7 @@ TREE_SIZE, WIDTH, BRANCH = 8, 2, 4
 STEPS = (1, 2, 3, 4)
 REPEATS = 3
 TIMELINE_ROUNDS = 4
+TARGET_SPEEDUP = 1.3  # parallel over the serial decoder, B = 1, greedy (SwiftSpec's Table 6: 275 / 200)
 _DTYPES = {False: torch.float32, True: torch.float16}  # on a GPU?
 
 
@@ -240,6 +241,28 @@ def save(rows: list[dict], gpus: int, folder: Path | None = None) -> Path:
     path.write_text(json.dumps(document, indent=1) + "\n")
     save_figures(parallel_figures, document, path.parent)
     return path
+
+
+def load_committed(directory: Path = results.RESULTS) -> dict:
+    """The committed parallel.json with the most GPUs (results/<device>x2/ before results/<device>/),
+    or results.NotMeasuredYet saying how to measure it."""
+    found = sorted(directory.glob(f"*/{SUITE}.json"))
+    if not found:
+        raise results.NotMeasuredYet(f"not measured yet: no committed results/<device>x2/{SUITE}.json; "
+                                     "tools/gpu_parallel.sh on a machine with two GPUs writes it")
+    documents = [results.validate(json.loads(path.read_text()), str(path)) for path in found]
+    return max(documents, key=lambda d: (d.get("gpus", 1), d["date"]))
+
+
+def target_met(document: dict) -> tuple[float, bool]:
+    """The benchmark target: the fastest parallel greedy run on two GPUs at least TARGET_SPEEDUP
+    times the serial decoder's tokens/s, greedy output identical to plain decoding. Returns
+    (its speed-up, met?)."""
+    from .parallel_figures import best_parallel
+
+    best = best_parallel(document["rows"], "greedy")
+    speedup = best["speedup_vs_serial_decoder"]
+    return speedup, best["gpus"] >= 2 and speedup >= TARGET_SPEEDUP and bool(best.get("identical"))
 
 
 def main(argv=None) -> int:

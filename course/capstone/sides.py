@@ -48,14 +48,14 @@ def _fits(prompt: list[int], max_prompt: int) -> None:
 class DraftSide:
     """The draft worker's state: its model, the [prefix | tree] KV cache, the tree (see the module
     docstring). cfg: `decoder.settings(...)`; steps: the draft steps taken while the target
-    verifies (SwiftSpec's d); the tree holds at most tree_size + (steps + 1) * width nodes."""
+    verifies (SwiftSpec's d); the tree holds at most 2 * tree_size + (steps + 1) * width nodes."""
 
     def __init__(self, draft, cfg: decoder.Settings, steps: int, *, max_prompt: int, max_new_tokens: int,
                  backend: str = "kernels", impl: str | None = None, seed: int = 0):
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ValueError(f"steps must be an int >= 0 (draft steps per round), got {steps!r}")
         self.model, self.cfg, self.steps = draft, cfg, steps
-        self.max_nodes = cfg.tree_size + (steps + 1) * cfg.width
+        self.max_nodes = 2 * cfg.tree_size + (steps + 1) * cfg.width  # a top-up may overshoot tree_size
         self.max_prompt, self.max_new_tokens = max_prompt, max_new_tokens
         rows = _room(max_prompt, max_new_tokens, self.max_nodes + cfg.tree_size, draft, "draft")
         self.cache = draft.new_cache(1, rows)
@@ -78,9 +78,13 @@ class DraftSide:
         decoder._prefill(self.ops, self.model, self.cache, [prompt])
 
     def grow(self, steps: int = 0) -> int:
-        """Run the root if it is new and grow the tree to tree_size nodes, then take `steps` more
-        steps (as many as the tree's capacity allows); returns the draft passes taken."""
-        calls = decoder._draft(self.ops, self.model, self.cache, self.state, self.cfg, self.gen, plan=0)
+        """Run the root if it is new and top the tree up to tree_size nodes, in steps of as many
+        nodes as were missing (SwiftSpec §3.2: a short tree "expands bs nodes immediately using one
+        draft model inference"); then take `steps` steps of `width` nodes (as many as the tree's
+        capacity allows). Returns the draft passes taken."""
+        missing = max(self.cfg.width, self.cfg.tree_size - len(self.tree))
+        calls = decoder._draft(self.ops, self.model, self.cache, self.state, self.cfg, self.gen, plan=0,
+                               width=missing)
         room = max(0, (self.max_nodes - len(self.tree)) // self.cfg.width)
         if min(steps, room) > 0:
             calls += decoder._draft(self.ops, self.model, self.cache, self.state, self.cfg, self.gen,
