@@ -5,6 +5,7 @@ pair refused, and a dead, frozen or silent process stopping its peer within seco
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -302,7 +303,7 @@ def test_generate_parallel_on_one_gpu_says_what_it_needs(monkeypatch, capsys):
 # --------------------------------------------------------------------------- the bench and its figures
 
 
-def test_the_bench_runs_on_the_cpu_and_its_figure_draws():
+def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
     """The GPU bench's code, run on the CPU (tiny pair, reference backend): every method's row, in
     the results schema, and parallel.png's figure drawn from them."""
     import matplotlib.pyplot as plt
@@ -326,6 +327,15 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws():
     figure = parallel_figures.measured_figure(document)
     assert len(figure.axes) == 4  # two timelines, greedy and sampling bars
     plt.close(figure)
+    # the committed file with the most GPUs is the one notebook 20 shows; none: "not measured yet"
+    with pytest.raises(results.NotMeasuredYet, match="not measured yet"):
+        parallel_bench.load_committed(tmp_path)
+    for folder, gpus in (("h100", 1), ("h100x2", 2)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "parallel.json").write_text(json.dumps(document | {"gpus": gpus}))
+    assert parallel_bench.load_committed(tmp_path)["gpus"] == 2
+    speedup, met = parallel_bench.target_met(document)
+    assert speedup == best["speedup_vs_serial_decoder"] and not met  # measured on no GPU at all
 
 
 def test_the_sequence_diagram_draws_every_message_of_its_rounds():

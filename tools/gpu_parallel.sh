@@ -3,10 +3,11 @@
 # `python -m course generate --parallel`, and the bench of serial against parallel tree generation
 # (results/<device>x2/parallel.json and parallel.png). From the repository root:
 #
-#   tools/gpu_parallel.sh            # everything (about 6-8 minutes on two H100s)
-#   tools/gpu_parallel.sh --smoke    # a quick pass: the NCCL test, generate, a 16-token bench
-#   tools/gpu_parallel.sh --one-gpu  # also both processes sharing one GPU (gloo); on a machine
-#                                    # with one GPU that is all the bench can measure
+#   tools/gpu_parallel.sh             # everything: tests, generate, the bench (saved)
+#   tools/gpu_parallel.sh --smoke     # a quick pass: a few tests, generate, a 16-token bench (not saved)
+#   tools/gpu_parallel.sh --no-tests  # the bench alone (when one call must stay under a time limit)
+#   tools/gpu_parallel.sh --one-gpu   # also both processes sharing one GPU (gloo); on a machine
+#                                     # with one GPU that is all the bench can measure
 #
 # The machine's Python must hold torch, triton and numba-cuda; extra wheels in .whl/ (see the
 # README's "Running on a GPU") are installed into /tmp/site first. NVLink multicast stays off
@@ -16,10 +17,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 smoke=0
+tests=1
 bench_args=()
 for arg in "$@"; do
   case "$arg" in
     --smoke) smoke=1 ;;
+    --no-tests) tests=0 ;;
     --one-gpu) bench_args+=(--one-gpu) ;;
     *) bench_args+=("$arg") ;;
   esac
@@ -40,15 +43,15 @@ if [ "$gpus" -lt 2 ] && [[ ! " ${bench_args[*]:-} " == *" --one-gpu "* ]]; then
   bench_args+=(--one-gpu)
 fi
 
-if [ "$smoke" = 1 ]; then
+if [ "$tests" = 1 ] && [ "$smoke" = 1 ]; then
   python3 -m pytest -p no:cacheprovider -q -x tests/test_capstone_parallel.py \
     -k "nccl or two_processes or dead_or_frozen" 2>&1 | tee "$logs/parallel_gpu_tests.log"
-else
+elif [ "$tests" = 1 ]; then
   python3 -m pytest -p no:cacheprovider -q tests/test_capstone_parallel.py tests/test_pyspec_parallel_tree.py \
     2>&1 | tee "$logs/parallel_gpu_tests.log"
 fi
 
-if [ "$gpus" -ge 2 ]; then
+if [ "$tests" = 1 ] && [ "$gpus" -ge 2 ]; then
   python3 -m course generate --parallel --prompt "The old fox " 2>&1 | tee "$logs/parallel_generate.log"
 fi
 

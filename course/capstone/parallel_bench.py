@@ -47,7 +47,7 @@ PAIR = "small"
 PROMPTS = 2
 MAX_NEW = 128
 TREE_SIZE, WIDTH, BRANCH = 8, 2, 4
-STEPS = (1, 2, 3, 4)
+STEPS = (1, 2, 3)
 REPEATS = 3
 TIMELINE_ROUNDS = 4
 TARGET_SPEEDUP = 1.3  # parallel over the serial decoder, B = 1, greedy (SwiftSpec's Table 6: 275 / 200)
