@@ -259,8 +259,10 @@ def test_a_dead_or_frozen_process_stops_its_peer_within_seconds(victim, how):
         _stopped_within(launch, peer, 2.0 + 5)  # peer_timeout + the watchdog's reaction
         assert launch.processes[peer].returncode == wire.EXIT_PEER
         said = (launch.folder / f"{peer}.error").read_text()
-        expected = "closed its connection" if how == "kill" else "no sign of life"
-        assert f"{peer} process: the {victim}" in said and expected in said
+        # a kill: the receive fails at once, or the store (the target hosts it) is gone; a freeze:
+        # the connection stays open and only the heartbeat tells
+        expected = ("closed its connection", "lost contact") if how == "kill" else ("no sign of life",)
+        assert f"{peer} process: " in said and f"the {victim}" in said and any(e in said for e in expected)
     finally:
         launch.processes[victim].kill()
         launch.processes[victim].wait()
@@ -275,7 +277,8 @@ def test_a_silent_peer_times_out_and_both_stop():
     _stopped_within(launch, "draft", 5)  # told by the target through the store
     with pytest.raises(parallel.ParallelError, match="no SUBTREE from the draft for 2") as error:
         launch.wait(30)
-    assert "draft process: the target stopped" in str(error.value)
+    said = str(error.value)  # the draft learns it from the store, or finds the store gone with the target
+    assert "draft process: the target stopped" in said or "lost contact with the target" in said
 
 
 # --------------------------------------------------------------------------- the command line

@@ -341,7 +341,7 @@ class Watchdog:
         if tell_peer:
             with contextlib.suppress(Exception):
                 self.store.set(f"failed/{self.rank}", message)
-                time.sleep(3 * BEAT_S)  # the target hosts the store: let the peer's watchdog read it
+                time.sleep(10 * BEAT_S)  # the target hosts the store: let the peer's watchdog read it
         os._exit(status)
 
 
