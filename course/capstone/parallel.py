@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -376,6 +377,7 @@ class Launch:
         if check:
             check_job(job)
         self.job = job
+        self.own_folder = folder is None  # removed after a run that succeeded
         self.folder = Path(folder or tempfile.mkdtemp(prefix="parallel-"))
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "job.json").write_text(job.to_json())
@@ -414,8 +416,11 @@ class Launch:
             time.sleep(0.05)
         codes = {role: p.poll() for role, p in self.processes.items()}
         if any(code != 0 for code in codes.values()):
-            raise ParallelError(self._failure(codes))
-        return self._results()
+            raise ParallelError(self._failure(codes) + f"\n(both processes' logs: {self.folder})")
+        generations = self._results()
+        if self.own_folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        return generations
 
     def _failure(self, codes: dict) -> str:
         lines = []
