@@ -51,15 +51,15 @@ Exactness.
   the target's argmax, so the output is the target's greedy decoding token for token, whatever
   the draft does (checked against `greedy_decode`).
 * Sampling: a node's candidate children are ``branch`` independent draws from q at that node, all
-  with the node's own cumulative log-probability as their key (the capstone's rule, see
-  course/capstone/tree.py). A heap that pops the largest key, where every pushed key is at most the
-  key of the node just popped, pops in non-increasing key order; so the children of a node are
-  popped before any of its descendants and in draw order, and how many of them exist (or are
-  sent) is decided by nodes ranked above them, never by their own values. That is what
-  SpecInfer's multi-step speculative sampling needs to be exact at each node (§4.3): a number of
-  i.i.d. draws that does not depend on their values. It holds for a reused subtree too, because
-  its draws were made before it was known to survive, and the budget of a round (how many of them
-  enter) is again decided from above. The tests check the joint distribution of the first tokens
+  keyed by that node's own cumulative log-probability (the capstone's rule, see
+  course/capstone/tree.py), and every descendant of theirs gets a key no larger, pushed later. So
+  a node's children leave the queue before any of their descendants, in draw order, and how many
+  of them are grown, and sent, is decided by the queue's other entries and the round's budget,
+  never by their own values (those only key their descendants, which rank behind them). That is
+  what SpecInfer's multi-step speculative sampling needs to be exact at each node (§4.3): a number
+  of i.i.d. draws that does not depend on their values. It holds for a reused subtree too: its
+  draws were made before anyone knew it would survive, and after the re-root the same ranking
+  decides how many of them enter. The tests check the joint distribution of the first tokens
   against the target's by a chi-square test.
 
 What the simulation keeps of each KV entry is its identity: (the node's birth number, the token
