@@ -8,6 +8,8 @@ from .core import runtime  # noqa: I001  (must run before anything imports numba
 from .core.runtime import MODE, SIMULATOR, describe, on_gpu, pick, torch_device
 from . import checks, exercises  # none of these imports numba
 from .core import impl, inputs
+from . import answers
+from .answers import compare_with_ours, reveal
 
-__all__ = ["MODE", "SIMULATOR", "checks", "describe", "exercises", "impl", "inputs", "on_gpu", "pick",
-           "runtime", "torch_device"]
+__all__ = ["MODE", "SIMULATOR", "answers", "checks", "compare_with_ours", "describe", "exercises", "impl",
+           "inputs", "on_gpu", "pick", "reveal", "runtime", "torch_device"]

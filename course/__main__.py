@@ -1,5 +1,5 @@
 """The course's command line:
-`python -m course {info,list,check,bench,figures,sanitize,release,grade,generate}`."""
+`python -m course {info,list,check,reveal,bench,figures,sanitize,release,grade,generate}`."""
 
 from __future__ import annotations
 
@@ -36,6 +36,13 @@ def _check(args) -> int:
                        verbose=args.verbose)
         failed += not report.passed
     return 1 if failed else 0
+
+
+def _reveal(args) -> int:
+    from .answers import reveal
+
+    reveal(args.target)
+    return 0
 
 
 def _bench(args) -> int:
@@ -102,19 +109,21 @@ def _grade(args) -> int:
 
 
 def _generate(args) -> int:
-    from .capstone.bench import generate_report
+    from .capstone.bench import DEFAULT_TREE, generate_report
 
     if args.parallel:  # notebook 20: the draft and the target in two processes
         from .capstone import parallel
 
         print(parallel.generate_report(args.prompt, pair=args.pair, max_new_tokens=args.max_new_tokens,
-                                       tree_size=args.tree_size, width=args.width, steps=args.steps,
+                                       tree_size=args.tree_size, width=args.width,
+                                       steps=parallel.DEFAULT_STEPS if args.steps is None else args.steps,
                                        mode=args.mode, seed=args.seed, backend=args.backend, impl=args.impl))
         return 0
 
     print(generate_report(args.prompt, pair=args.pair, max_new_tokens=args.max_new_tokens,
-                          tree_size=args.tree_size, width=args.width, mode=args.mode, seed=args.seed,
-                          backend=args.backend, impl=args.impl, progress=not args.no_progress))
+                          tree_size=args.tree_size, width=args.width, branch=args.branch,
+                          steps=DEFAULT_TREE[3] if args.steps is None else args.steps, chain=args.chain, mode=args.mode, seed=args.seed, backend=args.backend,
+                          impl=args.impl, progress=not args.no_progress))
     return 0
 
 
@@ -131,6 +140,9 @@ def main(argv=None) -> int:
     check.add_argument("--verbose", action="store_true",
                        help="show the whole traceback of a kernel or launcher that raised")
     check.set_defaults(run=_check)
+    reveal = commands.add_parser("reveal", help="show our reference answer to an exercise, passed or not")
+    reveal.add_argument("target", help="an exercise id or a lesson module (e.g. ladder_k4)")
+    reveal.set_defaults(run=_reveal)
     bench = commands.add_parser("bench", help="measure a topic on a GPU into results/<device>/<suite>.json")
     bench.add_argument("topic", help="a folder of course/topics/, or capstone")
     bench.add_argument("sections", nargs="*", metavar="section",
@@ -174,16 +186,21 @@ def main(argv=None) -> int:
                        help="on a GPU, skip timing passed kernels against the solutions' (never timed "
                             "in the simulator)")
     grade.set_defaults(run=_grade)
-    generate = commands.add_parser("generate", help="tree speculative decoding with the capstone's models "
-                                   "(notebook 19): text, speed, acceptance")
+    generate = commands.add_parser("generate", help="plain, chain and tree speculative decoding with the "
+                                   "capstone's models (notebook 19): text, speed, acceptance")
     generate.add_argument("--prompt", required=True, action="append",
                           help="text to continue (repeat --prompt for a batch)")
-    generate.add_argument("--pair", choices=("small", "tiny"), default=None,
-                          help="the trained pair (default: small on a GPU, tiny in the simulator)")
+    generate.add_argument("--pair", choices=("medium", "small", "tiny"), default=None,
+                          help="the trained pair (default: medium on a GPU, tiny in the simulator)")
     generate.add_argument("--max-new-tokens", type=int, default=None,
-                          help="tokens per prompt (default: 64 on a GPU, 12 in the simulator)")
-    generate.add_argument("--tree-size", type=int, default=8, help="nodes verified per target call (bs)")
+                          help="tokens per prompt (default: 128 on a GPU, 12 in the simulator)")
+    generate.add_argument("--tree-size", type=int, default=16, help="nodes verified per target call (bs)")
     generate.add_argument("--width", type=int, default=2, help="nodes the draft expands per step (w)")
+    generate.add_argument("--branch", type=int, default=4, help="children of each node the draft runs")
+    generate.add_argument("--steps", type=int, default=None,
+                          help="draft steps per round: the tree's depth (default 6); with --parallel, the "
+                               "steps taken while the target verifies (d, default 2)")
+    generate.add_argument("--chain", type=int, default=5, help="tokens the chain drafts per round (k)")
     generate.add_argument("--mode", choices=("greedy", "sample"), default="greedy")
     generate.add_argument("--seed", type=int, default=0, help="seed of the sampling uniforms")
     generate.add_argument("--backend", choices=("kernels", "reference"), default="kernels",
@@ -195,8 +212,6 @@ def main(argv=None) -> int:
                           help="SwiftSpec's parallel tree generation (notebook 20): the draft and the "
                                "target in two processes, on two GPUs (in the simulator: on the CPU, through "
                                "gloo); one prompt")
-    generate.add_argument("--steps", type=int, default=2,
-                          help="with --parallel: draft steps per round while the target verifies (d)")
     generate.set_defaults(run=_generate)
     args, rest = parser.parse_known_args(argv)
     if args.command == "sanitize":  # its own options: `python -m course sanitize --help`

@@ -130,6 +130,16 @@ def find_regions(source: str, module: str, where: str) -> list[Region]:
     return regions
 
 
+def region_functions(source: str, module: str, where: str) -> dict[str, tuple[str, ...]]:
+    """Exercise -> the names of the functions that hold its regions, in order (a helper's region
+    that names another exercise counts for that exercise)."""
+    functions = _enclosing_functions(ast.parse(source))
+    holders: dict[str, dict[str, None]] = {}
+    for region in find_regions(source, module, where):
+        holders.setdefault(region.exercise, {})[_innermost(functions, region.first + 1).name] = None
+    return {exercise: tuple(names) for exercise, names in holders.items()}
+
+
 def _is_code(line: str) -> bool:
     stripped = line.strip()
     return bool(stripped) and not stripped.startswith("#")

@@ -258,6 +258,23 @@ def prepare_compact(cache: torch.Tensor, src, dst, counts) -> Callable[[], torch
     return _compact_launch(cache, moves)
 
 
+def prepare_compact_buffers(cache: torch.Tensor, src, dst, counts) -> Callable[[], torch.Tensor]:
+    """`prepare_compact` for moves that are rewritten on the device between launches (a decoder that
+    builds each round's moves inside a CUDA graph). The buffers' dtypes, shapes and devices are
+    checked once, with the moves they hold now; each launch then applies whatever they hold: int32,
+    contiguous, sorted by dst with dst <= src (a move with dst == src leaves its row as it is) and
+    distinct destinations. Nothing checks those later values: the caller's construction must
+    guarantee them, as the moves of an accepted path do (path ids increase, so node i of the path
+    moves from tree row id_i >= i to row i)."""
+    check_moves(cache, src, dst, counts)
+    for name, buffer in (("src", src), ("dst", dst), ("counts", counts)):
+        if buffer.dtype != torch.int32 or not buffer.is_contiguous():
+            raise TypeError(f"{name} must be a contiguous int32 tensor: the kernel reads it as it is, "
+                            f"got {buffer.dtype}{'' if buffer.is_contiguous() else ' (not contiguous)'}")
+    require_written(compact_kernel)
+    return _compact_launch(cache, Moves(src, dst, counts, total=src.shape[1]))
+
+
 def _naive_launch(cache: torch.Tensor, moves: Moves) -> Callable[[], torch.Tensor]:
     width = moves.src.shape[1]
     live = torch.arange(width, device=cache.device)[None, :] < moves.counts[:, None]

@@ -26,7 +26,8 @@ def make_model(config=GQA, seed=0):
 def reference_attend(visible):
     """A torch reference `attend`: query (b, w) sees the cache rows where visible[b, w] is True,
     query head h reading KV head h // group, scale 1/sqrt(hd), in float64."""
-    def attend(q, k, v):
+    def attend(layer, q, k, v):
+        k, v = k[:, :, :visible.shape[-1]], v[:, :, :visible.shape[-1]]  # not the scratch row
         group = q.shape[1] // k.shape[1]
         k = k.double().repeat_interleave(group, dim=1)
         v = v.double().repeat_interleave(group, dim=1)
@@ -72,24 +73,24 @@ def test_cache_views_and_writes():
     B, W, C = 2, 4, 10
     cache = model.new_cache(B, C)
     assert isinstance(cache, KVCache) and cache.capacity == C
-    assert cache.data.shape == (B, GQA.n_layers * 2 * GQA.n_kv_heads, C, GQA.head_dim)
+    assert cache.data.shape == (B, GQA.n_layers * 2 * GQA.n_kv_heads, C + 1, GQA.head_dim)  # + scratch
     hkv = GQA.n_kv_heads
     for layer in range(GQA.n_layers):  # views into the one tensor, at the contract's channels
         assert cache.k(layer).data_ptr() == cache.data[:, 2 * layer * hkv].data_ptr()
         assert cache.v(layer).data_ptr() == cache.data[:, (2 * layer + 1) * hkv].data_ptr()
-        assert cache.k(layer).shape == (B, hkv, C, GQA.head_dim)
+        assert cache.k(layer).shape == (B, hkv, C + 1, GQA.head_dim)
     tokens = torch.randint(0, text.VOCAB_SIZE, (B, W), generator=torch.Generator().manual_seed(3))
     positions = torch.tensor([[5, 6, 7, 8], [0, 1, 2, 0]])
     rows = torch.tensor([[2, 9, -1, 4], [0, 1, 3, -1]])  # -1: padding, not written
     seen = {}
 
-    def attend(q, k, v):
-        seen.setdefault("calls", []).append((k.data_ptr(), v.data_ptr()))
+    def attend(layer, q, k, v):
+        seen.setdefault("calls", []).append((layer, k.data_ptr(), v.data_ptr()))
         return torch.zeros(q.shape, dtype=q.dtype)
 
     model.step(tokens, positions, cache, rows, attend)
-    assert seen["calls"] == [(cache.k(i).data_ptr(), cache.v(i).data_ptr()) for i in range(GQA.n_layers)]
-    written = cache.data.abs().sum(dim=(1, 3)) > 0                            # (B, C)
+    assert seen["calls"] == [(i, cache.k(i).data_ptr(), cache.v(i).data_ptr()) for i in range(GQA.n_layers)]
+    written = cache.data[:, :, :C].abs().sum(dim=(1, 3)) > 0                  # (B, C): padding went to row C
     expected = torch.zeros(B, C, dtype=torch.bool)
     expected[0, [2, 9, 4]] = True
     expected[1, [0, 1, 3]] = True
@@ -114,7 +115,7 @@ def test_step_refuses_bad_input():
     with pytest.raises(ValueError, match="tokens"):
         model.step(tokens + text.VOCAB_SIZE, pos, cache, pos, attend)
     with pytest.raises(ValueError, match="attend"):
-        model.step(tokens, pos, cache, pos, lambda q, k, v: q[:, :, :1])
+        model.step(tokens, pos, cache, pos, lambda layer, q, k, v: q[:, :, :1])
     with pytest.raises(ValueError, match="n_kv_heads"):
         ModelConfig(vocab_size=80, d_model=64, n_layers=1, n_heads=4, n_kv_heads=3, max_positions=8)
 

@@ -85,14 +85,14 @@ def test_sampling_matches_target_distribution(pair):
 def _kv_of(model, sequence: list[int]) -> torch.Tensor:
     """The KV rows (R, len, d) of a fresh causal prefill of `sequence` (its last token included)."""
     cache = model.new_cache(1, len(sequence) + 1)
-    decoder._prefill(decoder.make_backend("reference"), model, cache, [sequence + [0]])
+    decoder.prefill(decoder.make_backend("reference"), model, cache, [sequence + [0]])
     return cache.data[0, :, :len(sequence)]
 
 
 def test_the_draft_cache_matches_its_tree_after_every_reroot(pair):
     """SwiftSpec §3.2's invariant on the real cache: after each re-root, row i < P holds the KV of
     committed token i and row P + v the KV of tree node v's path, for every node the draft ran."""
-    cfg = decoder.settings(4, 2, 3, "greedy")
+    cfg = decoder.settings(4, 2, 3, mode="greedy")
     sizes = dict(max_prompt=len(PROMPT), max_new_tokens=16, backend="reference")
     d_side, t_side = DraftSide(pair.draft, cfg, 2, **sizes), TargetSide(pair.target, cfg, **sizes)
     d_side.start(PROMPT)
@@ -105,7 +105,7 @@ def test_the_draft_cache_matches_its_tree_after_every_reroot(pair):
         path, nxt = t_side.verify(parents, tokens, q)
         committed += [tokens[j] for j in path]
         kept += d_side.reroot(path, nxt) is not None
-        tree, P = d_side.tree, d_side.state.prefix[0]
+        tree, P = d_side.tree, d_side.prefix
         assert P == len(committed) == t_side.prefix
         cache = d_side.cache.data[0]
         torch.testing.assert_close(cache[:, :P], _kv_of(pair.draft, committed), atol=1e-5, rtol=1e-4)
@@ -122,7 +122,7 @@ def test_the_draft_cache_matches_its_tree_after_every_reroot(pair):
 
 
 def test_the_target_refuses_a_subtree_that_was_not_rerooted(pair):
-    cfg = decoder.settings(4, 2, 3, "greedy")
+    cfg = decoder.settings(4, 2, 3, mode="greedy")
     side = TargetSide(pair.target, cfg, max_prompt=len(PROMPT), max_new_tokens=8, backend="reference")
     side.start(PROMPT)
     with pytest.raises(ValueError, match="did not re-root"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course.capstone.tree import DraftTree
 from course.core import runtime
 from course.core.impl import load
 from pyspec_ref import sampling as spec
@@ -61,35 +60,20 @@ def test_tree_kernel_rejects_a_token_the_target_forbids_even_with_r_zero():
     assert int(token[0]) in (3, 9)
 
 
-# --------------------------------------------------------------------------- DraftTree.reroot
+# --------------------------------------------------------------------------- compaction of device-built moves
 
 
-def _tree():
-    tree = DraftTree.fresh(1, "greedy")
-    tree.parents = [-1, 0, 0, 1, 1, 2, 3]
-    n = len(tree.parents)
-    tree.tokens, tree.cum, tree.key = list(range(n)), [0.0] * n, [0.0] * n
-    tree.depth, tree.run, tree.q = [0, 1, 1, 2, 2, 2, 3], [True] * n, [None] * n
-    return tree
-
-
-@pytest.mark.parametrize(("committed", "new_root", "match"), [
-    ([0, 3], 6, r"committed\[1\] = 3 is not a child of committed\[0\] = 0"),
-    ([0, 1], 5, r"new_root = 5 is not a child of committed\[-1\] = 1"),
-    ([2, 5], None, r"committed\[0\] = 2 is not the root"),
-    ([0, 9], None, r"committed\[1\] = 9 is not a node"),
-    ([], None, r"committed must"),
-    ([0], 0, r"new_root = 0 is not a child"),
-    ([0], 7, r"new_root = 7 is not a node"),
-])
-def test_reroot_refuses_what_is_not_a_root_path(committed, new_root, match):
-    with pytest.raises(ValueError, match=match):
-        _tree().reroot(committed, new_root, 0)
-
-
-def test_reroot_still_accepts_a_root_path():
-    _, moves = _tree().reroot([0, 1, 3], 6, 0)
-    assert moves == [(3, 2), (6, 3)]
+def test_compact_buffers_refuse_buffers_the_kernel_cannot_read_as_they_are():
+    swiftspec = load("swiftspec", "solutions")
+    cache = torch.zeros((1, 2, 8, 16), device=DEVICE)
+    int32 = dict(dtype=torch.int32, device=DEVICE)
+    src, dst, counts = torch.zeros((1, 3), **int32), torch.zeros((1, 3), **int32), torch.zeros(1, **int32)
+    with pytest.raises(TypeError, match="src must be a contiguous int32 tensor"):
+        swiftspec.prepare_compact_buffers(cache, src.long(), dst, counts)
+    with pytest.raises(TypeError, match="dst must be a contiguous int32 tensor"):
+        swiftspec.prepare_compact_buffers(cache, src, torch.zeros((1, 6), **int32)[:, ::2], counts)
+    with pytest.raises(ValueError, match=r"counts\[0\] = 4"):
+        swiftspec.prepare_compact_buffers(cache, src, dst, counts + 4)
 
 
 # --------------------------------------------------------------------------- dense mask

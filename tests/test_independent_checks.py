@@ -11,6 +11,7 @@ import torch
 
 from course import release
 from course.checks import run_cases
+from course.core import runtime
 from course.core.impl import load
 from course.exercise import kernel_stub_name
 from course.exercises import EXERCISES
@@ -41,7 +42,7 @@ def test_first_crossing_is_checked_without_the_tile_pass(tmp_path):
 def test_the_stand_in_tile_pass_matches_the_kernel():
     solution = load("spec_sampling", "solutions")
     for case in sampling_checks.edge_cases(0)[:4]:
-        draft_tokens, q, p, accept_uniforms, _ = case.on(torch.device("cpu"))
+        draft_tokens, q, p, accept_uniforms, _ = case.on(runtime.torch_device())
         from_logits = case.form == "logits"
         want = solution.tile_pass(draft_tokens, q, p, accept_uniforms, from_logits=from_logits,
                                   tile=case.tile)

@@ -33,6 +33,10 @@ COVERED = {
         "test_oracle.py::test_unpadded_attention_is_the_specifications",
     "course.oracle.kvcache.nonsquare_tree_attention":
         "test_oracle.py::test_nonsquare_tree_attention_is_the_specifications",
+    # the masks the two attentions above are built on (and the checks' diagnoses replay)
+    "course.oracle.kvcache.unpadded_mask": "test_oracle.py::test_unpadded_attention_is_the_specifications",
+    "course.oracle.kvcache.nonsquare_mask":
+        "test_oracle.py::test_nonsquare_tree_attention_is_the_specifications",
     "course.oracle.kvcache.compaction": "test_oracle.py::test_compaction_is_apply_moves",
     "course.oracle.sampling.weights_of": "test_spec_sampling.py::test_float64_torch_reference_equals_pyspec",
     "course.oracle.sampling.speculative_sampling":

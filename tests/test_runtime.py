@@ -56,3 +56,21 @@ def test_impl_choice_is_validated(monkeypatch):
         impl.load("trees", "answers")
     with pytest.raises(ValueError, match="module must be a module name"):
         impl.load("../trees", "solutions")
+
+
+def test_an_edited_lesson_is_imported_again(tmp_path, monkeypatch):
+    # A student edits their lesson and reruns the check cell: the check must see the new code.
+    from course.core import impl
+
+    package = tmp_path / "edited_lessons"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    lesson = package / "trees.py"
+    lesson.write_text("ANSWER = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "edited_lessons.trees", raising=False)
+    assert impl._import_fresh("edited_lessons.trees").ANSWER == 1
+    assert impl._import_fresh("edited_lessons.trees").ANSWER == 1  # unchanged: the same module
+    lesson.write_text("ANSWER = 22\n")
+    os.utime(lesson, ns=(lesson.stat().st_atime_ns, lesson.stat().st_mtime_ns + 10**9))
+    assert impl._import_fresh("edited_lessons.trees").ANSWER == 22

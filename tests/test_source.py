@@ -1,6 +1,5 @@
 """Diffs shown in the notebooks are generated from the code."""
 
-import importlib
 import textwrap
 
 import pytest
@@ -26,23 +25,42 @@ def test_source_arguments_are_checked():
 
 
 
-def test_region_is_the_answer_between_the_markers():
-    answer = source.region(trees.tree_mask_kernel)
-    assert "mask[b, q, k] = start[b, k] <= start[b, q] and end[b, q] <= end[b, k]" in answer
-    assert answer == textwrap.dedent(answer) and "### " not in answer
-    whole = source.source_of(trees.tree_mask_kernel)
-    assert all(line.strip() in whole for line in answer.splitlines())
-    with pytest.raises(ValueError, match="has no exercise region"):
-        source.region(source.region)
+def test_function_in_file_reads_a_function_with_its_closing_comments():
+    text = textwrap.dedent("""\
+        import functools
 
 
-def test_region_leaves_out_the_lesson_lines():
-    bug = importlib.import_module("solutions.ladder_bug").tree_attention_kernel
-    assert "### LESSON" in source.source_of(bug)
-    assert "### LESSON" not in source.region(bug) and "cuda.syncthreads()" in source.region(bug)
+        @functools.cache
+        def f(x):
+            \"\"\"Doc.\"\"\"
+            ### BEGIN SOLUTION
+            return x
+            ### END SOLUTION
+        # a comment of the module, not of f
+
+
+        def g():
+            pass
+        """)
+    assert source.function_in_file(text, "f") == textwrap.dedent("""\
+        @functools.cache
+        def f(x):
+            \"\"\"Doc.\"\"\"
+            ### BEGIN SOLUTION
+            return x
+            ### END SOLUTION""")
+    assert source.function_in_file(text, "g") == "def g():\n    pass"
+    assert source.function_in_file(text, "h") is None
+
+
+def test_diff_sources_leaves_the_markers_out():
+    old = "def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION"
+    new = "def f():\n    return 2"
+    assert source.diff_sources(old, new, "a.f", "b.f", context=0).splitlines()[2:] == [
+        "@@ -2 +2 @@", "-    return 1", "+    return 2"]
 
 
 def test_without_docstring_keeps_the_code():
-    code = source.without_docstring(source.region)
-    assert '"""' not in code and code.startswith("def region(function) -> str:")
-    assert "lines = source_of(function).splitlines()" in code
+    code = source.without_docstring(source.source_of)
+    assert '"""' not in code and code.startswith("def source_of(function) -> str:")
+    assert "plain = python_function(function)" in code

@@ -1,20 +1,28 @@
 """The decoder's two backends: the course's kernels, or a dense-mask PyTorch reference.
 
-Both expose the same five operations, so `course.capstone.decoder` runs one loop over either:
+Both give the decoder the same operations, so `course.capstone.decoder` runs one loop over either:
 
-* `causal(counts, kv_lengths)`: the `attend` of `TinyLM.step` for the unpadded batch of EMS-SD
-  (notebook 17): sample b feeds counts[b] new tokens after kv_lengths[b] cached ones; token i sees
-  cache rows [0, kv_lengths[b] + i]. Prefill (counts = prompt lengths) and plain decoding (counts = 1).
-* `tree(...)`: the `attend` of SwiftSpec's non-square tree attention (notebook 18): rows [0, P_b)
-  are the prefix, rows [P_b, P_b + T_b) tree nodes with DFS times; a query sees its ancestors.
-* `verify_greedy` / `verify_sample`: SpecInfer's token-tree verification (notebook 16).
-* `compact`: SwiftSpec's in-place re-rooting moves of the whole KV cache (notebook 18).
+* `causal(counts, kv_lengths)`: the prefill's `attend` (see `TinyLM.step`), EMS-SD's unpadded batch
+  (notebook 17): sample b feeds counts[b] prompt tokens after kv_lengths[b] cached ones; token i sees
+  cache rows [0, kv_lengths[b] + i]. Run once per generation, eagerly: its input checks may wait for
+  the GPU.
+* `tree_attention(model, cache, workspace, index)`: the `attend` of SwiftSpec's non-square tree
+  attention (notebook 18) for one step shape: rows [0, P_b) are the prefix, rows [P_b, P_b + T_b)
+  tree nodes with nested intervals; a query sees the prefix and its ancestors.
+* `greedy_verifier(...)` / `sampling_verifier(...)`: SpecInfer's token-tree verification
+  (notebook 16).
+* `compactor(cache, src, dst, counts)`: SwiftSpec's in-place moves of the whole KV cache (notebook 18).
 
-Kernels: `emssd.unpadded_attention`, `swiftspec.tree_cache_attention`, `swiftspec.compact`,
-`tree_verification.greedy_tree_verification` / `tree_speculative_sampling`, each loaded through
-`course.core.impl.load` (lessons/ by default, solutions/ with COURSE_IMPL=solutions or impl=).
+The last four are built once, from buffers whose ADDRESSES never change (`TreeIndex`, the
+workspace's q view, the verification and move buffers): their input checks run then, and what they
+return launches only kernels that read the buffers' current contents, without waiting for the host.
+That is what a CUDA graph needs, and the decoder's loop never checks a value again.
 
-How the unpadded kernel meets the model's cache. `unpadded_attention` takes one flat cache
+Kernels: `emssd.unpadded_attention`, `swiftspec.prepare_attention`, `swiftspec.prepare_compact_buffers`,
+`tree_verification.prepare_greedy` / `prepare_sampling`, each loaded through `course.core.impl.load`
+(lessons/ by default, solutions/ with COURSE_IMPL=solutions or impl=).
+
+How the unpadded kernel meets the model's cache (prefill). `unpadded_attention` takes one flat cache
 (S, H_kv, d) where each sample owns a run of rows; the model's cache is (B, R, C, d) (R = layers x
 {k, v} x KV heads), in which a sample's rows of one KV head are C consecutive rows of d numbers,
 but the rows of different heads are not interleaved per token. So each (sample, KV head) pair is
@@ -26,16 +34,29 @@ head h. No copy of the cache is made (a strided view); q and the output are regr
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from course.core import impl as course_impl
-from course.core import runtime
-from pyspec_ref.sampling import greedy_tree_verification
-from pyspec_ref.trees import children
 
 BACKENDS = ("kernels", "reference")
+
+
+@dataclass(frozen=True)
+class TreeIndex:
+    """The int32 index buffers of one tree-attention step shape (`swiftspec.tree_cache_attention`'s
+    arguments): each query's interval (B, W), each cache row's interval (B, C), the prefix and tree
+    lengths and the real queries per sample (B,)."""
+
+    q_start: torch.Tensor
+    q_end: torch.Tensor
+    kv_start: torch.Tensor
+    kv_end: torch.Tensor
+    prefix: torch.Tensor
+    tree_len: torch.Tensor
+    counts: torch.Tensor
 
 
 def _sdpa(q, k, v, mask):
@@ -46,87 +67,141 @@ def _sdpa(q, k, v, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def draw(probs_cpu: torch.Tensor, uniforms: torch.Tensor) -> list[int]:
-    """Inverse-CDF draws (the smallest i with cdf[i] > u * total) from one distribution (V,)."""
-    cdf = torch.cumsum(probs_cpu.double(), 0)
-    picks = torch.searchsorted(cdf, uniforms.double() * cdf[-1], right=True)
-    return picks.clamp(max=len(cdf) - 1).tolist()
+def _seen_somewhere(mask: torch.Tensor) -> torch.Tensor:
+    """A query that sees no row (a padding query) sees row 0 instead: its output is discarded, and
+    SDPA would give NaN for an empty row."""
+    mask[..., 0] |= ~mask.any(dim=-1)
+    return mask
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Draws by inverse CDF from distributions (..., V): the smallest i with cdf[i] > u * total, for
+    uniforms (..., n); int64 (..., n). In float64, as `pyspec_ref.sampling` draws."""
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
+    picks = torch.searchsorted(cdf, uniforms.to(torch.float64) * cdf[..., -1:], right=True)
+    return picks.clamp_(max=probs.shape[-1] - 1)
 
 
 class ReferenceBackend:
     """Dense boolean masks and SDPA; verification written out in torch float64 the way
-    `pyspec_ref.sampling` states it (explicit residuals, inverse-CDF draws)."""
+    `pyspec_ref.sampling` states it (explicit residuals, inverse-CDF draws). Every operation runs on
+    the device without waiting for the host, like the kernels."""
 
     name = "reference"
 
     def causal(self, counts: list[int], kv_lengths: list[int]) -> Callable:
-        def attend(q, k, v):
+        def attend(layer, q, k, v):
             width = q.shape[2]
             device = q.device
             cols = torch.arange(k.shape[2], device=device)
             limit = torch.tensor(kv_lengths, device=device)[:, None] + torch.arange(width, device=device)
             mask = cols[None, None, :] <= limit[:, :, None]  # (B, W, C)
             real = torch.arange(width, device=device)[None, :] < torch.tensor(counts, device=device)[:, None]
-            mask = mask & real[:, :, None]
-            mask[..., 0] |= ~real  # padding queries see row 0 (discarded; avoids an all -inf row)
-            return _sdpa(q, k, v, mask[:, None])
+            return _sdpa(q, k, v, _seen_somewhere(mask & real[:, :, None])[:, None])
         return attend
 
-    def tree(self, q_start, q_end, kv_start, kv_end, prefix, tree_len, counts) -> Callable:
-        def attend(q, k, v):
-            width = q.shape[2]
-            device = q.device
-            rows = torch.arange(k.shape[2], device=device)[None, :]
-            p = torch.as_tensor(prefix, device=device)[:, None]
-            t = torch.as_tensor(tree_len, device=device)[:, None]
-            qs, qe = q_start.to(device), q_end.to(device)
-            ks, ke = kv_start.to(device), kv_end.to(device)
-            in_tree = (rows >= p) & (rows < p + t)  # (B, C)
-            sees = (ks[:, None, :] <= qs[:, :, None]) & (qe[:, :, None] <= ke[:, None, :])
-            mask = (rows < p)[:, None, :] | (in_tree[:, None, :] & sees)  # (B, W, C)
-            real = torch.arange(width, device=device)[None, :] < torch.as_tensor(
-                counts, device=device)[:, None]
-            mask = mask & real[:, :, None]
-            mask[..., 0] |= ~real
-            return _sdpa(q, k, v, mask[:, None])
+    def tree_attention(self, model, cache, workspace, index: TreeIndex) -> Callable:
+        masks = {}
+
+        def attend(layer, q, k, v):
+            if layer == 0:  # one mask per step, shared by the layers
+                rows = torch.arange(k.shape[2], device=q.device)[None, :]
+                prefix = index.prefix.long()[:, None]
+                tree = (rows >= prefix) & (rows < prefix + index.tree_len.long()[:, None])  # (B, C)
+                sees = ((index.kv_start[:, None, :] <= index.q_start[:, :, None])
+                        & (index.q_end[:, :, None] <= index.kv_end[:, None, :]))
+                mask = (rows < prefix)[:, None, :] | (tree[:, None, :] & sees)  # (B, W, C)
+                real = torch.arange(q.shape[2], device=q.device)[None, :] < index.counts[:, None]
+                masks["now"] = _seen_somewhere(mask & real[:, :, None])[:, None]
+            return _sdpa(q, k, v, masks["now"])
         return attend
 
-    def verify_greedy(self, parents, tokens, logits):
-        best = logits.argmax(dim=-1).tolist()  # the first maximum, as the kernel
-        out = [greedy_tree_verification(par, tok, bst)
-               for par, tok, bst in zip(parents, tokens, best, strict=True)]
-        return [o[0] for o in out], [o[1] for o in out]
+    def greedy_verifier(self, parents, tokens, best) -> Callable:
+        """The walk of `pyspec_ref.sampling.greedy_tree_verification` over (B, N) trees: from the
+        root, follow the first child (in id order) whose token is the target's argmax at the current
+        node. Returns a function giving (path (B, N) int32 padded with -1, next token (B,) int32)."""
+        batch, n = parents.shape
+        ids = torch.arange(n, device=parents.device)
+        path = torch.empty((batch, n), dtype=torch.int32, device=parents.device)
+        nxt = torch.empty(batch, dtype=torch.int32, device=parents.device)
 
-    def verify_sample(self, parents, tokens, q, p, accept_u, sample_u):
-        q, p = q.double().cpu(), p.double().cpu()
-        paths, nexts = [], []
-        for b, (par, tok) in enumerate(zip(parents, tokens, strict=True)):
-            kids = children(par)
-            path, node = [0], 0
-            while True:
-                p_node = p[b, node]
-                for child in kids[node]:
-                    x = tok[child]
-                    if float(accept_u[b, child]) * float(q[b, node, x]) < float(p_node[x]):
-                        path.append(child)
-                        node = child
-                        break
-                    residual = (p_node - q[b, node]).clamp(min=0.0)
-                    total = float(residual.sum())
-                    if total > 0.0:  # p == q leaves nothing to renormalise: keep p
-                        p_node = residual / total
-                else:
-                    nexts.append(draw(p_node, sample_u[b, node:node + 1])[0])
-                    paths.append(path)
-                    break
-        return paths, nexts
+        def run():
+            node = torch.zeros(batch, dtype=torch.int64, device=parents.device)
+            going = torch.ones(batch, dtype=torch.bool, device=parents.device)
+            path.fill_(-1)
+            path[:, 0].fill_(0)
+            for depth in range(1, n):
+                wanted = best.gather(1, node[:, None])
+                match = (parents == node[:, None]) & (tokens == wanted) & going[:, None]
+                child = torch.where(match, ids, n).amin(dim=1)
+                going = child < n
+                path[:, depth].copy_(torch.where(going, child, -1))
+                node = torch.where(going, child, node)
+            nxt.copy_(best.gather(1, node[:, None])[:, 0])
+            return path, nxt
+        return run
 
-    def compact(self, data, moves: list[list[tuple[int, int]]]) -> None:
-        for b, pairs in enumerate(moves):
-            if pairs:
-                src = torch.tensor([s for s, _ in pairs], device=data.device)
-                dst = torch.tensor([d for _, d in pairs], device=data.device)
-                data[b, :, dst] = data[b, :, src].clone()  # every read sees the old cache
+    def sampling_verifier(self, parents, tokens, q, p, accept_u, sample_u) -> Callable:
+        """SpecInfer's multi-step speculative sampling (§4.3), as `pyspec_ref.sampling` states it: at
+        node u try the children in id order; child s (token x) is accepted when r_s q_u(x) < p'(x),
+        else p' becomes max_norm(p' - q_u); when no child is accepted the next token is drawn from
+        p' with u's sample uniform. p' starts as p_u at every node reached."""
+        batch, n, _ = p.shape
+        device = p.device
+        ids = torch.arange(n, device=device)
+        samples = torch.arange(batch, device=device)
+        path = torch.empty((batch, n), dtype=torch.int32, device=device)
+        nxt = torch.empty(batch, dtype=torch.int32, device=device)
+
+        def run():
+            p64, q64 = p.double(), q.double()
+            node = torch.zeros(batch, dtype=torch.int64, device=device)
+            tried = torch.zeros(batch, dtype=torch.int64, device=device)  # children up to this id tried
+            depth = torch.zeros(batch, dtype=torch.int64, device=device)
+            walking = torch.ones(batch, dtype=torch.bool, device=device)
+            current = p64[:, 0].clone()
+            path.fill_(-1)
+            path[:, 0].fill_(0)
+            for _ in range(n - 1):  # every non-root node is tried at most once
+                candidates = (parents == node[:, None]) & (ids > tried[:, None]) & walking[:, None]
+                child = torch.where(candidates, ids, n).amin(dim=1)
+                has = child < n
+                child = child.clamp(max=n - 1)
+                x = tokens.gather(1, child[:, None]).long()
+                q_node = q64[samples, node]
+                r = accept_u.gather(1, child[:, None]).double()
+                accept = has & (r * q_node.gather(1, x) < current.gather(1, x))[:, 0]
+                reject = has & ~accept
+                depth += accept
+                path[samples, depth] = torch.where(accept, child, path[samples, depth].long()).to(torch.int32)
+                residual = (current - q_node).clamp(min=0.0)
+                total = residual.sum(dim=1, keepdim=True)
+                renormalise = (reject & (total[:, 0] > 0))[:, None]  # p == q leaves nothing: keep p'
+                current = torch.where(accept[:, None], p64[samples, child],
+                                      torch.where(renormalise, residual / total, current))
+                node = torch.where(accept, child, node)
+                tried = torch.where(has, child, tried)
+                walking &= has
+            u = sample_u.gather(1, node[:, None])
+            nxt.copy_(inverse_cdf(current, u)[:, 0])
+            return path, nxt
+        return run
+
+    def compactor(self, cache, src, dst, counts) -> Callable:
+        """SwiftSpec's moves of `swiftspec.compact` as a gather then a scatter: every read sees the
+        old cache. Moves past counts[b] go to the scratch row."""
+        data = cache.data
+        batch, channels, _, d = data.shape
+        slots = torch.arange(src.shape[1], device=data.device)[None, :]
+
+        def run():
+            live = slots < counts[:, None]
+            s = torch.where(live, src, cache.scratch_row).long()[:, None, :, None].expand(
+                batch, channels, -1, d)
+            t = torch.where(live, dst, cache.scratch_row).long()[:, None, :, None].expand(
+                batch, channels, -1, d)
+            data.scatter_(2, t, data.gather(2, s))
+        return run
 
 
 class KernelBackend:
@@ -142,7 +217,7 @@ class KernelBackend:
     def causal(self, counts: list[int], kv_lengths: list[int]) -> Callable:
         checked = None  # the kernel's input checks, done by the first layer, reused by the others
 
-        def attend(q, k, v):
+        def attend(layer, q, k, v):
             nonlocal checked
             batch, heads, width, d = q.shape
             heads_kv, slots = k.shape[1], k.shape[2]
@@ -159,7 +234,7 @@ class KernelBackend:
             pair_counts = [c for c in counts for _ in range(heads_kv)]
             starts = [b * per_sample + h * slots for b in range(batch) for h in range(heads_kv)]
             lengths = [n for n in kv_lengths for _ in range(heads_kv)]
-            grouped = q.view(batch, heads_kv, group, width, d).permute(0, 1, 3, 2, 4)  # (B, Hkv, W, G, d)
+            grouped = q.reshape(batch, heads_kv, group, width, d).permute(0, 1, 3, 2, 4)  # (B, Hkv, W, G, d)
             counts_t = torch.tensor(counts, device=q.device)
             real = torch.arange(width, device=q.device)[None, :] < counts_t[:, None]
             real = real[:, None, :].expand(batch, heads_kv, width)
@@ -173,60 +248,30 @@ class KernelBackend:
             return out.permute(0, 1, 3, 2, 4).reshape(batch, heads, width, d)
         return attend
 
-    def tree(self, q_start, q_end, kv_start, kv_end, prefix, tree_len, counts) -> Callable:
-        device = None
-        cached: dict = {}
+    def tree_attention(self, model, cache, workspace, index: TreeIndex) -> Callable:
+        """One checked launch per layer, bound to the workspace's q view, the layer's cache views and
+        `index` (whose contents must describe a valid tree now: the checks read them once)."""
+        q = workspace.q()
+        launches = [self.swiftspec.prepare_attention(q, cache.k(layer), cache.v(layer), index.q_start,
+                                                     index.q_end, index.kv_start, index.kv_end, index.prefix,
+                                                     index.tree_len, query_counts=index.counts)
+                    for layer in range(model.config.n_layers)]
 
-        def attend(q, k, v):
-            nonlocal device
-            if device is None:  # the index tensors move to the device once per step, not per layer
-                device = q.device
-                cached.update(q_start=q_start.to(device), q_end=q_end.to(device),
-                              kv_start=kv_start.to(device), kv_end=kv_end.to(device),
-                              prefix=torch.as_tensor(prefix, dtype=torch.int32).to(device),
-                              tree_len=torch.as_tensor(tree_len, dtype=torch.int32).to(device),
-                              counts=torch.as_tensor(counts, dtype=torch.int32).to(device))
-            c = cached
-            if "checked" not in c:  # the kernel's input checks: once per step, not once per layer
-                c["checked"] = self.swiftspec.check_attention_inputs(
-                    q, k, v, c["q_start"], c["q_end"], c["kv_start"], c["kv_end"], c["prefix"],
-                    c["tree_len"], c["counts"])
-            return self.swiftspec.tree_cache_attention(q, k, v, c["q_start"], c["q_end"], c["kv_start"],
-                                                       c["kv_end"], c["prefix"], c["tree_len"],
-                                                       query_counts=c["counts"], checked=c["checked"])
+        def attend(layer, q_now, k, v):
+            if q_now.data_ptr() != q.data_ptr() or q_now.stride() != q.stride():
+                raise ValueError("tree attention was prepared for the workspace's q view; the step passed "
+                                 "another tensor (give TinyLM.step the same workspace)")
+            return launches[layer]()
         return attend
 
-    @staticmethod
-    def _tensors(parents, tokens, device):
-        return (torch.tensor(parents, dtype=torch.int32, device=device),
-                torch.tensor(tokens, dtype=torch.int32, device=device))
+    def greedy_verifier(self, parents, tokens, best) -> Callable:
+        return self.verification.prepare_greedy(parents, tokens, best)
 
-    @staticmethod
-    def _paths(path, next_token):
-        rows = path.tolist()
-        return [[v for v in row if v >= 0] for row in rows], next_token.tolist()
+    def sampling_verifier(self, parents, tokens, q, p, accept_u, sample_u) -> Callable:
+        return self.verification.prepare_sampling(parents, tokens, q, p, accept_u, sample_u)
 
-    def verify_greedy(self, parents, tokens, logits):
-        par, tok = self._tensors(parents, tokens, logits.device)
-        # On a GPU the kernel takes the target's argmax itself (argmax_kernel); in the interpreter,
-        # where one program per (tree, node) row costs a NumPy loop over the vocabulary, torch's
-        # argmax (the same first-maximum rule) is passed in and only the walk runs as a kernel.
-        target = (logits.float().contiguous() if runtime.on_gpu()
-                  else logits.argmax(dim=-1).to(torch.int32))
-        path, nxt = self.verification.greedy_tree_verification(par, tok, target)
-        return self._paths(path, nxt)
-
-    def verify_sample(self, parents, tokens, q, p, accept_u, sample_u):
-        par, tok = self._tensors(parents, tokens, p.device)
-        path, nxt = self.verification.tree_speculative_sampling(
-            par, tok, q.float().contiguous(), p.float().contiguous(), accept_u.to(p.device),
-            sample_u.to(p.device))
-        return self._paths(path, nxt)
-
-    def compact(self, data, moves: list[list[tuple[int, int]]]) -> None:
-        if not any(moves):
-            return
-        self.swiftspec.compact(data, *self.swiftspec.plan_tensors(moves, data.device))
+    def compactor(self, cache, src, dst, counts) -> Callable:
+        return self.swiftspec.prepare_compact_buffers(cache.data, src, dst, counts)
 
 
 def make_backend(name: str, impl: str | None = None):

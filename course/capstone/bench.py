@@ -1,34 +1,49 @@
 """The capstone's measurements: `python -m course bench capstone` on a GPU writes
-results/<device>/capstone.json (its figure: `python -m course figures capstone`).
+results/<device>/capstone.json (its figures: `python -m course figures capstone`);
+`python -m course.capstone.gpu_run --out DIR` (what tools/gpu_capstone.sh runs) writes the same
+file into DIR, one row at a time, within a deadline.
 
-The small pair (`weights.load_pair("small")`), target and draft in float16, decodes BATCH held-out
-prompts (`prompts`) for MAX_NEW tokens each, greedy, with the course's kernels (solutions/; in a
-hand-out without solutions/, the student's lessons/: `course.core.impl.bench_impl`):
+The medium pair (`weights.load_pair("medium")`: a 12-layer target, a 1-layer draft), in float16,
+decodes held-out prompts (`prompts`) for MAX_NEW tokens each with the course's kernels (solutions/;
+in a hand-out without solutions/, the student's lessons/), at B = 1 and B = 4 prompts, greedy and
+sampling, by three methods side by side, each built once (`decoder.PlainDecoder` /
+`SpeculativeDecoder`: static buffers, every step a CUDA graph):
 
-  figure "speed"    plain autoregressive decoding with the target alone (`decoder.autoregressive`,
-                    `emssd.unpadded_attention` with counts = 1) and tree speculative decoding
-                    (`decoder.speculative`) for every tree size bs in TREE_SIZES and width w in
-                    WIDTHS (w <= bs): tokens per second, draft tokens accepted per target call,
-                    speedup over the baseline.
-  figure "drafts"   bs = 8, w = 2 with each draft of `weights.load_drafts("small")` (snapshots of the
-                    draft during its training, worst first): acceptance against draft quality.
-  figure "sample"   sampling mode at bs = 8, w = 2 against sampled plain decoding.
+  "autoregressive"  plain decoding with the target alone (the baseline, on the same machinery);
+  "chain"           chain speculative decoding (Leviathan et al.): k drafted tokens, one path
+                    (width = branch = 1, tree_size = k + 1, k draft steps), k in CHAINS;
+  "tree"            tree speculative decoding (SpecInfer, SwiftSpec's growth), settings in TREES.
 
-Row fields (the shared schema): name ("autoregressive" or "speculative"), B (prompts in the
-batch), H (target query heads), N (tree size bs; 1 for the baseline), d (head dim), median_ms (the
-median over REPEATS runs of one whole generation, after a warm-up run that compiles the kernels),
-max_abs_err (greedy rows: the fraction of generated tokens that differ from plain greedy decoding
-with the same target, 0.0 when exact; in float16 a near-tie between two logits can break
-differently in the tree kernel and the plain one, and the outputs then diverge; sampling rows: 0.0,
-nothing to compare token by token), and extra keys: figure, mode, width, tree_size, tokens_per_s,
-accepted_per_call, tokens_per_call, target_calls, draft_calls, new_tokens, identical (greedy: the
-whole output equals the baseline's), draft (the draft's label), speedup (tokens/s over the
-baseline's).
+B = 1 greedy sweeps every chain and tree; the other batches and modes measure the baseline, the
+fastest chain and the fastest tree of that sweep.
+
+Row fields (the shared schema): name (the method), B, H (target query heads), N (tree_size; 1 for
+the baseline), d (head dim), median_ms (the median over REPEATS generations, after a warm-up one),
+max_abs_err (greedy: the fraction of generated tokens that differ from plain greedy decoding with
+the same target, 0.0 when exact; in float16 a near-tie between two logits can break differently in
+a pass of many queries and in a plain step, and the outputs then diverge; sampling: 0.0, nothing to
+compare token by token), and: figure ("speed"), mode, pair, graphs, tree_size, width, branch, steps,
+tokens_per_s, tokens_per_call (emitted per sample per target call: tau), accepted_per_call,
+target_calls, draft_calls, new_tokens, identical (greedy: the whole output equals the baseline's),
+speedup (tokens/s over the baseline of the same B and mode), and the terms of the speed-up formula
+from a separate timed generation with CUDA events between the phases (`PhaseClock`): t_plain_ms
+(the baseline's step), t_draft_ms (one draft step), t_verify_ms (the target pass and verification),
+t_commit_ms (compaction, re-rooting, bookkeeping), t_wait_ms (the GPU idle while the host reads the
+round's result and launches the next), and predicted_speedup = tau * t_plain / (steps * t_draft +
+t_verify + t_commit + t_wait). Chain rows also hold alpha (the per-token acceptance rate, estimated
+from the accepted counts) and leviathan_tokens_per_call = (1 - alpha^(k+1)) / (1 - alpha), Leviathan
+et al.'s expected tokens per call, beside the measured tau.
+
+Figure "timeline" rows: one round of the fastest B = 1 greedy tree, and plain steps, with and
+without graphs ("before": every kernel launched from Python), each phase's start and end on the GPU
+(CUDA events) and its kernel count (torch.profiler).
 """
 
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 
 import torch
 
@@ -36,18 +51,22 @@ from course.core import impl as course_impl
 from course.core import runtime
 
 SUITE = "capstone"
-PAIR = "small"
-BATCH = 4
-MAX_NEW = 128
+PAIR = "medium"
+BATCHES = (1, 4)
+MAX_NEW = 256
 PROMPT_CHARS = 48
-TREE_SIZES = (2, 4, 8, 16, 32)
-WIDTHS = (1, 2, 4, 8)
-DEFAULT_TREE, DEFAULT_WIDTH = 8, 2
-REPEATS = 3
+REPEATS = 5
+CHAINS = (3, 4, 5, 6, 8, 10)  # k drafted tokens
+# (tree_size, width, branch, steps): nodes verified, nodes drafted per step, children per node, steps
+TREES = ((8, 2, 4, 4), (12, 2, 4, 5), (16, 2, 4, 6), (16, 4, 4, 5), (24, 4, 4, 6), (32, 4, 4, 7),
+         (32, 4, 4, 8), (48, 4, 4, 8), (24, 3, 3, 8), (32, 2, 2, 10))
+DEFAULT_TREE = (16, 2, 4, 6)  # `python -m course generate` and notebook 19
+DEFAULT_CHAIN = 5
 PROMPT_SEED = 7  # held-out text: training used seed 1, the held-out loss seed 2
+BUDGET_S = 300.0  # the whole measurement; settings past it are recorded as not measured
 
 
-def prompts(batch: int = BATCH, chars: int = PROMPT_CHARS, seed: int = PROMPT_SEED) -> list[str]:
+def prompts(batch: int = 4, chars: int = PROMPT_CHARS, seed: int = PROMPT_SEED) -> list[str]:
     """`batch` prompts of `chars` characters: the starts of lines of freshly generated text."""
     from .text import corpus
 
@@ -57,73 +76,74 @@ def prompts(batch: int = BATCH, chars: int = PROMPT_CHARS, seed: int = PROMPT_SE
     return [line[:chars] for line in lines[:batch]]
 
 
-def compare(target, draft, texts: list[str], max_new_tokens: int, *, tree_size: int = DEFAULT_TREE,
-            width: int = DEFAULT_WIDTH, mode: str = "greedy", seed: int = 0, backend: str = "kernels",
-            impl: str | None = None, progress: bool = False) -> dict:
-    """Speculative and plain decoding of the same prompts with the same target. Returns
-    {"speculative": Generation, "autoregressive": Generation, "texts": the speculative continuations,
-    "same": whether the two outputs agree token for token (expected in greedy mode)}. On a GPU a
-    warm-up of both, as long as the timed runs, runs first (Triton compiles on first use)."""
-    from . import decoder
-    from .text import decode, encode
-
-    encoded = [encode(t) for t in texts]
-    options = dict(mode=mode, seed=seed, backend=backend, impl=impl)
-    if runtime.on_gpu():
-        # As long as the timed run: Triton compiles a kernel again for each new block shape, and
-        # the tree's and the prefix's sizes reach new ones along the way (a 4-token warm-up left a
-        # second of compiling in the timed run).
-        decoder.speculative(target, draft, encoded, max_new_tokens, tree_size=tree_size, width=width,
-                            **options)
-        decoder.autoregressive(target, encoded, max_new_tokens, **options)
-    spec = decoder.speculative(target, draft, encoded, max_new_tokens, tree_size=tree_size, width=width,
-                               progress=progress, **options)
-    plain = decoder.autoregressive(target, encoded, max_new_tokens, progress=progress, **options)
-    return {"speculative": spec, "autoregressive": plain, "texts": [decode(t) for t in spec.tokens],
-            "same": spec.tokens == plain.tokens}
+# --------------------------------------------------------------------------- timing a round's phases
 
 
-def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | None = None, tree_size: int = 8,
-                    width: int = 2, mode: str = "greedy", seed: int = 0, backend: str = "kernels",
-                    impl: str | None = None, progress: bool = True) -> str:
-    """What `python -m course generate` prints: each prompt and its continuation, then tokens/s of
-    speculative and plain decoding and the draft tokens accepted per target call. Pair "small" (fp16)
-    on a GPU, "tiny" (fp32) in the simulator by default."""
-    from . import weights
+class PhaseClock:
+    """The decoder loop's clock (`Decoder.generate(clock=...)`): a CUDA event before every phase (on
+    a CPU, the host's clock). After the generation, `phases()` gives each phase's (name, start_ms,
+    end_ms) on the device from the first mark, where a phase ends when the next one starts."""
 
-    texts = [texts] if isinstance(texts, str) else list(texts)
-    pair = pair or runtime.pick(sim="tiny", gpu="small")
-    max_new_tokens = max_new_tokens if max_new_tokens is not None else runtime.pick(sim=12, gpu=64)
-    dtype = torch.float16 if runtime.on_gpu() else torch.float32
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.marks: list[tuple[str, object]] = []
+
+    def __call__(self, phase: str) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        else:
+            event = time.perf_counter()
+        self.marks.append((phase, event))
+
+    def phases(self) -> list[tuple[str, float, float]]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            first = self.marks[0][1]
+            times = [first.elapsed_time(event) for _, event in self.marks]
+        else:
+            times = [1e3 * (t - self.marks[0][1]) for _, t in self.marks]
+        return [(name, times[i], times[i + 1]) for i, (name, _) in enumerate(self.marks[:-1])]
+
+
+def rounds_of(phases: list[tuple[str, float, float]]) -> list[list[tuple[str, float, float]]]:
+    """Phases grouped by round: a round starts at a "draft" that follows a "wait" (or the first)."""
+    rounds: list[list] = []
+    for phase in phases:
+        if phase[0] == "draft" and (not rounds or rounds[-1][-1][0] == "wait"):
+            rounds.append([])
+        rounds[-1].append(phase)
+    return rounds
+
+
+def phase_means(phases) -> dict[str, float]:
+    """Mean duration (ms) of each kind of phase."""
+    totals: dict[str, list[float]] = {}
+    for name, start, end in phases:
+        totals.setdefault(name, []).append(end - start)
+    return {name: sum(v) / len(v) for name, v in totals.items()}
+
+
+def count_kernels(run) -> int | None:
+    """Kernels that run() launches (torch.profiler's CUDA activity), or None without a GPU or if the
+    profiler fails."""
+    if not torch.cuda.is_available():
+        return None
     try:
-        loaded = weights.load_pair(pair, dtype=dtype)
-    except FileNotFoundError as error:
-        raise ValueError(str(error)) from None
-    from .decoder import check_texts, settings
+        from torch.profiler import ProfilerActivity, profile
 
-    check_texts(texts)  # clear errors before anything runs
-    settings(tree_size, width, mode=mode)
-    from course.exercise import ExerciseNotImplemented
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                   and "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
+    except Exception as error:  # the profiler is optional: the bench goes on without the count
+        print(f"kernel count unavailable: {error}", flush=True)
+        return None
 
-    try:
-        out = compare(loaded.target, loaded.draft, texts, max_new_tokens, tree_size=tree_size, width=width,
-                      mode=mode, seed=seed, backend=backend, impl=impl, progress=progress)
-    except ExerciseNotImplemented as error:
-        raise ValueError(f"{error}\nThe kernels backend runs your lessons/ copy of notebooks 16-18's "
-                         "kernels: write them, or pass --impl solutions (the reference copy) or "
-                         "--backend reference (torch)") from None
-    spec, plain = out["speculative"], out["autoregressive"]
-    lines = [f"pair {pair} ({runtime.MODE}, {str(dtype).replace('torch.', '')}, {backend}), mode {mode}, "
-             f"tree size {tree_size}, width {width}"]
-    for text, more in zip(texts, out["texts"], strict=True):
-        lines.append(f"{text!r} -> {more!r}")
-    lines.append(f"speculative:    {spec.tokens_per_s:8.1f} tokens/s, {spec.accepted_per_call:.2f} draft "
-                 f"tokens accepted per target call ({spec.tokens_per_call:.2f} tokens per call, "
-                 f"{spec.target_calls} target calls)")
-    lines.append(f"autoregressive: {plain.tokens_per_s:8.1f} tokens/s ({plain.target_calls} target calls)")
-    lines.append(f"speedup {spec.tokens_per_s / plain.tokens_per_s:.2f}x"
-                 + (f"; greedy outputs identical: {out['same']}" if mode == "greedy" else ""))
-    return "\n".join(lines)
+
+# --------------------------------------------------------------------------- one setting
 
 
 def _mismatch(got: list[list[int]], want: list[list[int]]) -> float:
@@ -133,68 +153,207 @@ def _mismatch(got: list[list[int]], want: list[list[int]]) -> float:
     return wrong / max(total, 1)
 
 
-def _timed(run, repeats: int):
-    """(the median run, its time in ms): every figure of a row (tokens/s, speed-ups) comes from one run,
-    the median one (the lower middle one for an even count)."""
-    runs = sorted((run() for _ in range(repeats)), key=lambda r: r.seconds)
-    middle = runs[(len(runs) - 1) // 2]
-    return middle, 1e3 * middle.seconds
+def _median_run(decoder, encoded, max_new: int, repeats: int):
+    """A warm-up generation, then the median of `repeats` (every figure of a row comes from it)."""
+    decoder.generate(encoded, max_new, seed=0)
+    runs = sorted((decoder.generate(encoded, max_new, seed=1 + i) for i in range(repeats)),
+                  key=lambda g: g.seconds)
+    return runs[(len(runs) - 1) // 2]
 
 
-def measure(pair=None, batch: int = BATCH, max_new: int = MAX_NEW, tree_sizes=TREE_SIZES, widths=WIDTHS,
-            repeats: int = REPEATS, figures=("speed", "drafts", "sample")) -> list[dict]:
-    """The rows of every figure (see the module docstring). GPU only."""
-    from . import decoder, weights
-    from .text import encode
+def chain_alpha(accepted: list[list[int]], k: int) -> float:
+    """The per-token acceptance rate of a chain of k drafts, from the accepted counts per round: a
+    round stops at its first rejection unless all k are accepted, so alpha = accepted tokens /
+    (accepted tokens + rounds that stopped at a rejection) (the maximum-likelihood estimate for
+    independent acceptances, Leviathan et al. §3.1's beta)."""
+    counts = [a for per in accepted for a in per]
+    tried = sum(counts) + sum(1 for a in counts if a < k)
+    return sum(counts) / tried if tried else 0.0
+
+
+def leviathan_tokens(alpha: float, k: int) -> float:
+    """Expected tokens per call of a chain of k drafts with acceptance rate alpha (Leviathan §3.1)."""
+    return k + 1.0 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+class Bench:
+    """The measurement of one pair: the methods side by side, rows written as they come."""
+
+    def __init__(self, pair, out: Path | None, budget_s: float, max_new: int = MAX_NEW,
+                 repeats: int = REPEATS, log=print, backend: str = "kernels"):
+        self.pair, self.out, self.budget_s = pair, out, budget_s
+        self.max_new, self.repeats, self.log, self.backend = max_new, repeats, log, backend
+        self.impl = course_impl.bench_impl()
+        self.rows: list[dict] = []
+        self.started = time.perf_counter()
+        self.plain: dict[tuple[int, str], dict] = {}  # (B, mode) -> the baseline's row and tokens
+        target = pair.target
+        self.base = dict(H=target.config.n_heads, d=target.config.head_dim, pair=pair.name)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def save(self) -> None:
+        if self.out is not None:
+            from course.measure import results
+
+            results.save(SUITE, self.rows, self.out)
+
+    def add(self, row: dict) -> dict:
+        self.rows.append(row)
+        self.save()
+        shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
+                 if k in ("name", "B", "mode", "tree_size", "width", "branch", "steps", "tokens_per_s",
+                          "tokens_per_call", "speedup", "predicted_speedup", "identical", "error")}
+        self.log(f"[{self.elapsed():6.1f} s] {json.dumps(shown)}")
+        return row
+
+    def encoded(self, batch: int) -> list[list[int]]:
+        from .text import encode
+
+        return [encode(t) for t in prompts(batch)]
+
+    def _failed(self, settings: dict, error: BaseException | str) -> dict:
+        return self.add(dict(self.base, **settings, figure="speed", median_ms=None, max_abs_err=None,
+                             error=str(error)[:500]))
+
+    def measure(self, name: str, batch: int, mode: str, tree=None) -> dict | None:
+        """One setting's row (an "error" row if it fails or the budget is spent)."""
+        settings = dict(name=name, B=batch, mode=mode)
+        if tree is not None:
+            settings.update(zip(("tree_size", "width", "branch", "steps"), tree, strict=True))
+        if self.elapsed() > self.budget_s:
+            return self._failed(settings,
+                                f"not measured: the bench's time budget ({self.budget_s:.0f} s) was spent")
+        try:
+            return self._measure(settings, name, batch, mode, tree)
+        except Exception as error:  # one setting's failure must not lose the others
+            import traceback
+
+            traceback.print_exc()
+            return self._failed(settings, f"{type(error).__name__}: {error}")
+
+    def _build(self, name: str, batch: int, mode: str, tree, graphs=None):
+        from .decoder import PlainDecoder, SpeculativeDecoder
+
+        max_len = PROMPT_CHARS + self.max_new
+        options = dict(batch=batch, max_len=max_len, mode=mode, backend=self.backend, impl=self.impl,
+                       graphs=graphs)
+        if name == "autoregressive":
+            return PlainDecoder(self.pair.target, **options)
+        bs, width, branch, steps = tree
+        return SpeculativeDecoder(self.pair.target, self.pair.draft, tree_size=bs, width=width, branch=branch,
+                                  steps=steps, **options)
+
+    def _measure(self, settings: dict, name: str, batch: int, mode: str, tree) -> dict:
+        encoded = self.encoded(batch)
+        t0 = time.perf_counter()
+        decoder = self._build(name, batch, mode, tree)
+        built_s = time.perf_counter() - t0
+        gen = _median_run(decoder, encoded, self.max_new, self.repeats)
+        clock = PhaseClock(decoder.device)
+        decoder.generate(encoded, self.max_new, seed=0, clock=clock)
+        means = phase_means(clock.phases())
+        row = dict(self.base, **settings, figure="speed", graphs=decoder.graphs, median_ms=1e3 * gen.seconds,
+                   tokens_per_s=gen.tokens_per_s, tokens_per_call=gen.tokens_per_call,
+                   accepted_per_call=gen.accepted_per_call, target_calls=gen.target_calls,
+                   draft_calls=gen.draft_calls, new_tokens=gen.new_tokens, build_s=built_s)
+        if name == "autoregressive":
+            row.update(N=1, t_plain_ms=means["step"], max_abs_err=0.0, speedup=1.0)
+            self.plain[(batch, mode)] = dict(row=row, tokens=gen.tokens)
+            return self.add(row)
+        plain = self.plain.get((batch, mode))
+        bs, width, branch, steps = tree
+        row.update(N=bs, t_draft_ms=means["draft"], t_verify_ms=means["verify"], t_commit_ms=means["commit"],
+                   t_wait_ms=means.get("wait", 0.0))
+        round_ms = steps * means["draft"] + means["verify"] + means["commit"] + means.get("wait", 0.0)
+        row["round_ms"] = round_ms
+        if plain is not None:
+            p = plain["row"]
+            row.update(speedup=gen.tokens_per_s / p["tokens_per_s"], t_plain_ms=p["t_plain_ms"],
+                       predicted_speedup=gen.tokens_per_call * p["t_plain_ms"] / round_ms)
+        if mode == "greedy" and plain is not None:
+            row.update(max_abs_err=_mismatch(gen.tokens, plain["tokens"]),
+                       identical=gen.tokens == plain["tokens"])
+        else:
+            row["max_abs_err"] = 0.0
+        if name == "chain":
+            alpha = chain_alpha(gen.accepted, steps)
+            row.update(alpha=alpha, leviathan_tokens_per_call=leviathan_tokens(alpha, steps))
+        return self.add(row)
+
+    def timeline(self, tree) -> None:
+        """One round of the tree (B = 1, greedy) and plain steps, graphed and eager, phase by phase."""
+        encoded = self.encoded(1)
+        lanes = (True, False) if self.pair.target.device.type == "cuda" else (False,)  # graphs need a GPU
+        for name, setting in (("tree", tree), ("autoregressive", None)):
+            for graphs in lanes:
+                if self.elapsed() > self.budget_s:
+                    return
+                try:
+                    self._timeline(name, setting, graphs, encoded)
+                except Exception as error:  # the figure is optional; the speed rows are not
+                    import traceback
+
+                    traceback.print_exc()
+                    self.log(f"timeline {name} graphs={graphs} failed: {error}")
+
+    def _timeline(self, name, tree, graphs: bool, encoded) -> None:
+        decoder = self._build(name, 1, "greedy", tree, graphs=graphs)
+        decoder.generate(encoded, self.max_new)  # warm-up
+        clock = PhaseClock(decoder.device)
+        gen = decoder.generate(encoded, self.max_new, clock=clock)
+        phases = clock.phases()
+        # The kernels of each phase, counted when they are launched one by one (the graphs run the same).
+        count = count_kernels if not graphs else (lambda run: None)
+        if name == "tree":
+            rounds = rounds_of(phases)
+            inner = rounds[1:-1] or rounds  # not the first round (the generation's start) nor the last
+            middle = sorted(inner, key=lambda r: r[-1][2] - r[0][1])[len(inner) // 2]  # the median round
+            kernels = {"draft": count(decoder.draft_steps[-1]), "verify": count(decoder.verify),
+                       "commit": count(decoder.commit)}
+            settings = dict(zip(("tree_size", "width", "branch", "steps"), tree, strict=True))
+        else:
+            middle = phases[len(phases) // 2:len(phases) // 2 + 1]  # one step from the middle
+            kernels = {"step": count(decoder.step)}
+            settings = {}
+        origin = middle[0][1]
+        want = self.plain.get((1, "greedy"))
+        err = _mismatch(gen.tokens, want["tokens"]) if want else 0.0
+        self.add(dict(self.base, name=name, B=1, mode="greedy", figure="timeline", graphs=graphs, **settings,
+                      N=settings.get("tree_size", 1), median_ms=middle[-1][2] - origin, max_abs_err=err,
+                      phases=[[n, s - origin, e - origin] for n, s, e in middle], means=phase_means(phases),
+                      kernels=kernels, tokens_per_s=gen.tokens_per_s, tokens_per_call=gen.tokens_per_call))
+
+    def run(self) -> list[dict]:
+        greedy1 = [("autoregressive", None)] + [("chain", (k + 1, 1, 1, k)) for k in CHAINS] + \
+                  [("tree", t) for t in TREES]
+        for name, tree in greedy1:
+            self.measure(name, 1, "greedy", tree)
+        best = {}
+        for method in ("chain", "tree"):
+            measured = [r for r in self.rows if r.get("name") == method and r.get("tokens_per_s")]
+            if measured:
+                top = max(measured, key=lambda r: r["tokens_per_s"])
+                best[method] = (top["tree_size"], top["width"], top["branch"], top["steps"])
+        self.log(f"fastest at B = 1, greedy: {best}")
+        if "tree" in best:
+            self.timeline(best["tree"])
+        for batch, mode in ((4, "greedy"), (1, "sample"), (4, "sample")):
+            self.measure("autoregressive", batch, mode)
+            for method in ("chain", "tree"):
+                if method in best:
+                    self.measure(method, batch, mode, best[method])
+        return self.rows
+
+
+def measure(pair=None, out: Path | None = None, budget_s: float = BUDGET_S, max_new: int = MAX_NEW,
+            repeats: int = REPEATS) -> list[dict]:
+    """Every row (see the module docstring). GPU only."""
+    from . import weights
 
     pair = pair or weights.load_pair(PAIR, dtype=torch.float16)
-    target, draft = pair.target, pair.draft
-    encoded = [encode(t) for t in prompts(batch)]
-    base = dict(B=batch, H=target.config.n_heads, d=target.config.head_dim, pair=pair.name)
-    kw = dict(backend="kernels", impl=course_impl.bench_impl())  # solutions/, or a hand-out's lessons/
-    decoder.autoregressive(target, encoded, 4, **kw)  # warm-up: compiles the kernels
-    decoder.speculative(target, draft, encoded, 4, **kw)
-    rows = []
-
-    def row(figure, gen, median_ms, err, **extra):
-        return dict(base, figure=figure, name=gen.method, mode=gen.mode, median_ms=median_ms,
-                    max_abs_err=err, tokens_per_s=gen.tokens_per_s, accepted_per_call=gen.accepted_per_call,
-                    tokens_per_call=gen.tokens_per_call, target_calls=gen.target_calls,
-                    draft_calls=gen.draft_calls, new_tokens=gen.new_tokens, **extra)
-
-    plain, plain_ms = _timed(lambda: decoder.autoregressive(target, encoded, max_new, **kw), repeats)
-    want = plain.tokens
-    if "speed" in figures:
-        rows.append(row("speed", plain, plain_ms, 0.0, N=1, tree_size=1, width=0, speedup=1.0))
-        for bs in tree_sizes:
-            for w in widths:
-                if w > bs:
-                    continue
-                gen, ms = _timed(lambda bs=bs, w=w: decoder.speculative(
-                    target, draft, encoded, max_new, tree_size=bs, width=w, **kw), repeats)
-                rows.append(row("speed", gen, ms, _mismatch(gen.tokens, want), N=bs, tree_size=bs, width=w,
-                                speedup=gen.tokens_per_s / plain.tokens_per_s, identical=gen.tokens == want))
-                print(json.dumps({k: rows[-1][k] for k in ("tree_size", "width", "tokens_per_s",
-                                                           "accepted_per_call", "speedup", "max_abs_err")}),
-                      flush=True)
-    if "drafts" in figures:
-        for label, snapshot in weights.load_drafts(pair.name, dtype=torch.float16):
-            gen, ms = _timed(lambda s=snapshot: decoder.speculative(
-                target, s, encoded, max_new, tree_size=DEFAULT_TREE, width=DEFAULT_WIDTH, **kw), repeats)
-            rows.append(row("drafts", gen, ms, _mismatch(gen.tokens, want), N=DEFAULT_TREE,
-                            tree_size=DEFAULT_TREE, width=DEFAULT_WIDTH, draft=label,
-                            speedup=gen.tokens_per_s / plain.tokens_per_s, identical=gen.tokens == want))
-            print(json.dumps({k: rows[-1][k] for k in ("draft", "accepted_per_call", "speedup")}), flush=True)
-    if "sample" in figures:
-        sp, sp_ms = _timed(lambda: decoder.autoregressive(target, encoded, max_new, mode="sample", **kw),
-                           repeats)
-        rows.append(row("sample", sp, sp_ms, 0.0, N=1, tree_size=1, width=0, speedup=1.0))
-        gen, ms = _timed(lambda: decoder.speculative(target, draft, encoded, max_new, mode="sample",
-                                                     tree_size=DEFAULT_TREE, width=DEFAULT_WIDTH, **kw),
-                         repeats)
-        rows.append(row("sample", gen, ms, 0.0, N=DEFAULT_TREE, tree_size=DEFAULT_TREE,
-                        width=DEFAULT_WIDTH, speedup=gen.tokens_per_s / sp.tokens_per_s))
-    return rows
+    return Bench(pair, out, budget_s, max_new, repeats).run()
 
 
 SECTIONS = {"decode": measure}
@@ -203,3 +362,74 @@ SECTIONS = {"decode": measure}
 def section_of(row: dict) -> str:
     """Every row of capstone.json comes from the one section."""
     return "decode"
+
+
+# --------------------------------------------------------------------------- python -m course generate
+
+
+def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | None = None,
+                    tree_size: int = DEFAULT_TREE[0], width: int = DEFAULT_TREE[1],
+                    branch: int = DEFAULT_TREE[2],
+                    steps: int | None = DEFAULT_TREE[3], chain: int = DEFAULT_CHAIN, mode: str = "greedy",
+                    seed: int = 0, backend: str = "kernels", impl: str | None = None,
+                    progress: bool = True) -> str:
+    """What `python -m course generate` prints: each prompt and its continuation, then tokens/s of
+    plain decoding, chain speculative decoding (`chain` drafted tokens) and tree speculative decoding
+    of the same prompts, their speed-ups and tokens per target call. Pair "medium" (fp16) on a GPU,
+    "tiny" (fp32) in the simulator by default. On a GPU each decoder is built (graphs captured) and
+    warmed up before the timed run."""
+    from . import weights
+    from .decoder import PlainDecoder, SpeculativeDecoder, check_texts, settings
+
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    pair = pair or runtime.pick(sim="tiny", gpu=PAIR)
+    max_new_tokens = max_new_tokens if max_new_tokens is not None else runtime.pick(sim=12, gpu=128)
+    dtype = torch.float16 if runtime.on_gpu() else torch.float32
+    encoded = check_texts(texts)  # clear errors before anything runs
+    tree = settings(tree_size, width, branch, steps, mode)
+    chain_settings = settings(chain + 1, 1, 1, chain, mode)
+    try:
+        loaded = weights.load_pair(pair, dtype=dtype)
+    except FileNotFoundError as error:
+        raise ValueError(str(error)) from None
+    from course.exercise import ExerciseNotImplemented
+
+    options = dict(batch=len(encoded), max_len=max(len(p) for p in encoded) + max_new_tokens, mode=mode,
+                   backend=backend, impl=impl)
+    try:
+        decoders = {"plain": PlainDecoder(loaded.target, **options)}
+        for label, s in (("chain", chain_settings), ("tree", tree)):
+            decoders[label] = SpeculativeDecoder(loaded.target, loaded.draft, tree_size=s.tree_size,
+                                                 width=s.width, branch=s.branch, steps=s.steps, **options)
+        runs = {}
+        for label, built in decoders.items():
+            if runtime.on_gpu():
+                built.generate(encoded, max_new_tokens, seed=seed)  # warm-up
+            runs[label] = built.generate(encoded, max_new_tokens, seed=seed, progress=progress)
+    except ExerciseNotImplemented as error:
+        raise ValueError(f"{error}\nThe kernels backend runs your lessons/ copy of notebooks 16-18's "
+                         "kernels: write them, or pass --impl solutions (the reference copy) or "
+                         "--backend reference (torch)") from None
+    from .text import decode
+
+    graphs = decoders["plain"].graphs
+    lines = [f"pair {pair} ({runtime.MODE}, {str(dtype).replace('torch.', '')}, {backend}"
+             f"{', CUDA graphs' if graphs else ''}), mode {mode}"]
+    for text, more in zip(texts, runs["tree"].tokens, strict=True):
+        lines.append(f"{text!r} -> {decode(more)!r}")
+    plain = runs["plain"]
+    labels = {"plain": "plain decoding", "chain": f"chain (k = {chain})",
+              "tree": f"tree (bs {tree.tree_size}, w {tree.width}, branch {tree.branch}, {tree.steps} steps)"}
+    for label, run in runs.items():
+        line = f"{labels[label]:42s} {run.tokens_per_s:9.1f} tokens/s"
+        if label != "plain":
+            line += (f"  {run.tokens_per_s / plain.tokens_per_s:5.2f}x plain, "
+                     f"{run.accepted_per_call:.2f} draft tokens accepted per target call "
+                     f"({run.tokens_per_call:.2f} tokens per call)")
+        lines.append(line)
+    if mode == "greedy":
+        same = all(run.tokens == plain.tokens for run in runs.values())
+        lines.append(f"greedy outputs identical: {same}")
+    if not runtime.on_gpu():
+        lines.append("(simulator: these speeds are the CPU's, not a GPU's; see results/h100/capstone.json)")
+    return "\n".join(lines)

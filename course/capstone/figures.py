@@ -1,67 +1,189 @@
 """The capstone's figures (notebook 19): the decoder's loop, one round's tree, and the measurements
-of capstone.json (`python -m course figures capstone` writes capstone.png beside it)."""
+of capstone.json (`python -m course figures capstone` writes capstone.png and capstone_timeline.png
+beside it)."""
 
 from __future__ import annotations
 
-from course.capstone.bench import DEFAULT_TREE, DEFAULT_WIDTH
+from course.measure.plots import (
+    BLUE,
+    GREEN,
+    GREY,
+    INK,
+    ORANGE,
+    SKY,
+    VERMILLION,
+    legend_below,
+    new_ax,
+    style_ax,
+)
+
+METHODS = ("autoregressive", "chain", "tree")
+LABELS = {"autoregressive": "plain decoding", "chain": "chain", "tree": "tree"}
+COLORS = {"autoregressive": GREY, "chain": ORANGE, "tree": BLUE}
+PHASE_COLORS = {"draft": SKY, "verify": BLUE, "commit": GREEN, "wait": VERMILLION, "step": GREY}
+TARGETS = {"tree_over_plain": 2.0, "tree_over_chain": 1.2}  # B = 1, greedy
+
+
+def speed_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get("figure") == "speed" and r.get("median_ms") is not None]
+
+
+def best(rows: list[dict], name: str, batch: int, mode: str) -> dict | None:
+    """The fastest measured row of a method at (B, mode)."""
+    found = [r for r in speed_rows(rows) if r["name"] == name and r["B"] == batch and r["mode"] == mode]
+    return max(found, key=lambda r: r["tokens_per_s"]) if found else None
+
+
+def setting_label(row: dict) -> str:
+    if row["name"] == "autoregressive":
+        return "plain"
+    if row["name"] == "chain":
+        return f"k={row['steps']}"
+    return f"bs={row['tree_size']} w={row['width']} b={row['branch']} s={row['steps']}"
 
 
 def plot(rows: list[dict], note: str | None = None):
-    """Three panels from the rows of capstone.json: speedup against tree size (one line per width),
-    draft tokens accepted per target call against draft quality, and tokens/s of each method."""
+    """Three panels from the rows of capstone.json: tokens/s of plain, the fastest chain and the
+    fastest tree per batch and mode; the B = 1 greedy sweep (speed-up against tokens per target call);
+    the speed-up predicted from the measured terms against the measured one."""
     import matplotlib.pyplot as plt
 
-    speed = [r for r in rows if r.get("figure") == "speed" and r.get("median_ms") is not None]
-    drafts = [r for r in rows if r.get("figure") == "drafts" and r.get("median_ms") is not None]
+    speed = speed_rows(rows)
     if not speed:
         raise ValueError("no 'speed' rows to plot")
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6), layout="constrained")
     ax = axes[0]
-    for w in sorted({r["width"] for r in speed if r["name"] == "speculative"}):
-        line = sorted((r["tree_size"], r["speedup"]) for r in speed if r["name"] == "speculative"
-                      and r["width"] == w)
-        ax.plot([x for x, _ in line], [y for _, y in line], "o-", label=f"w = {w}")
-    ax.axhline(1.0, color="gray", lw=1, ls="--")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("tree size bs (nodes verified per target call)")
-    ax.set_ylabel("speedup over autoregressive (tokens/s)")
-    ax.set_title("speedup vs tree size and width")
-    ax.legend(fontsize=8)
+    groups = sorted({(r["B"], r["mode"]) for r in speed}, key=lambda g: (g[1] != "greedy", g[0]))
+    for g, (batch, mode) in enumerate(groups):
+        plain = best(rows, "autoregressive", batch, mode)
+        for m, name in enumerate(METHODS):
+            row = best(rows, name, batch, mode)
+            if row is None:
+                continue
+            x = g * (len(METHODS) + 1) + m
+            ax.bar(x, row["tokens_per_s"], color=COLORS[name], label=LABELS[name] if g == 0 else None)
+            if plain is not None and name != "autoregressive":
+                ax.text(x, row["tokens_per_s"], f"{row['tokens_per_s'] / plain['tokens_per_s']:.2f}x",
+                        ha="center", va="bottom", fontsize=8, color=INK)
+    ax.set_xticks([g * (len(METHODS) + 1) + 1 for g in range(len(groups))],
+                  [f"B = {b}, {m}" for b, m in groups], fontsize=9)
+    ax.set_ylabel("tokens / s (whole batch)")
+    ax.legend(fontsize=8, frameon=False)
+    style_ax(ax, "fastest setting of each method", grid_axis="y")
     ax = axes[1]
-    if drafts:
-        ax.plot(range(len(drafts)), [r["accepted_per_call"] for r in drafts], "o-", label="accepted / call")
-        ax.set_xticks(range(len(drafts)), [r["draft"] for r in drafts], rotation=30, ha="right", fontsize=8)
-        twin = ax.twinx()
-        twin.plot(range(len(drafts)), [r["speedup"] for r in drafts], "s--", color="C1", label="speedup")
-        twin.set_ylabel("speedup", color="C1")
-    ax.set_ylabel("draft tokens accepted per target call")
-    ax.set_xlabel("draft (training steps)")
-    ax.set_title(f"acceptance vs draft quality (bs = {DEFAULT_TREE}, w = {DEFAULT_WIDTH})")
+    sweep = [r for r in speed if r["B"] == 1 and r["mode"] == "greedy" and r["name"] != "autoregressive"]
+    for row in sweep:
+        ax.scatter(row["tokens_per_call"], row.get("speedup", float("nan")), color=COLORS[row["name"]], s=30,
+                   zorder=3)
+        ax.annotate(setting_label(row), (row["tokens_per_call"], row.get("speedup", float("nan"))),
+                    fontsize=7, xytext=(3, 3), textcoords="offset points", color=INK)
+    ax.axhline(1.0, color=GREY, lw=1, ls="--")
+    ax.axhline(TARGETS["tree_over_plain"], color=VERMILLION, lw=1, ls=":", label="target: 2x")
+    ax.set_xlabel("tokens per target call (tau)")
+    ax.set_ylabel("speed-up over plain decoding")
+    ax.legend(fontsize=8, frameon=False)
+    style_ax(ax, "B = 1, greedy: every setting", grid_axis="both")
     ax = axes[2]
-    plain = next(r for r in speed if r["name"] == "autoregressive")
-    best = max((r for r in speed if r["name"] == "speculative"), key=lambda r: r["tokens_per_s"])
-    default = next((r for r in speed if r["name"] == "speculative" and r["tree_size"] == DEFAULT_TREE
-                    and r["width"] == DEFAULT_WIDTH), best)
-    bars = [("autoregressive", plain), (f"spec bs={default['tree_size']} w={default['width']}", default),
-            (f"best: bs={best['tree_size']} w={best['width']}", best)]
-    ax.bar(range(len(bars)), [r["tokens_per_s"] for _, r in bars], color=["gray", "C0", "C2"])
-    ax.set_xticks(range(len(bars)), [n for n, _ in bars], fontsize=8)
-    ax.set_ylabel("tokens / s (batch total)")
-    ax.set_title("greedy decoding, same target")
+    both = [r for r in speed if r.get("predicted_speedup") is not None and r.get("speedup") is not None]
+    for row in both:
+        ax.scatter(row["predicted_speedup"], row["speedup"], color=COLORS[row["name"]], s=24, zorder=3,
+                   marker="o" if row["mode"] == "greedy" else "^")
+    if both:
+        top = max(max(r["predicted_speedup"], r["speedup"]) for r in both) * 1.05
+        ax.plot([0, top], [0, top], color=GREY, lw=1, ls="--")
+        ax.fill_between([0, top], [0, 0.85 * top], [0, 1.15 * top], color=GREY, alpha=0.12, lw=0)
+    ax.set_xlabel("predicted: tau * T_plain / (s T_draft + T_verify + T_commit + T_wait)")
+    ax.set_ylabel("measured speed-up")
+    style_ax(ax, "the formula with its measured terms (band: 15 %)", grid_axis="both")
     if note:
-        fig.suptitle(note, fontsize=9)
-    fig.tight_layout()
+        fig.suptitle(note, fontsize=9, color=INK)
     return fig
+
+
+def timeline_figure(rows: list[dict], ax=None):
+    """One round of the tree decoder and plain decoding's steps over the same span, with every kernel
+    launched from Python ("eager") and as CUDA graphs, from the CUDA events of capstone.json's
+    "timeline" rows: each phase from start to end on the GPU."""
+    from matplotlib.patches import Patch
+
+    lanes = [r for r in rows if r.get("figure") == "timeline"]
+    ax = new_ax(ax, (14, 3.2))
+    if not lanes:
+        ax.text(0.5, 0.5, "no timeline rows in these results", ha="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return ax
+    lanes.sort(key=lambda r: (r["name"] != "tree", not r["graphs"]))
+    span = max(r["median_ms"] for r in lanes if r["name"] == "tree") if any(
+        r["name"] == "tree" for r in lanes) else max(r["median_ms"] for r in lanes)
+    for y, row in enumerate(lanes):
+        phases = row["phases"]
+        if row["name"] == "autoregressive":  # repeat the measured steps over the round's span
+            step = row["means"]["step"]
+            phases = [["step", i * step, (i + 1) * step] for i in range(max(1, int(span / step)))]
+        for name, start, end in phases:
+            ax.barh(y, end - start, left=start, height=0.6, color=PHASE_COLORS.get(name, GREY),
+                    edgecolor="white", linewidth=0.6)
+        if row["name"] == "tree":
+            label = f"{phases[-1][2]:.2f} ms: {row['tokens_per_call']:.1f} tokens per sample"
+        else:
+            label = f"{len(phases)} steps of {phases[0][2]:.2f} ms: 1 token each"
+        ax.text(min(span, phases[-1][2]) + 0.01 * span, y, label, va="center", fontsize=8, color=INK)
+    ax.set_yticks(range(len(lanes)), [f"{'tree round' if r['name'] == 'tree' else 'plain steps'}, "
+                                      f"{'graphs' if r['graphs'] else 'eager'}" for r in lanes], fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlim(0, span * 1.25)
+    ax.set_xlabel("ms on the device (CUDA events between phases)")
+    legend_below(ax, [Patch(color=c, label=n) for n, c in PHASE_COLORS.items()])
+    style_ax(ax, "where a round's time goes", grid_axis="x")
+    return ax
+
+
+def formula_terms(row: dict) -> dict:
+    """The speed-up formula's measured terms of one speculative row, and both sides of it."""
+    steps = row["steps"]
+    return {"tau": row["tokens_per_call"], "T_plain": row["t_plain_ms"], "steps": steps,
+            "T_draft": row["t_draft_ms"], "T_verify": row["t_verify_ms"], "T_commit": row["t_commit_ms"],
+            "T_wait": row["t_wait_ms"], "round": row["round_ms"], "predicted": row.get("predicted_speedup"),
+            "measured": row.get("speedup"),
+            "shares": {"draft": steps * row["t_draft_ms"] / row["round_ms"],
+                       "verify": row["t_verify_ms"] / row["round_ms"],
+                       "commit": row["t_commit_ms"] / row["round_ms"],
+                       "wait": row["t_wait_ms"] / row["round_ms"]}}
+
+
+def summary(document: dict) -> str:
+    """The targets at B = 1, greedy, met or missed, and the formula's terms of the fastest tree."""
+    rows = document["rows"]
+    plain, chain, tree = (best(rows, name, 1, "greedy") for name in METHODS)
+    if plain is None or tree is None:
+        return "capstone: no B = 1 greedy rows of plain and tree decoding"
+    lines = []
+    def verdict(ratio: float, target: str) -> str:
+        return f"target {TARGETS[target]}x: {'met' if ratio >= TARGETS[target] else 'missed'}"
+
+    over_plain = tree["tokens_per_s"] / plain["tokens_per_s"]
+    lines.append(f"tree ({setting_label(tree)}) {over_plain:.2f}x plain decoding at B = 1, greedy "
+                 f"({verdict(over_plain, 'tree_over_plain')})")
+    if chain is not None:
+        over_chain = tree["tokens_per_s"] / chain["tokens_per_s"]
+        lines.append(f"tree {over_chain:.2f}x the fastest chain ({setting_label(chain)}) "
+                     f"({verdict(over_chain, 'tree_over_chain')})")
+    if tree.get("round_ms"):
+        t = formula_terms(tree)
+        lines.append(f"formula: tau {t['tau']:.2f} x T_plain {t['T_plain']:.3f} ms / ({t['steps']} x T_draft "
+                     f"{t['T_draft']:.3f} + T_verify {t['T_verify']:.3f} + T_commit {t['T_commit']:.3f} + "
+                     f"T_wait {t['T_wait']:.3f} ms) = {t['predicted']:.2f} (measured {t['measured']:.2f})")
+    return "\n".join(lines)
 
 
 LOOP_STEPS = (
     ("prefill", "emssd.unpadded_attention\n(notebook 17)", "prompts concatenated,\nper-sample KV starts"),
     ("draft: grow the tree", "swiftspec.tree_cache_attention\n(notebook 18)",
-     "w best leaves per step,\npriority queue (SwiftSpec §3.1)"),
+     "w most probable nodes per\nstep, `branch` children each"),
     ("verify: one target pass", "swiftspec.tree_cache_attention\n(notebook 18)",
      "bs most probable nodes\nas queries"),
     ("accept", "tree_verification\n(notebook 16)", "greedy walk or SpecInfer's\nspeculative sampling"),
-    ("re-root + compact", "swiftspec.compact\n(notebook 18)", "path -> prefix, surviving\nsubtree reused"),
+    ("commit", "swiftspec.compact\n(notebook 18)", "accepted path's KV ->\nprefix, in both caches"),
 )
 
 
@@ -87,7 +209,8 @@ def loop_figure():
     ax.add_patch(FancyArrowPatch((xs[-1], 0.3), (xs[1], 0.3), connectionstyle="arc3,rad=-0.25",
                                  arrowstyle="-|>", mutation_scale=14, transform=ax.transAxes,
                                  color="#c0504d"))
-    ax.text(0.5 * (xs[1] + xs[-1]), 0.9, "next round: every unfinished sample, its own prefix and tree",
+    ax.text(0.5 * (xs[1] + xs[-1]), 0.9, "next round: every sample, its own prefix and tree; each stage a "
+            "CUDA graph on a GPU",
             ha="center", fontsize=9, color="#c0504d", transform=ax.transAxes)
     ax.set_axis_off()
     fig.tight_layout()
@@ -96,7 +219,8 @@ def loop_figure():
 
 def round_figure(entry: dict, ax=None, title: str | None = None):
     """One round of `decoder.speculative(..., trace=...)`: the draft tree, tokens as characters; the
-    accepted path (green), the other nodes sent to the target (blue), draft-only nodes (grey)."""
+    accepted path (green), the other nodes sent to the target (blue), nodes not verified (grey); a
+    thick outline marks the nodes the draft ran (the others are leaves: drafted, never run)."""
     import matplotlib.pyplot as plt
 
     from course.capstone.text import VOCAB
@@ -115,15 +239,16 @@ def round_figure(entry: dict, ax=None, title: str | None = None):
                     lw=2.4 if lit else 1, zorder=1)
     for v, (x, y) in pos.items():
         face = "#81c784" if v in path else "#90caf9" if v in chosen else "#eeeeee"
-        ax.scatter([x], [y], s=420, c=face, edgecolors="#333333", zorder=2)
+        ran = entry.get("run", [True] * len(parents))[v]
+        ax.scatter([x], [y], s=420, c=face, edgecolors="#333333", linewidths=2.2 if ran else 0.6, zorder=2)
         char = VOCAB[tokens[v]]
         ax.text(x, y, {"\n": "\\n", " ": "\u2423"}.get(char, char), ha="center", va="center", fontsize=10,
                 zorder=3, family="monospace")
     ax.set_axis_off()
     nxt = VOCAB[entry["next_token"]]
-    ax.set_title(title or f"round {entry['round']}: {len(parents)} draft nodes, {len(chosen)} verified, "
-                 f"{len(path) - 1} accepted, next token {nxt!r}"
-                 + (" (its subtree is reused)" if entry["reused"] else ""), fontsize=10)
+    ran = sum(entry.get("run", []))
+    ax.set_title(title or f"round {entry['round']}: {len(parents)} draft nodes ({ran} run by the draft), "
+                 f"{len(chosen)} verified, {len(path) - 1} accepted, next token {nxt!r}", fontsize=10)
     return ax
 
 
@@ -132,4 +257,11 @@ def measured_figure(document: dict):
     return plot(document["rows"], note=f"{document['device']}, {document['date'][:10]}")
 
 
-FIGURES = {"capstone": measured_figure}
+def measured_timeline(document: dict):
+    """capstone_timeline.png: `timeline_figure` of a results document."""
+    ax = timeline_figure(document["rows"])
+    ax.figure.suptitle(f"{document['device']}, {document['date'][:10]}", fontsize=9, color=INK)
+    return ax.figure
+
+
+FIGURES = {"capstone": measured_figure, "capstone_timeline": measured_timeline}

@@ -76,19 +76,23 @@ class ModelConfig:
 class KVCache:
     """The keys and values of every layer in ONE tensor, so one compaction moves all layers at once.
 
-    data: (B, n_layers * 2 * n_kv_heads, capacity, head_dim); for layer l, channels
+    data: (B, n_layers * 2 * n_kv_heads, capacity + 1, head_dim); for layer l, channels
     [2l * Hkv, (2l + 1) * Hkv) hold the keys and [(2l + 1) * Hkv, (2l + 2) * Hkv) the values.
-    `k(l)` and `v(l)` are views (no copies) of shape (B, Hkv, capacity, head_dim): writing into them
-    writes into `data`, and moving rows of `data` moves them.
+    `k(l)`, `v(l)` and `kv(l)` (both) are views (no copies): writing into them writes into `data`,
+    and moving rows of `data` moves them. Row `capacity` (the last) is scratch: a padding query's key
+    and value are written there, so that a step writes every query's row without a branch or a
+    boolean mask (a CUDA graph needs the same kernels whatever the batch holds); nothing reads it.
     """
 
     def __init__(self, data: Tensor, n_layers: int, n_kv_heads: int):
         if not isinstance(data, Tensor) or data.dim() != 4:
-            raise ValueError(f"data must be a 4-D tensor (B, n_layers*2*n_kv_heads, capacity, head_dim), "
+            raise ValueError(f"data must be a 4-D tensor (B, n_layers*2*n_kv_heads, capacity + 1, head_dim), "
                              f"got {getattr(data, 'shape', type(data))}")
         if data.shape[1] != n_layers * 2 * n_kv_heads:
             raise ValueError(f"data.shape[1] must be n_layers * 2 * n_kv_heads = {n_layers * 2 * n_kv_heads},"
                              f" got {data.shape[1]}")
+        if data.shape[2] < 2:
+            raise ValueError(f"data must hold at least one row and the scratch row, got {data.shape[2]} rows")
         self.data = data
         self.n_layers = n_layers
         self.n_kv_heads = n_kv_heads
@@ -107,13 +111,24 @@ class KVCache:
         h = self.n_kv_heads
         return self.data[:, (2 * layer + 1) * h:(2 * layer + 2) * h]
 
+    def kv(self, layer: int) -> Tensor:
+        """Layer `layer`'s keys and values together, (B, 2 * Hkv, capacity + 1, head_dim)."""
+        self._check_layer(layer)
+        h = self.n_kv_heads
+        return self.data[:, 2 * layer * h:(2 * layer + 2) * h]
+
     @property
     def batch(self) -> int:
         return self.data.shape[0]
 
     @property
     def capacity(self) -> int:
-        return self.data.shape[2]
+        """Rows a sample may use; row `capacity` is the scratch row."""
+        return self.data.shape[2] - 1
+
+    @property
+    def scratch_row(self) -> int:
+        return self.data.shape[2] - 1
 
     @property
     def head_dim(self) -> int:
@@ -125,8 +140,8 @@ class KVCache:
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight (Zhang & Sennrich 2019): no mean subtraction, no bias. In float32, so that
-    fp16/bf16 weights do not lose the small squares."""
+    """x / rms(x) * weight (Zhang & Sennrich 2019): no mean subtraction, no bias. `F.rms_norm`: one
+    fused kernel on a GPU, which sums the squares in float32 even for fp16/bf16 inputs."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -134,9 +149,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).to(x.dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
 
 
 def rope_angles(positions: Tensor, head_dim: int) -> tuple[Tensor, Tensor]:
@@ -292,17 +305,21 @@ class TinyLM(nn.Module):
         return self._logits(x)
 
     def new_cache(self, batch: int, capacity: int, device=None, dtype=None) -> KVCache:
-        """An empty (zeroed) KV cache of `capacity` rows per sample; by default on the model's device
-        and in its dtype."""
+        """An empty (zeroed) KV cache of `capacity` rows per sample (and the scratch row); by default
+        on the model's device and in its dtype."""
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
         if not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
         c = self.config
-        data = torch.zeros(batch, c.n_layers * 2 * c.n_kv_heads, capacity, c.head_dim,
+        data = torch.zeros(batch, c.n_layers * 2 * c.n_kv_heads, capacity + 1, c.head_dim,
                            device=device if device is not None else self.device,
                            dtype=dtype if dtype is not None else self.dtype)
         return KVCache(data, c.n_layers, c.n_kv_heads)
+
+    def workspace(self, batch: int, width: int) -> Workspace:
+        """The buffer a step of `width` new tokens per sample projects into (see `Workspace`)."""
+        return Workspace(self.config, batch, width, self.device, self.dtype)
 
     def _check_step(self, tokens: Tensor, positions: Tensor, cache: KVCache, rows: Tensor):
         c = self.config
@@ -333,39 +350,165 @@ class TinyLM(nn.Module):
                 raise ValueError(f"rows must be < cache capacity {cache.capacity} (or < 0 for padding), "
                                  f"got {r_hi}")
 
+    def decode_weights(self) -> DecodeWeights:
+        """The weights arranged for `step` (built once, rebuilt if a parameter changed)."""
+        stamp = tuple((p.data_ptr(), p._version) for p in self.parameters())
+        cached = getattr(self, "_decode_weights", None)
+        if cached is None or cached.stamp != stamp:
+            cached = DecodeWeights.of(self, stamp)
+            self._decode_weights = cached
+        return cached
+
     @torch.no_grad()  # decoding only: the cache is written in place, so no autograd through it
-    def step(self, tokens: Tensor, positions: Tensor, cache: KVCache, rows: Tensor,
-             attend: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Tensor:
+    def step(self, tokens: Tensor, positions: Tensor, cache: KVCache, rows: Tensor, attend: Attend, *,
+             workspace: Workspace | None = None, validate: bool = True, padding: bool = True,
+             float_logits: bool = True) -> Tensor:
         """Logits (B, W, V) float32 for W new tokens per sample against a KV cache.
 
         tokens, positions, rows: (B, W) integer tensors. Token (b, w) is embedded, rotated to
         positions[b, w], and its key and value are written at cache row rows[b, w] of every layer
-        (rows < 0: a padding slot, computed but not written). Then, per layer,
-        attend(q (B, Hq, W, hd), cache.k(layer), cache.v(layer)) must return (B, Hq, W, hd): the
+        (rows < 0: a padding slot, written to the scratch row, which nothing reads). Then, per layer,
+        attend(layer, q (B, Hq, W, hd), cache.k(layer), cache.v(layer)) must return (B, Hq, W, hd): the
         attention of each new query over the cached rows it may see (scale 1 / sqrt(hd), query head h
-        reading KV head h // group). q is given in the cache's dtype.
+        reading KV head h // group). q is a view into `workspace` (one is made when none is given).
+
+        A step launches a fixed list of kernels, none of which waits for the host, so that a decoder
+        can capture it in a CUDA graph: per layer one fused RMSNorm, ONE matmul for q, k, v and their
+        RoPE partners (`DecodeWeights`), two elementwise kernels for RoPE, one scatter of k and v into
+        the cache, `attend`, a copy and one matmul-plus-residual for the output projection, the MLP's
+        norm, two matmuls and its gate. validate=True first checks the inputs' values (which waits
+        for the GPU); a decoder checks its inputs once, outside its loop, and passes False. A decoder
+        that writes its rows itself may also pass padding=False (rows hold no -1: a padding slot
+        already names the scratch row) and float_logits=False (logits in the model's dtype): two
+        kernels fewer each.
         """
-        self._check_step(tokens, positions, cache, rows)
+        if validate:
+            self._check_step(tokens, positions, cache, rows)
+        c = self.config
         B, W = tokens.shape
-        # The (sample, slot) pairs that own a row; padding slots are skipped by the write.
-        b_idx, w_idx = (rows >= 0).nonzero(as_tuple=True)
-        r_idx = rows[b_idx, w_idx].long()
-        x = self.embed(tokens.long())
-        for layer, block in enumerate(self.blocks):
-            q, k, v = block.attn.qkv(block.attn_norm(x), positions)
-            k_cache, v_cache = cache.k(layer), cache.v(layer)
-            # Advanced indices around a slice: both sides are (n, Hkv, hd), written in place into
-            # the views, hence into cache.data.
-            k_cache[b_idx, :, r_idx] = k[b_idx, :, w_idx].to(k_cache.dtype)
-            v_cache[b_idx, :, r_idx] = v[b_idx, :, w_idx].to(v_cache.dtype)
-            out = attend(q.to(k_cache.dtype), k_cache, v_cache)
-            expected = (B, self.config.n_heads, W, self.config.head_dim)
+        weights = self.decode_weights()
+        workspace = workspace if workspace is not None else self.workspace(B, W)
+        workspace.require(B, W)
+        cos, sin = weights.rope(positions)
+        # A padding slot's key and value go to the scratch row: the same scatter for every batch.
+        slots = torch.where(rows < 0, cache.scratch_row, rows) if padding else rows
+        kv_rows = slots[:, None, :, None].expand(B, 2 * c.n_kv_heads, W, c.head_dim)
+        x = F.embedding(tokens, self.embed.weight).view(B * W, c.d_model)
+        for layer, (block, lw) in enumerate(zip(self.blocks, weights.layers, strict=True)):
+            workspace.project(block.attn_norm(x), lw.qkv_rope)
+            workspace.rotate(cos, sin)
+            cache.kv(layer).scatter_(2, kv_rows, workspace.kv())
+            out = attend(layer, workspace.q(), cache.k(layer), cache.v(layer))
+            expected = (B, c.n_heads, W, c.head_dim)
             if not isinstance(out, Tensor) or tuple(out.shape) != expected:
                 raise ValueError(f"attend must return a tensor of shape {expected}, got "
                                  f"{tuple(getattr(out, 'shape', ())) or type(out).__name__}")
-            x = x + block.attn.merge(out.to(x.dtype))
-            x = x + block.mlp(block.mlp_norm(x))
-        return self._logits(x)
+            x = torch.addmm(x, out.transpose(1, 2).reshape(B * W, c.n_heads * c.head_dim).to(x.dtype),
+                            lw.o_proj_t)
+            gate, up = (block.mlp_norm(x) @ lw.gate_up_t).chunk(2, dim=-1)
+            x = torch.addmm(x, F.silu(gate) * up, lw.down_t)
+        logits = self.final_norm(x) @ self.embed.weight.t()
+        return (logits.float() if float_logits else logits).view(B, W, c.vocab_size)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    qkv_rope: Tensor  # (Hq + 2 Hkv + Hq + Hkv) * hd rows: q, k, v, then q's and k's RoPE partners
+    o_proj_t: Tensor  # transposed views: x @ W.t() is one matmul, no copy of W
+    gate_up_t: Tensor
+    down_t: Tensor
+
+
+def rotate_half_rows(weight: Tensor, heads: int, head_dim: int) -> Tensor:
+    """The rows of a projection whose output is rotate_half of the projection's: per head, the
+    second half negated, then the first half (x1, x2) -> (-x2, x1). A signed permutation, exact."""
+    w = weight.view(heads, head_dim, -1)
+    half = head_dim // 2
+    return torch.cat([-w[:, half:], w[:, :half]], dim=1).reshape(heads * head_dim, -1)
+
+
+@dataclass(frozen=True)
+class DecodeWeights:
+    """A model's weights as `step` uses them, built from its parameters (same values, no training).
+
+    RoPE rotates each pair (x1, x2) of a query or key to (x1 cos - x2 sin, x2 cos + x1 sin) =
+    x cos + rotate_half(x) sin. rotate_half(W h) = (R W) h for a signed permutation R, so the rows
+    R W_q and R W_k are appended to the q, k, v projection: one matmul yields q, k, v and their
+    rotated partners, and RoPE is then one multiply and one multiply-add, in place (instead of a
+    dozen kernels of slicing, casting and concatenating per layer). `rope_table` holds cos and sin
+    of every position (RoFormer §3.4.2), so a step gathers its rows once for all layers.
+    """
+
+    layers: tuple[LayerWeights, ...]
+    rope_table: Tensor  # (max_positions, 2, hd): cos and sin, each repeated over the two halves
+    stamp: tuple
+
+    @classmethod
+    def of(cls, model: TinyLM, stamp: tuple) -> DecodeWeights:
+        c = model.config
+        layers = []
+        with torch.no_grad():
+            for block in model.blocks:
+                q_w, kv_w = block.attn.q_proj.weight, block.attn.kv_proj.weight
+                k_w = kv_w[:c.n_kv_heads * c.head_dim]
+                fused = torch.cat([q_w, kv_w, rotate_half_rows(q_w, c.n_heads, c.head_dim),
+                                   rotate_half_rows(k_w, c.n_kv_heads, c.head_dim)]).contiguous()
+                layers.append(LayerWeights(fused, block.attn.o_proj.weight.t(), block.mlp.gate_up.weight.t(),
+                                           block.mlp.down.weight.t()))
+            positions = torch.arange(c.max_positions, device=model.device)[None]
+            cos, sin = rope_angles(positions, c.head_dim)  # (1, 1, P, hd / 2)
+            table = torch.stack([cos[0, 0], sin[0, 0]], dim=1).repeat(1, 1, 2)  # (P, 2, hd)
+        return cls(tuple(layers), table.to(model.dtype).contiguous(), stamp)
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin for (B, W) positions, (B, W, 1, hd) each: one gather for the whole step."""
+        B, W = positions.shape
+        rows = self.rope_table.index_select(0, positions.reshape(-1)).view(B, W, 2, 1, -1)
+        return rows[:, :, 0], rows[:, :, 1]
+
+
+class Workspace:
+    """The matmul output of one step's projections, (B * W, (2 Hq + 3 Hkv) * hd), at a fixed address.
+
+    `step` writes every layer's q, k, v and RoPE partners here (torch.mm(..., out=)), rotates q and k
+    in place, and hands `attend` a view of q. A fixed address is what lets a decoder check and set up
+    its attention launch once, outside its loop, and replay the step as a CUDA graph.
+    """
+
+    def __init__(self, config: ModelConfig, batch: int, width: int, device, dtype):
+        self.config, self.batch, self.width = config, batch, width
+        c = config
+        self.rope_heads = c.n_heads + c.n_kv_heads
+        self.heads = 2 * self.rope_heads + c.n_kv_heads
+        self.buffer = torch.zeros(batch * width, self.heads * c.head_dim, device=device, dtype=dtype)
+        self._heads = self.buffer.view(batch, width, self.heads, c.head_dim)
+
+    def require(self, batch: int, width: int) -> None:
+        if (batch, width) != (self.batch, self.width):
+            raise ValueError(f"workspace was made for (batch, width) = {(self.batch, self.width)}, the "
+                             f"step has {(batch, width)}")
+
+    def project(self, x: Tensor, weight: Tensor) -> None:
+        torch.mm(x, weight.t(), out=self.buffer)
+
+    def rotate(self, cos: Tensor, sin: Tensor) -> None:
+        """RoPE on q and k in place: x cos + rotate_half(x) sin (see DecodeWeights)."""
+        c = self.config
+        rotated = self._heads[:, :, :self.rope_heads]
+        partners = self._heads[:, :, self.rope_heads + c.n_kv_heads:]
+        rotated.mul_(cos).addcmul_(partners, sin)
+
+    def q(self) -> Tensor:
+        """(B, Hq, W, hd), a view."""
+        return self._heads[:, :, :self.config.n_heads].transpose(1, 2)
+
+    def kv(self) -> Tensor:
+        """(B, 2 Hkv, W, hd), a view: the keys then the values, as a cache layer's channels."""
+        c = self.config
+        return self._heads[:, :, c.n_heads:c.n_heads + 2 * c.n_kv_heads].transpose(1, 2)

@@ -114,10 +114,24 @@ def target_rounds(side: TargetSide, max_new_tokens: int, eos: int | None, clock:
         with clock.span("target", "verify", sub.round):
             path, nxt = side.verify(sub.parents, sub.tokens, sub.q)
         accepted.append(len(path) - 1)
-        _, done = decoder._finish(new, [sub.tokens[j] for j in path[1:]] + [nxt], max_new_tokens, eos)
+        _, done = _finish(new, [sub.tokens[j] for j in path[1:]] + [nxt], max_new_tokens, eos)
         yield wire.Reply(wire.STOP if done else wire.ACCEPTED, sub.round, path, nxt)
         if done:
             return new, accepted
+
+
+def _finish(new: list[int], emitted: list[int], max_new: int, eos: int | None) -> tuple[list[int], bool]:
+    """Append emitted tokens up to max_new and the first EOS; (the tokens appended, finished?)."""
+    taken = []
+    for t in emitted:
+        if len(new) + len(taken) >= max_new:
+            break
+        taken.append(t)
+        if eos is not None and t == eos:
+            break
+    new.extend(taken)
+    done = len(new) >= max_new or (eos is not None and bool(taken) and taken[-1] == eos)
+    return taken, done
 
 
 def run_lockstep(draft_worker: Generator, target_worker: Generator) -> tuple:
@@ -252,7 +266,7 @@ def generate(target, draft, prompt, max_new_tokens: int, *, tree_size: int = 8, 
     `launch`'s for the same settings."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    cfg = decoder.settings(tree_size, width, branch, mode)
+    cfg = decoder.settings(tree_size, width, branch, mode=mode)
     decoder._positive_int(max_new_tokens, "max_new_tokens")
     check_pair(target.config, draft.config, target.dtype, draft.dtype)
     prompt = _check_prompt(prompt, target.config.vocab_size)
@@ -347,12 +361,12 @@ def check_job(job: Job) -> None:
     the settings, each prompt, the transport and the devices."""
     t_config, d_config = _config(job.target), _config(job.draft)
     check_pair(t_config, d_config, getattr(torch, job.dtypes["target"]), getattr(torch, job.dtypes["draft"]))
-    cfg = decoder.settings(job.tree_size, job.width, job.branch, "greedy")
+    cfg = decoder.settings(job.tree_size, job.width, job.branch, mode="greedy")
     decoder._positive_int(job.max_new_tokens, "max_new_tokens")
     if not job.runs:
         raise ValueError("a job needs at least one run")
     for i, run in enumerate(job.runs):
-        decoder.settings(cfg.tree_size, cfg.width, cfg.branch, run.mode)
+        decoder.settings(cfg.tree_size, cfg.width, cfg.branch, mode=run.mode)
         _check_prompt(run.prompt, t_config.vocab_size)
         if isinstance(run.steps, bool) or not isinstance(run.steps, int) or run.steps < 0:
             raise ValueError(f"runs[{i}].steps must be an int >= 0, got {run.steps!r}")
@@ -502,7 +516,7 @@ def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | Non
     pair = pair or runtime.pick(sim="tiny", gpu="small")
     max_new_tokens = max_new_tokens if max_new_tokens is not None else runtime.pick(sim=12, gpu=64)
     prompt = decoder.check_texts(texts)[0]
-    decoder.settings(tree_size, width, None, mode)
+    decoder.settings(tree_size, width, None, mode=mode)
     options = dict(tree_size=tree_size, width=width, max_new_tokens=max_new_tokens, backend=backend,
                    impl=impl)
     run = Run(prompt, steps, mode, seed)
@@ -609,7 +623,7 @@ def _worker(role: str, job_path: str, folder: str, port: int) -> int:
 def _one_run(job: Job, run: Run, role: str, model, link: wire.Link, folder: Path) -> dict:
     import torch.distributed as dist
 
-    cfg = decoder.settings(job.tree_size, job.width, job.branch, run.mode)
+    cfg = decoder.settings(job.tree_size, job.width, job.branch, mode=run.mode)
     sizes = dict(max_prompt=len(run.prompt), max_new_tokens=job.max_new_tokens, backend=job.backend,
                  impl=job.impl)
     if role == "draft":

@@ -1,208 +1,204 @@
-"""Host-side bookkeeping of one sample's draft token tree (SwiftSpec §3.1-3.2), for the decoder.
+"""One round's draft trees, kept on the device for a whole batch (SwiftSpec §3.1's growth).
 
-Plain Python lists: a tree has tens of nodes, and the GPU work (the draft and target passes, the
-verification, the compaction) is launched by `course.capstone.decoder` from what this class says.
+Every decision of a round is taken by the GPU, so that a round is a few CUDA graphs launched back to
+back and the host waits only once, for the accepted tokens: which nodes the draft expands, which
+children they get, which nodes the target verifies. What makes that possible is a fixed SHAPE:
 
-Node ids are creation order: node 0 is the root (the last committed token), and a node is created
-after its parent, so ids are a topological numbering and the draft cache holds node i at row
-P + i of the [prefix | tree] layout (P = the committed prefix). The tree rows are therefore NOT in
-DFS order; `swiftspec.tree_cache_attention` takes each row's DFS times, so any row order works, and
-keeping creation order makes re-rooting a left shift: the committed path and the surviving subtree
-keep their relative order (every move has dst <= src, which `swiftspec.compact` requires).
+* Node ids are creation order; node 0 is the root (the last committed token). A node the draft runs
+  gets exactly `branch` children at once (the draft's top-k tokens in greedy mode, independent draws
+  from its distribution q in sample mode), so the number of nodes after each step does not depend
+  on the draft's guesses, only on (steps, width, branch): the `Schedule`. Step 0 runs the root; each
+  later step runs the `width` best nodes not yet run (the "frontier"), ranked by the key below.
+  The children of a step land in a block of ids fixed in advance, which a static slice writes.
+* Children need not be run to be verified: the target checks a node's token, and only a node whose
+  children are wanted must go through the draft. So a round of s steps offers a tree of depth s
+  (Leviathan et al.'s chain of k tokens costs k draft steps, here too).
+* The key (SwiftSpec's maximum-likelihood expansion): in greedy mode a node's cumulative draft
+  log-probability; in sample mode its PARENT's (see below). Ties are broken by depth, then id: the
+  rank is key - EPS * (depth * size + id). A child's rank is strictly below its parent's, so the
+  `tree_size` best nodes always form a subtree containing the root (`pyspec_ref.kvcache.best_subtree`'s
+  rule), and the verified set is one `topk`.
+* Ancestry for the attention (FlashSpecInfer §5.1's interval test: row j is an ancestor of query i iff
+  start[j] <= start[i] and end[i] <= end[j]) needs nested intervals, not DFS times as such: the
+  kernels only compare them. A node at depth d gets an interval of span[d] numbers, span[steps] = 1
+  and span[d] = 1 + branch * span[d + 1], and its k-th child the k-th slice after its own first
+  number: the numbering of a complete `branch`-ary tree, fixed when the node is created, so it is
+  never recomputed as the tree grows.
 
-Expansion (SwiftSpec §3.1, `pyspec_ref.kvcache.expand_tree`): a node that the draft model has run
-pushes candidate children into a priority queue; each draft step pops the w best candidates, which
-become nodes and are run together (the non-square attention of w queries against the whole tree).
-Two modes:
+Sampling (SpecInfer §4.3) is exact only if the children of a node are independent draws from that
+node's q, in a number and an order that do not depend on their values. Children are drawn from q and
+kept in draw order; ranking them by their parent's key means that whether (and which of) a node's
+children are expanded or verified is decided by things ranked above them, never by the children
+themselves. The fixed schedule keeps every round's budget independent of earlier draws.
 
-* greedy: a run node's candidates are its draft's top-`branch` tokens, keyed by their own
-  cumulative log-probability (maximum-likelihood expansion); the verified subtree is
-  `pyspec_ref.kvcache.best_subtree` of that key.
-* sample: a run node's candidates are `branch` tokens drawn independently from the draft's
-  distribution q at that node, keyed by the PARENT's cumulative log-probability (ties in draw
-  order), and the verified subtree is chosen by the same key. SpecInfer's multi-step speculative
-  sampling (§4.3, `tree_verification.tree_speculative_sampling`) is exact only if the children of a
-  node are independent draws from that node's q, in an order and a number that do not depend on
-  their values. Top-k children, or children kept because their own probability is high, are not
-  such draws (the output would lean towards the draft's favourite tokens). With the parent's key,
-  whether and how many of a node's drawn children enter the tree is decided by things ranked above
-  them, never by the children themselves, so the walk stays exact; the queue still grows the most
-  probable parts of the tree first. For the same reason a sample-mode round starts from the
-  re-rooted node alone (its KV reused, its children drawn afresh) and always takes the same number
-  of draft steps: the budget of a round never depends on values drawn in an earlier one.
+Every round starts from its root alone. SwiftSpec §3.2 keeps the subtree the draft grew under the
+emitted token, with its KV rows; its shape depends on what was accepted, which no table of a fixed
+shape holds. Keeping it would not break exactness (`pyspec_ref.parallel_tree` says why), and
+notebook 20's parallel draft, whose growth is off the critical path, keeps it in a tree on the host
+(`course.capstone.host_tree`).
+
+The tables are (B, size, FIELDS) float64 (ids, tokens and interval numbers are integers far below
+2**53, so float64 holds them exactly): one gather fetches everything about a set of nodes.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from pyspec_ref import trees
+import torch
+from torch import Tensor
 
 MODES = ("greedy", "sample")
+# Columns of the node table.
+ID, PARENT, TOKEN, DEPTH, START, END, CUM, RANK, OPEN = range(9)
+FIELDS = 9
+EPS = 2.0 ** -32  # tie-break step of the rank: far below any difference of two log-probabilities
+MAX_INTERVAL = 2 ** 31 - 1  # the attention kernels read interval numbers as int32
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The shape of a round's draft tree (see the module docstring)."""
+
+    steps: int
+    width: int
+    branch: int
+    before: tuple[int, ...]  # nodes in the tree when each step starts
+    runs: tuple[int, ...]  # nodes each step runs
+    size: int  # nodes after the last step
+    spans: tuple[int, ...]  # interval length of a node at depth d = 0 .. steps
+
+    def block(self, step: int) -> tuple[int, int]:
+        """The ids [first, stop) of the children that `step` creates."""
+        first = self.before[step]
+        return first, first + self.runs[step] * self.branch
+
+
+def schedule(steps: int, width: int, branch: int) -> Schedule:
+    """Step 0 runs the root; step s > 0 runs min(width, nodes not yet run) nodes."""
+    before, runs = [], []
+    nodes, unrun = 1, 1
+    for step in range(steps):
+        run = 1 if step == 0 else min(width, unrun)
+        before.append(nodes)
+        runs.append(run)
+        nodes += run * branch
+        unrun += run * (branch - 1)
+    spans = [1]
+    for _ in range(steps):
+        spans.insert(0, 1 + branch * spans[0])
+    if spans[0] > MAX_INTERVAL:
+        raise ValueError(f"steps = {steps} with branch = {branch}: a tree this deep and wide needs "
+                         f"{spans[0]:,} interval numbers, more than the kernels' int32 holds; use fewer "
+                         "steps or a smaller branch")
+    return Schedule(steps, width, branch, tuple(before), tuple(runs), nodes, tuple(spans))
 
 
 @dataclass
-class DraftTree:
-    """One sample's draft tree: parents, tokens, cumulative draft log-probabilities, which nodes the
-    draft has run (their KV is in the cache and their candidates are queued), the candidate queue,
-    and each run node's draft distribution q (sample mode; for the verification)."""
+class Chosen:
+    """The nodes sent to the target: ids (B, N) ascending (node 0 first), their table rows, and each
+    one's parent as an index into ids (-1 for the root)."""
 
-    mode: str
-    parents: list[int] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    cum: list[float] = field(default_factory=list)  # own cumulative log-prob, relative to the root
-    key: list[float] = field(default_factory=list)  # the ranking key (see the module docstring)
-    depth: list[int] = field(default_factory=list)
-    run: list[bool] = field(default_factory=list)
-    q: list = field(default_factory=list)  # the draft's distribution at the node (None until run)
-    heap: list = field(default_factory=list)  # (-key, order, parent, token, cum)
-    order: itertools.count = field(default_factory=itertools.count)
+    ids: Tensor
+    rows: Tensor
+    parents: Tensor
 
-    @classmethod
-    def fresh(cls, root_token: int, mode: str) -> DraftTree:
-        """A tree holding only its root (not yet run by the draft model)."""
+
+class DraftTrees:
+    """The batch's draft trees of one round, in device tables (see the module docstring)."""
+
+    def __init__(self, batch: int, plan: Schedule, mode: str, vocab_size: int, device):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        tree = cls(mode)
-        tree._add(-1, int(root_token), 0.0, 0.0)
-        return tree
+        self.plan, self.mode, self.batch = plan, mode, batch
+        size = plan.size
+        self.table = torch.zeros((batch, size, FIELDS), dtype=torch.float64, device=device)
+        self.table[:, :, ID] = torch.arange(size, dtype=torch.float64, device=device)
+        self.table[:, :, RANK:] = -torch.inf
+        self.table[:, 0, PARENT] = -1
+        self.table[:, 0, END] = plan.spans[0] - 1
+        self.table[:, 0, RANK] = 0.0
+        # The draft's distribution at every node it ran (sample mode: the verification needs q).
+        self.q = (torch.zeros((batch, size, vocab_size), dtype=torch.float32, device=device)
+                  if mode == "sample" else None)
+        self._root_ids = torch.zeros((batch, 1), dtype=torch.int64, device=device)
+        self.spans = torch.tensor(plan.spans + (0,), dtype=torch.float64, device=device)
+        # Per step: each child's rank k among its siblings, and the tie-break of its id.
+        self._k = torch.arange(plan.branch, dtype=torch.float64, device=device)
+        self._child_ids = [torch.arange(*plan.block(s), dtype=torch.float64, device=device).view(
+            plan.runs[s], plan.branch) for s in range(plan.steps)]
 
-    def __len__(self) -> int:
-        return len(self.parents)
+    # ------------------------------------------------------------------ a round
 
-    def _add(self, parent: int, token: int, cum: float, key: float) -> int:
-        self.parents.append(parent)
-        self.tokens.append(token)
-        self.cum.append(cum)
-        self.key.append(key)
-        self.depth.append(0 if parent < 0 else self.depth[parent] + 1)
-        self.run.append(False)
-        self.q.append(None)
-        return len(self.parents) - 1
+    def reset(self, roots: Tensor) -> None:
+        """A fresh tree per sample: only the root, holding token roots[b], not yet run."""
+        self.table[:, 0, TOKEN].copy_(roots)
+        self.table[:, 0, OPEN].fill_(0.0)
 
-    # ------------------------------------------------------------------ growth
+    def pick(self, step: int) -> Tensor:
+        """The (B, runs[step]) ids that `step` runs, now marked as run: the root at step 0, then the
+        best nodes not yet run."""
+        if step == 0:
+            self.table[:, 0, OPEN].fill_(-torch.inf)
+            return self._root_ids
+        frontier = self.table[:, :self.plan.before[step], OPEN]
+        ids = torch.topk(frontier, self.plan.runs[step], dim=1).indices
+        frontier.scatter_(1, ids, -torch.inf)
+        return ids
 
-    def pop(self, width: int) -> list[int]:
-        """Turn the `width` best candidates into nodes (fewer if the queue runs dry); their ids."""
-        added = []
-        while self.heap and len(added) < width:
-            neg_key, _, parent, token, cum = heapq.heappop(self.heap)
-            added.append(self._add(parent, token, cum, -neg_key))
-        return added
+    def rows(self, ids: Tensor) -> Tensor:
+        """The table rows (B, n, FIELDS) of nodes ids (B, n)."""
+        return self.table.gather(1, ids[..., None].expand(*ids.shape, FIELDS))
 
-    def push(self, node: int, tokens: list[int], logprobs: list[float], q=None) -> None:
-        """Record that the draft has run `node`: its candidate children (tokens with the draft's
-        log-probabilities at `node`, in the order they are to be tried) join the queue."""
-        self.run[node] = True
-        self.q[node] = q
-        base = self.cum[node]
-        for token, lp in zip(tokens, logprobs, strict=True):
-            cum = base + lp
-            key = cum if self.mode == "greedy" else base
-            heapq.heappush(self.heap, (-key, next(self.order), node, int(token), cum))
+    def children(self, logits: Tensor, ids: Tensor, uniforms: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The children of the nodes `ids` (B, runs) the draft just ran, from its logits there
+        (B, runs, V): their tokens (B, runs, branch) and draft log-probabilities (float32). Greedy:
+        the top-`branch` tokens, best first. Sample: `branch` independent draws by inverse CDF with
+        `uniforms` (B, runs, branch), in draw order; the distribution q is kept for the verification."""
+        logq = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+        if self.mode == "greedy":
+            logp, tokens = torch.topk(logq, self.plan.branch, dim=-1)
+            return tokens, logp
+        q = logq.exp()
+        self.q.scatter_(1, ids[..., None].expand(*ids.shape, q.shape[-1]), q)
+        cdf = torch.cumsum(q, dim=-1, dtype=torch.float64)
+        tokens = torch.searchsorted(cdf, uniforms * cdf[..., -1:], right=True).clamp_(max=q.shape[-1] - 1)
+        return tokens, logq.gather(-1, tokens)
 
-    def needs_children(self) -> bool:
-        """A root the draft has run but whose children are not drawn (a sample-mode re-root)."""
-        return len(self) == 1 and self.run[0] and not self.heap
+    def add_children(self, step: int, parents: Tensor, tokens: Tensor, logp: Tensor) -> Tensor:
+        """Write the children of `step`'s run nodes (table rows `parents`, (B, runs, FIELDS)) into
+        their fixed ids: depth, interval, cumulative log-probability, rank. Returns their rows
+        (B, runs * branch, FIELDS). (`course.capstone.kernels.add_children_kernel` does the same.)"""
+        batch, runs = parents.shape[:2]
+        first, stop = self.plan.block(step)
+        shape = (batch, runs, self.plan.branch)
+        span = self.spans[parents[..., DEPTH].long() + 1][..., None]  # the children's interval length
+        start = torch.addcmul(parents[..., START, None] + 1, self._k, span)
+        depth = (parents[..., DEPTH] + 1)[..., None].expand(shape)
+        cum = parents[..., CUM, None] + logp
+        key = cum if self.mode == "greedy" else parents[..., CUM, None].expand(shape)
+        rank = key - EPS * (depth * self.plan.size + self._child_ids[step])
+        children = torch.stack([self._child_ids[step].expand(shape), parents[..., ID, None].expand(shape),
+                                tokens.to(torch.float64), depth, start, start + (span - 1), cum, rank, rank],
+                               dim=-1).view(batch, runs * self.plan.branch, FIELDS)
+        self.table[:, first:stop].copy_(children)
+        return children
 
-    # ------------------------------------------------------------------ views
+    def choose(self, size: int, local: Tensor) -> Chosen:
+        """The `size` best nodes (a subtree containing the root), ascending ids: what the target
+        verifies. local: a (B, plan.size) int64 scratch tensor for the id -> position map."""
+        ids = torch.topk(self.table[:, :, RANK], size, dim=1).indices.sort(dim=1).values
+        rows = self.rows(ids)
+        local.scatter_(1, ids, torch.arange(size, device=ids.device).expand(ids.shape))
+        parent = rows[..., PARENT].long()
+        parents = torch.where(parent < 0, -1, local.gather(1, parent.clamp(min=0)))
+        return Chosen(ids, rows, parents)
 
-    def children(self) -> list[list[int]]:
-        return trees.children(self.parents)
+    # ------------------------------------------------------------------ reading (tests, pictures)
 
-    def dfs_times(self, nodes: list[int] | None = None) -> tuple[list[int], list[int]]:
-        """FlashSpecInfer §5.1 DFS times (children by increasing id) of the tree, or of the subtree
-        made of `nodes` (a connected set containing the root), indexed like `nodes`."""
-        nodes = list(range(len(self))) if nodes is None else nodes
-        local = {v: i for i, v in enumerate(nodes)}
-        parents = [local[self.parents[v]] if self.parents[v] in local else -1 for v in nodes]
-        return trees.dfs_times(parents)  # the specification's own: small trees, no need for another
-
-    def select(self, size: int) -> list[int]:
-        """The `size` nodes sent for verification, sorted ids (a subtree containing the root):
-        `pyspec_ref.kvcache.best_subtree`'s rule (largest key, then shallower, then smaller id) on
-        this tree's key, written out here to skip the reference's validation on every step."""
-        if size >= len(self):
-            return list(range(len(self)))
-        ranked = sorted(range(len(self)), key=lambda v: (-self.key[v] if v else -math.inf, self.depth[v], v))
-        return sorted(ranked[:size])
-
-    # ------------------------------------------------------------------ after verification
-
-    def _require_root_path(self, committed: list[int], new_root: int | None) -> None:
-        """committed is a root path [0, v1, ..., vk] of this tree and new_root None or a child of vk:
-        anything else would still give legal left shifts, and `swiftspec.compact` would move the
-        wrong KV rows without a word (SwiftSpec §3.2 keeps the accepted path and its subtree)."""
-        n = len(self)
-
-        def node(value, name: str) -> int:
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
-                raise ValueError(f"{name} = {value!r} is not a node of this {n}-node tree")
-            return value
-
-        if not isinstance(committed, (list, tuple)) or not committed:
-            raise ValueError("committed must be a non-empty list of node ids from the root, "
-                             f"got {committed!r}")
-        if node(committed[0], "committed[0]") != 0:
-            raise ValueError(f"committed[0] = {committed[0]} is not the root (node 0)")
-        for i in range(1, len(committed)):
-            if self.parents[node(committed[i], f"committed[{i}]")] != committed[i - 1]:
-                raise ValueError(f"committed[{i}] = {committed[i]} is not a child of committed[{i - 1}] = "
-                                 f"{committed[i - 1]}: committed must be a path from the root")
-        if new_root is not None and self.parents[node(new_root, "new_root")] != committed[-1]:
-            raise ValueError(f"new_root = {new_root} is not a child of committed[-1] = {committed[-1]}")
-
-    def reroot(self, committed: list[int], new_root: int | None, next_token: int, keep_subtree: bool = False
-               ) -> tuple[DraftTree, list[tuple[int, int]]]:
-        """The tree after verification (SwiftSpec §3.2) and its cache moves.
-
-        committed: the accepted root path [0, v1, ..., vk] (their KV joins the prefix, in order);
-        new_root: the child of vk whose token is the emitted next token, if the tree has one (its
-        subtree survives, its KV is reused), else None (the next round starts from a fresh root
-        `next_token` that the draft has not run yet). Moves are (src, dst) tree-row offsets from the
-        old prefix end: committed[i] -> i, then the survivors in id order -> k + 1 + j. Every move
-        has dst <= src; moves with src == dst are left out.
-
-        In sample mode only new_root itself survives (its KV and its q), not its subtree: how much of
-        a reused subtree enters the next verification would depend, through the tree-size budget,
-        on the values of the children drawn in it, which the walk's exactness forbids (see the
-        module docstring). The decoder draws new_root's children afresh from its q (`redraw`).
-        keep_subtree=True keeps the whole subtree and its queued candidates in sample mode too, as
-        the parallel workers of notebook 20 do (`pyspec_ref.parallel_tree` says why that stays exact).
-        """
-        self._require_root_path(committed, new_root)
-        k1 = len(committed)
-        moves = [(v, i) for i, v in enumerate(committed) if v != i]
-        if new_root is None:
-            return DraftTree.fresh(next_token, self.mode), moves
-        drop_subtree = self.mode == "sample" and not keep_subtree
-        if drop_subtree:
-            keep = [new_root]
-        else:
-            kids = self.children()
-            keep, stack = [], [new_root]
-            while stack:
-                v = stack.pop()
-                keep.append(v)
-                stack.extend(kids[v])
-            keep.sort()
-        new_of_old = {v: j for j, v in enumerate(keep)}
-        moves += [(v, k1 + j) for j, v in enumerate(keep) if v != k1 + j]
-        tree = DraftTree(self.mode)
-        base = self.cum[new_root]
-        for v in keep:
-            parent = -1 if v == new_root else new_of_old[self.parents[v]]
-            # keys and cumulative log-probs relative to the new root: in both modes a key is a
-            # cumulative log-prob (the node's own, or its parent's), so the ranking is unchanged
-            key = 0.0 if v == new_root else self.key[v] - base
-            tree._add(parent, self.tokens[v], self.cum[v] - base, key)
-            tree.run[-1], tree.q[-1] = self.run[v], self.q[v]
-        tree.heap = [] if drop_subtree else [
-            (-(-neg - base), order, new_of_old[p], t, c - base) for neg, order, p, t, c in self.heap
-            if p in new_of_old]
-        heapq.heapify(tree.heap)
-        tree.order = self.order
-        return tree, moves
+    def snapshot(self, sample: int) -> dict:
+        """Sample `sample`'s tree as lists: parents and tokens by id, and which nodes the draft ran
+        (waits for the GPU: for pictures and tests, not for the decoding loop)."""
+        rows = self.table[sample].cpu()
+        return {"parents": rows[:, PARENT].long().tolist(), "tokens": rows[:, TOKEN].long().tolist(),
+                "run": (rows[:, OPEN] == -torch.inf).tolist()}

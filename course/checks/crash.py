@@ -115,7 +115,7 @@ def out_of_bounds_access(source: str, frame, columns: tuple[int, int] | None, me
     NumPy's message (index, axis, size), else the first.
     """
     try:
-        tree = ast.parse(source[:-1] if source.endswith(":") else source)
+        tree = ast.parse(_as_statement(source))
     except SyntaxError:  # a statement over several lines: say nothing rather than guess
         return ""
     found = [access for node in ast.walk(tree)
@@ -131,6 +131,15 @@ def out_of_bounds_access(source: str, frame, columns: tuple[int, int] | None, me
         if numpy and access.fits(*(int(g) for g in numpy.groups())):
             return access.text()
     return found[0].text()
+
+
+def _as_statement(source: str) -> str:
+    """The line as a statement Python parses, its columns unchanged: a header such as
+    `if start[b, k] <= start[b, q]:` gets a body, and `elif` becomes an `if` of the same width."""
+    if not source.endswith(":"):
+        return source
+    header = "if  " + source[4:] if source.startswith("elif ") else source
+    return header + " pass"
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ def compare_floats(got: torch.Tensor, expected: torch.Tensor, what: str, labels:
         place = ", ".join(f"{label} {i}" for label, i in zip(labels, where, strict=True))
         causes = "\n".join(f"  - {cause}" for cause in NAN_CAUSES)
         return (f"{place}: {what} is NaN ({int(torch.isnan(got).sum())} NaN values of "
-                f"{got.numel()}). Likely causes:\n{causes}")
+                f"{got.numel()}){nan_extent(torch.isnan(got), labels)}. Likely causes:\n{causes}")
     error = (got - expected).abs()
     bad = error > atol + rtol * expected.abs()
     if not bad.any():
@@ -83,6 +83,30 @@ def compare_floats(got: torch.Tensor, expected: torch.Tensor, what: str, labels:
     return (f"{place}: {what} = {float(got[where]):.6g}, expected {float(expected[where]):.6g} "
             f"(max |got - expected| = {float(error.max()):.3g}; {int(bad.sum())} of {bad.numel()} "
             f"values off by more than {atol:g} + {rtol:g}·|expected|)")
+
+
+def nan_extent(nan: torch.Tensor, labels: tuple[str, ...]) -> str:
+    """', only in row 16 to 30, column 32 to 63': the indices along each axis that hold a NaN, for
+    the axes where some index holds none (a missing stage of loads, an unwritten chunk)."""
+    parts = []
+    for axis, label in enumerate(labels):
+        others = tuple(a for a in range(nan.dim()) if a != axis)
+        hit = torch.nonzero(nan.any(dim=others) if others else nan).flatten().tolist()
+        if len(hit) < nan.shape[axis]:
+            parts.append(f"{label} {_ranges(hit)}")
+    return f", only in {', '.join(parts)}" if parts else ""
+
+
+def _ranges(indices: list[int], shown: int = 3) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0 to 2, 5, 7 to 8' (the first few runs, then 'and more')."""
+    runs = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(f"{a} to {b}" if b > a else f"{a}" for a, b in runs[:shown])
+    return text + (" and more" if len(runs) > shown else "")
 
 
 def compare_mask(got: torch.Tensor, expected: torch.Tensor, start: torch.Tensor,

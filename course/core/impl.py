@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -39,6 +40,29 @@ def impl_name() -> str:
     return name
 
 
+_IMPORTED_VERSION: dict[str, tuple[int, int]] = {}  # module name -> (mtime_ns, size) of the file imported
+
+
+def _file_version(loaded: ModuleType) -> tuple[int, int] | None:
+    try:
+        status = os.stat(loaded.__file__)
+    except (OSError, TypeError):
+        return None
+    return status.st_mtime_ns, status.st_size
+
+
+def _import_fresh(name: str) -> ModuleType:
+    """Import `name`, again if its file changed since: a student who edits lessons/trees.py and reruns a
+    check cell gets their new code checked, without restarting the notebook's kernel."""
+    loaded = sys.modules.get(name)
+    if loaded is not None and _IMPORTED_VERSION.get(name) not in (None, _file_version(loaded)):
+        loaded = importlib.reload(loaded)
+    elif loaded is None:
+        loaded = importlib.import_module(name)
+    _IMPORTED_VERSION[name] = _file_version(loaded)
+    return loaded
+
+
 def load(module: str, impl: str | None = None) -> ModuleType:
     """Import `<impl>.<module>`, e.g. load("trees") -> lessons.trees or solutions.trees."""
     impl = impl or impl_name()
@@ -51,7 +75,7 @@ def load(module: str, impl: str | None = None) -> ModuleType:
             f"cannot load solutions.{module}: this copy of the course has no solutions/ (a hand-out "
             f"leaves them out). Use your own copy, course.impl.load({module!r}).")
     try:
-        return importlib.import_module(f"{impl}.{module}")
+        return _import_fresh(f"{impl}.{module}")
     except ModuleNotFoundError as error:
         if error.name != "triton":
             raise

@@ -1,9 +1,10 @@
 """Fuzzing course's own entry points and the capstone decoder with malformed arguments (seeded).
 
 The capstone decoder's `speculative` and `autoregressive` (their argument checks run before any
-model call), `DraftTree.reroot` (paths that are not root paths: they would give legal-looking cache
-moves), and the tree builders of `course.inputs`. Same property as the other fuzz modules: a
-ValueError or TypeError naming the argument, and nothing passed in is changed.
+model call), and the tree builders of `course.inputs`. Same property as the other fuzz modules: a
+ValueError or TypeError naming the argument, and nothing passed in is changed. And the capstone's
+device-side draft trees (`course.capstone.tree.DraftTrees`) on random schedules and random draft
+outputs: their fixed shape, intervals that encode ancestry exactly, verified sets that are subtrees.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course.capstone import decoder
-from course.capstone.tree import DraftTree
+from course.capstone.tree import DEPTH, END, PARENT, START, DraftTrees, schedule
 from course.capstone.weights import load_pair
 from course.core import inputs, runtime
 
@@ -35,6 +36,7 @@ SPECULATIVE = {
     "tree_size": BAD_INTS,
     "width": BAD_INTS + [10**3],  # width > tree_size
     "branch": [0, -1, 1.5, True, "2"],
+    "steps": [0, -1, 1.5, True, "2"],
     "mode": ["beam", None, 1],
     "backend": ["cuda", None, 1],
     "prompts": [[], [[]], "hello", [[1, 2], "x"], [[1, -1]], [[10**9]], [[1.5]], [[True]], None, 3],
@@ -78,45 +80,46 @@ def test_autoregressive_refuses_malformed_arguments_by_name(pair, data):
     assert name in str(raised.value), f"{name} = {bad!r}: {raised.value}"
 
 
-def _grown_tree(rng: random.Random, mode: str) -> DraftTree:
-    tree = DraftTree.fresh(1, mode)
-    tree.push(0, [2, 3, 4], [-0.1, -1.0, -2.0])
-    for _ in range(rng.randint(1, 4)):
-        for v in tree.pop(2):
-            k = rng.randint(1, 3)
-            tree.push(v, [rng.randrange(10) for _ in range(k)], sorted(-rng.random() for _ in range(k)))
-    return tree
-
-
-def _is_root_path(parents: list[int], path: list[int]) -> bool:
-    return (
-        bool(path)
-        and path[0] == 0
-        and all(0 <= v < len(parents) for v in path)
-        and all(parents[b] == a for a, b in zip(path, path[1:], strict=False))
-    )
-
-
-@settings(settings.get_profile("fuzz"), max_examples=4 * settings.get_profile("fuzz").max_examples)
-@given(
-    seed=st.integers(0, 2**16),
-    mode=st.sampled_from(["greedy", "sample"]),
-    path=st.lists(st.integers(-2, 20), min_size=0, max_size=5),
-    new_root=st.none() | st.integers(-2, 20),
-)
-def test_reroot_refuses_what_is_not_a_root_path(seed, mode, path, new_root):
-    tree = _grown_tree(random.Random(seed), mode)
-    parents = list(tree.parents)
-    valid = _is_root_path(parents, path) and (
-        new_root is None or (0 <= new_root < len(parents) and parents[new_root] == path[-1])
-    )
-    if valid:
-        _, moves = tree.reroot(path, new_root, 7)
-        assert all(dst < src for src, dst in moves)
-    else:
-        with pytest.raises(ValueError, match="committed|new_root"):
-            tree.reroot(path, new_root, 7)
-    assert tree.parents == parents  # the old tree is left alone either way
+@settings(settings.get_profile("fuzz"))
+@given(steps=st.integers(1, 5), width=st.integers(1, 4), branch=st.integers(1, 4), seed=st.integers(0, 2**16),
+       mode=st.sampled_from(["greedy", "sample"]))
+def test_draft_trees_keep_their_shape_and_encode_ancestry(steps, width, branch, seed, mode):
+    plan = schedule(steps, width, branch)
+    batch, vocab = 2, 12
+    trees = DraftTrees(batch, plan, mode, vocab, "cpu")
+    trees.reset(torch.tensor([1, 2]))
+    gen = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        ids = trees.pick(step)
+        assert ids.shape == (batch, plan.runs[step])
+        uniforms = torch.rand((batch, plan.runs[step], branch), generator=gen, dtype=torch.float64)
+        logits = 3 * torch.randn((batch, plan.runs[step], vocab), generator=gen)
+        tokens, logp = trees.children(logits, ids, uniforms)
+        trees.add_children(step, trees.rows(ids), tokens, logp)
+    for b in range(batch):
+        tree = trees.snapshot(b)
+        parents = tree["parents"]
+        assert len(parents) == plan.size and parents[0] == -1
+        assert all(p < v for v, p in enumerate(parents) if v)  # numbered parent before child
+        for v in range(plan.size):  # a node the draft ran has exactly `branch` children, the others none
+            assert sum(p == v for p in parents) == (branch if tree["run"][v] else 0)
+        rows = trees.table[b]
+        start, end = rows[:, START].long().tolist(), rows[:, END].long().tolist()
+        depth = rows[:, DEPTH].long().tolist()
+        for i in range(plan.size):
+            above, v = set(), i
+            while v >= 0:
+                above.add(v)
+                v = parents[v]
+            assert depth[i] == len(above) - 1
+            for j in range(plan.size):  # the attention's interval test sees exactly the ancestors
+                assert (start[j] <= start[i] and end[i] <= end[j]) == (j in above)
+    size = random.Random(seed).randint(1, plan.size)
+    chosen = trees.choose(size, torch.zeros((batch, plan.size), dtype=torch.long))
+    assert (chosen.ids[:, 0] == 0).all() and (chosen.parents[:, 0] == -1).all()
+    assert (chosen.ids[:, 1:] > chosen.ids[:, :-1]).all()
+    # a subtree: every verified node's parent is verified, and named by its position among them
+    assert torch.equal(chosen.ids.gather(1, chosen.parents[:, 1:]), chosen.rows[:, 1:, PARENT].long())
 
 
 BUILDERS = {

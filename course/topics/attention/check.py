@@ -7,6 +7,7 @@ shows up as a large error, not as noise.
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -14,10 +15,12 @@ import torch
 import pyspec_ref
 from course import oracle
 from course.checks import CaseResult
-from course.checks.diagnose import compare_floats, compare_out_and_lse
+from course.checks.diagnose import compare_floats, compare_out_and_lse, first_index
+from course.checks.diagnose_attention import explain_attention
 from course.core import inputs
 
 ATOL, RTOL = 1e-9, 1e-7
+EXAMINED_ROWS = 5
 
 
 def _reference_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -36,8 +39,83 @@ def check_online_softmax(module, seed: int):
                 got = module.online_softmax(x, block)
                 problem = compare_floats(got, _reference_softmax(x), "p", ("row", "column"),
                                          ATOL, RTOL)
+                if problem:
+                    why = explain_softmax(got, x, block)
+                    problem += f"\n{why}" if why else ""
                 return CaseResult(name, False, problem) if problem else None
             yield name, run
+
+
+def _streamed_softmax(x: torch.Tensor, block: int, read: torch.Tensor, rescale: bool) -> torch.Tensor:
+    """One row's softmax computed as online_softmax does, in float64, from the columns where `read`
+    is True only, with or without the rescale of the running sum: exp(x - m) / l for every column."""
+    m, l = float("-inf"), 0.0
+    for first in range(0, x.shape[0], block):
+        tile = x[first:first + block][read[first:first + block]]
+        if not len(tile):
+            continue
+        m_new = max(m, float(tile.max()))
+        l = (l * math.exp(m - m_new) if rescale else l) + float(torch.exp(tile - m_new).sum())
+        m = m_new
+    return torch.exp(x - m) / l
+
+
+def explain_softmax(got: torch.Tensor, x: torch.Tensor, block: int) -> str:
+    """Why a streamed softmax is wrong: '' if no story fits the failing rows, else which.
+
+    A row whose every p is off by one common factor has the right exponentials and a wrong running
+    sum l; replays of the stream (Milakov & Gimelshein 2018) then say how the sum went wrong: not
+    rescaled when a block raised the max (naming that block), blocks left unread at the end, or
+    each block's slice one column short.
+    """
+    got, x = got.detach().cpu().double(), x.detach().cpu().double()
+    want = torch.softmax(x, dim=-1)
+    failing = ((got - want).abs() > ATOL + RTOL * want.abs()).any(-1) & got.isfinite().all(-1)
+    rows = [int(r) for r in torch.nonzero(failing).flatten()[:EXAMINED_ROWS]]
+    if not rows or not all(_is_multiple(got[r], want[r]) for r in rows):
+        return ""
+    columns = torch.arange(x.shape[-1])
+    everything = torch.ones(x.shape[-1], dtype=torch.bool)
+    r = rows[0]
+
+    def all_rows(read, rescale=True) -> bool:
+        return all(torch.allclose(got[i], _streamed_softmax(x[i], block, read, rescale), rtol=1e-6,
+                                  atol=1e-12) for i in rows)
+
+    common = "the exponentials are right and the running sum l is wrong"
+    if all_rows(everything, rescale=False):
+        raised = _first_raise(x[r], block)
+        return (f"{common}: every failing row checked ({len(rows)}) equals the stream with l never rescaled "
+                f"by exp(m_old - m_new) (missing rescale?). Row {r} goes wrong at block {raised} (columns "
+                f"{raised * block} onward), the first that raises its running max")
+    for stop in range(block * ((x.shape[-1] - 1) // block), 0, -block):
+        if all_rows(columns < stop):
+            return (f"{common}: every failing row checked ({len(rows)}) equals the stream over columns below "
+                    f"{stop} only: block {stop // block} (columns {stop} onward) is never read (a loop bound "
+                    "off by one?)")
+    if block > 1 and all_rows(columns % block != block - 1):
+        return (f"{common}: every failing row checked ({len(rows)}) equals the stream without the last "
+                f"column of each block (columns {block - 1}, {2 * block - 1}, ...): a slice one column "
+                "short?")
+    factor = float(got[r] @ want[r]) / float(want[r] @ want[r])
+    return f"{common}: in row {r} every p is the right value times {factor:.6g}"
+
+
+def _is_multiple(got_row: torch.Tensor, want_row: torch.Tensor) -> bool:
+    """got_row = c want_row for one c (not 1), to rounding."""
+    factor = float(got_row @ want_row) / float(want_row @ want_row)
+    return abs(factor - 1) > 1e-6 and bool(torch.allclose(got_row, factor * want_row, rtol=1e-6, atol=1e-12))
+
+
+def _first_raise(row: torch.Tensor, block: int) -> int:
+    """The first block after block 0 whose max exceeds the running max of the blocks before it."""
+    running = float(row[:block].max())
+    for first in range(block, row.shape[0], block):
+        tile_max = float(row[first:first + block].max())
+        if tile_max > running:
+            return first // block
+        running = max(running, tile_max)
+    return 0
 
 
 def _attention_masks(seed: int):
@@ -77,6 +155,9 @@ def check_flash_attention(module, seed: int):
                 want_out, want_lse = _reference_attention(q, k, v, mask_rows)
                 problem = compare_out_and_lse(out, want_out, lse, want_lse, ("batch", "row", "column"),
                                               ("batch", "row"), (ATOL, RTOL), (ATOL, RTOL))
+                if problem:
+                    why = explain_attention(out, q, k, v, mask, block_k, ATOL, RTOL)
+                    problem += f"\n{why}" if why else ""
                 return CaseResult(name, False, problem) if problem else None
             yield name, run
 
@@ -121,5 +202,50 @@ def check_merge_attention(module, seed: int):
             want_lse = torch.tensor([w[1] for w in want], dtype=torch.float64)
             problem = compare_out_and_lse(out, want_out, lse, want_lse, ("row", "column"), ("row",),
                                           (ATOL, RTOL), (ATOL, RTOL))
+            if problem:
+                why = explain_merge(out, (out_a, out_b), (lse_a, lse_b), want_lse)
+                problem += f"\n{why}" if why else ""
             return CaseResult(name, False, problem) if problem else None
         yield name, run
+
+
+def explain_merge(out: torch.Tensor, parts, part_lses, want_lse: torch.Tensor) -> str:
+    """Why a merge is wrong: NaN from a part that saw no key, or the weights the kernel used.
+
+    A merged row is w_a out_a + w_b out_b with w = exp(lse_part - lse); a row that is a combination
+    of its parts' outputs gets its weights fitted (least squares) and set beside the right ones.
+    """
+    out = out.detach().cpu().double()
+    nan = out.isnan().any(-1)
+    if nan.any():
+        empty = torch.stack([torch.isinf(lse.cpu()) for lse in part_lses]).any(0)
+        if bool(empty[nan].all()):
+            row = first_index(nan)[0]
+            return (f"row {row}, like every NaN row, has a part with lse = -inf: a part that saw no key, "
+                    "whose out is NaN (0/0). Its weight exp(-inf) is 0, but 0 * NaN is NaN: zero that "
+                    "part's out before weighting it")
+        return ""
+    wrong = ((out - _merged(parts, part_lses, want_lse)).abs() > ATOL + RTOL * out.abs()).any(-1)
+    if not wrong.any():  # the output is right: only the LSE is wrong, and compare_out_and_lse says so
+        return ""
+    row = first_index(wrong)[0]
+    columns = torch.stack([part[row].detach().cpu().double() for part in parts], dim=1)  # (d, 2)
+    if not bool(columns.isfinite().all()):
+        return ""
+    weights = torch.linalg.lstsq(columns, out[row].unsqueeze(-1)).solution.flatten()
+    if not torch.allclose(columns @ weights, out[row], rtol=1e-6, atol=1e-9):
+        return ""
+    right = [float(torch.exp(lse[row].double() - want_lse[row])) for lse in part_lses]
+    fitted = ", ".join(f"{float(w):.6g}" for w in weights)
+    return (f"row {row} is w_a out_a + w_b out_b with (w_a, w_b) = ({fitted}); the merge weights are "
+            f"w = exp(lse_part - lse) = ({right[0]:.6g}, {right[1]:.6g}), which sum to 1 (lse the merged "
+            "log-sum-exp)")
+
+
+def _merged(parts, part_lses, lse: torch.Tensor) -> torch.Tensor:
+    """The right merge of two parts (an empty part, lse = -inf, gets weight 0 and no NaN)."""
+    total = torch.zeros_like(parts[0], dtype=torch.float64)
+    for part, part_lse in zip(parts, part_lses, strict=True):
+        weight = torch.exp(part_lse.double() - lse).unsqueeze(-1)
+        total += torch.where(weight > 0, weight * part.double(), 0.0)
+    return total

@@ -13,6 +13,7 @@ and each call runs twice: the reduction has no atomics, so the two runs must agr
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ import torch
 import pyspec_ref.deft as spec
 from course import oracle
 from course.checks import CaseResult, rerun_problem
-from course.checks.diagnose import compare_floats
+from course.checks.diagnose import compare_floats, first_index
 from course.core import inputs, runtime
 
 SAMPLED_QUERIES = 3
@@ -317,7 +318,60 @@ def check_reduce_partials(module, seed: int):
                 return CaseResult(name, False, f"out has dtype {out.dtype}, expected {dtype}")
             atol, rtol = TOLERANCE[dtype]
             problem = (compare_floats(out, want_out, "out", ("query", "head", "column"), atol, rtol)
-                       or compare_floats(lse, want_lse, "lse", ("query", "head"), 1e-5, 1e-6)
-                       or rerun_problem((out, lse), again))
+                       or compare_floats(lse, want_lse, "lse", ("query", "head"), 1e-5, 1e-6))
+            if problem:
+                why = explain_merge(out, want_out, *args, atol, rtol)
+                problem += f"\n{why}" if why else ""
+            problem = problem or rerun_problem((out, lse), again)
             return CaseResult(name, False, problem) if problem else None
         yield name, run
+
+
+def explain_merge(out, want_out, out_part, lse_part, query_ptr, query_parts, atol: float, rtol: float) -> str:
+    """Why a merged row is wrong: '' if no story fits, else which part of the running merge.
+
+    The first wrong (query, head) is replayed partial by partial in float64, as reduce_partials_kernel
+    merges (Flash-Decoding's recurrence around a running max m: alpha = exp(m_old - m_new) rescales
+    what was summed), with the rescale of the output, of the sum, or the update of m left out. The
+    message names the partial where the replay first departs from the right merge.
+    """
+    out, want_out = out.detach().cpu().double(), want_out.cpu().double()
+    wrong = ((out - want_out).abs() > atol + rtol * want_out.abs()).any(-1) & out.isfinite().all(-1)
+    if not wrong.any():
+        return ""
+    query, head = first_index(wrong)
+    parts = query_parts[int(query_ptr[query]):int(query_ptr[query + 1])].long().cpu()
+    lses = lse_part[parts, head].cpu().double()
+    outs = out_part[parts, head].cpu().double()
+    for slip, what in MERGE_SLIPS:
+        if torch.allclose(out[query, head], _merge_replay(lses, outs, *slip), atol=atol, rtol=rtol):
+            if slip == (True, True, False):
+                where = (f"every step finds m = -inf and rescales what came before by exp(-inf) = 0: the row "
+                         f"equals its last partial (buffer row {int(parts[-1])})")
+            else:
+                step = next(i for i in range(1, len(lses)) if lses[i] > lses[:i].max())
+                where = (f"it goes wrong at its partial {step} (buffer row {int(parts[step])}), the first "
+                         "whose lse raises the running max")
+            return f"query {query}, head {head}: equals the merge replayed with {what}: {where}"
+    return ""
+
+
+# (rescale the output, rescale the sum, update the running max), and the slip in words
+MERGE_SLIPS = (
+    ((False, True, True), "the output never rescaled by exp(m_old - m_new) (missing rescale?)"),
+    ((True, False, True), "the running sum never rescaled by exp(m_old - m_new) (missing rescale?)"),
+    ((True, True, False), "the running max m never updated"),
+)
+
+
+def _merge_replay(lses, outs, rescale_out: bool, rescale_sum: bool, update_max: bool) -> torch.Tensor:
+    """reduce_partials_kernel's recurrence for one (query, head) in float64, with a step left out."""
+    m, l, acc = float("-inf"), 0.0, torch.zeros_like(outs[0])
+    for lse, part in zip(lses.tolist(), outs, strict=True):
+        m_new = max(m, lse)
+        alpha = math.exp(m - m_new) if m_new > float("-inf") else 0.0
+        w = math.exp(lse - m_new)
+        l = (l * alpha if rescale_sum else l) + w
+        acc = (acc * alpha if rescale_out else acc) + w * part
+        m = m_new if update_max else m
+    return acc / l

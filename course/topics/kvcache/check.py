@@ -45,7 +45,9 @@ import pyspec_ref
 import pyspec_ref.kvcache as spec
 from course.checks import CaseResult, rerun_problem
 from course.checks.diagnose import compare_floats
+from course.checks.diagnose_attention import MASK_SLIPS, explain_attention
 from course.core import inputs, runtime
+from course.oracle import attention_with_lse
 from course.oracle import kvcache as kv_oracle
 from course.topics.triton_attention.check import LSE_TOLERANCE, TOLERANCES, dtype_name
 
@@ -385,10 +387,50 @@ def _attention_case(module, samples, heads, heads_kv, width, d, dtype, seed, opt
         where = tuple(int(i) for i in torch.nonzero(torch.isfinite(lse.cpu()) != seen)[0])
         return (f"sample {where[0]}, head {where[1]}, query {where[2]}: lse = {float(lse[where]):.4g}, "
                 f"expected {float(want_lse[where]):.4g} (-inf: a padding query, or one that sees no row)")
-    return (compare_floats(out, want, "out", LABELS, *tolerance)
-            or compare_floats(got_lse, torch.where(seen, want_lse, 0.0), "lse", LSE_LABELS, *LSE_TOLERANCE)
+    problem = compare_floats(out, want, "out", LABELS, *tolerance)
+    if problem:
+        why = _explain_nonsquare(out, kwargs, samples, tolerance)
+        return f"{problem}\n{why}" if why else problem
+    return (compare_floats(got_lse, torch.where(seen, want_lse, 0.0), "lse", LSE_LABELS, *LSE_TOLERANCE)
             or _spec_problem(out, lse, kwargs, samples, 0, seed % heads, tolerance)
             or rerun_problem((out, lse), again))
+
+
+NONSQUARE_RULE = "kv_start[row] <= q_start[query] and q_end[query] <= kv_end[row]"
+
+
+def _explain_nonsquare(out, kwargs, samples, tolerance) -> str:
+    """Why a non-square output is wrong (`explain_attention`): the (query, cache row) pair, or the
+    interval rule the kernel follows instead, told in nodes and DFS intervals."""
+    intervals = [kwargs[name] for name in ("q_start", "q_end", "kv_start", "kv_end", "prefix_lengths",
+                                           "tree_lengths")]
+    counts, slots = kwargs.get("query_counts"), kwargs["k_cache"].shape[2]
+    visible = kv_oracle.nonsquare_mask(*intervals, counts, slots)
+    slips = [(kv_oracle.nonsquare_mask(*intervals, counts, slots, ancestor=rule), name)
+             for rule, name in MASK_SLIPS]
+    group = kwargs["q"].shape[1] // kwargs["k_cache"].shape[1]
+    k, v = (kwargs[name].repeat_interleave(group, dim=1) for name in ("k_cache", "v_cache"))
+    qs, qe, ks, ke = (x.cpu().tolist() for x in intervals[:4])
+    # cache row -> the tree node it holds, per sample
+    slots_of = [tree_rows(parents, p, slots, order)[0] if parents else [] for p, parents, _, order in samples]
+    node_of = [{slot: node for node, slot in enumerate(slot_of)} for slot_of in slots_of]
+
+    def pair(shown: bool, b: int, query: int, row: int) -> str:
+        nodes = samples[b][2]
+        node = nodes[query] if query < len(nodes) else "padding"
+        asked = f"query {query} (node {node}, [start, end] = [{qs[b][query]}, {qe[b][query]}])"
+        if row < int(intervals[4][b]):
+            if shown:
+                return f"the kernel let {asked} see prefix row {row}, but padding sees nothing"
+            return f"the kernel hid prefix row {row} from {asked}, but every query sees the prefix"
+        held = (f"cache row {row} (node {node_of[b].get(row, 'none')}, [start, end] = [{ks[b][row]}, "
+                f"{ke[b][row]}])")
+        if shown:
+            return f"the kernel let {asked} see {held}, which is not its ancestor"
+        return f"the kernel hid {held} from {asked}, but it is an ancestor-or-self"
+
+    return explain_attention(out, kwargs["q"], k, v, visible, slots, *tolerance, pair=pair,
+                             rule=NONSQUARE_RULE, slips=slips, batch="sample")
 
 
 def reroot_problem(module, prefix_len: int, parents, path, width: int, heads: int, heads_kv: int, d: int,
@@ -537,6 +579,65 @@ def _unpadded_spec_problem(out, lse, q, k, v, counts, starts, kv_lengths, head, 
                               ("token",), *LSE_TOLERANCE))
 
 
+def _new_token(counts, t: int) -> tuple[int, int]:
+    """(sample, position) of flat token t: new token `position` of sample `sample`."""
+    for b, count in enumerate(counts):
+        if t < count:
+            return b, t
+        t -= count
+    raise ValueError(f"token {t} is past the batch's {sum(counts)} new tokens")
+
+
+def _explain_unpadded(out, q, k, v, counts, starts, kv_lengths, tolerance) -> str:
+    """Why an unpadded output is wrong: the (token, KV row) pair its mask got wrong
+    (`explain_attention`), else which tokens are wrong, told by sample and position (`_wrong_tokens`)."""
+    slots = k.shape[0]
+    visible = kv_oracle.unpadded_mask(counts, starts, kv_lengths, slots)
+    group = q.shape[1] // k.shape[1]
+    heads_first = [x.transpose(0, 1).unsqueeze(0) for x in (out, q, k.repeat_interleave(group, dim=1),
+                                                            v.repeat_interleave(group, dim=1))]
+
+    def row_of(j: int) -> str:
+        for b, (first, cached, count) in enumerate(zip(starts, kv_lengths, counts, strict=True)):
+            if first <= j < first + cached:
+                return f"cached row {j - first} of sample {b}"
+            if first + cached <= j < first + cached + count:
+                return f"new token {j - first - cached} of sample {b}"
+        return "a row of no sample"
+
+    def token(t: int) -> str:
+        b, i = _new_token(counts, t)
+        return f"token {t} (new token {i} of sample {b})"
+
+    def pair(shown: bool, _: int, t: int, j: int) -> str:
+        if shown:
+            return f"the kernel let {token(t)} see KV row {j} ({row_of(j)}), which it must not"
+        return f"the kernel hid KV row {j} ({row_of(j)}) from {token(t)}, which it must see"
+
+    return (explain_attention(*heads_first, visible.unsqueeze(0), slots, *tolerance, pair=pair,
+                              rule="the rows of its own sample up to itself", batch=None)
+            or _wrong_tokens(*heads_first, counts, starts, kv_lengths, visible, tolerance, token))
+
+
+def _wrong_tokens(out, q, k, v, counts, starts, kv_lengths, visible, tolerance, token) -> str:
+    """Which tokens are wrong, by sample and position: the first, with the rows it must see; and
+    whether every wrong token is the first of its sample (t == offsets[b]: the search's bound)."""
+    atol, rtol = tolerance
+    out, q, k, v = (x.detach().cpu().double()[0] for x in (out, q, k, v))  # (H, T, d), (H, S, d)
+    right = attention_with_lse(q, k, v, visible.unsqueeze(0))[0]
+    wrong = [int(t) for t in torch.nonzero(((out - right).abs() > atol + rtol * right.abs()).any(-1).any(0))]
+    if not wrong:
+        return ""
+    b, i = _new_token(counts, wrong[0])
+    first, cached = starts[b], kv_lengths[b]
+    text = (f"{token(wrong[0])} must see KV rows {first} to {first + cached + i}: the {cached} cached rows "
+            f"of sample {b}, then its new tokens 0 to {i}")
+    if all(_new_token(counts, t)[1] == 0 for t in wrong):
+        text += (f"; every wrong token ({', '.join(map(str, wrong[:6]))}) is the first new token of its "
+                 "sample, t == offsets[b] (is the search's test offsets[mid] <= t?)")
+    return text
+
+
 def check_unpadded_attention(module, seed: int):
     """module.unpadded_attention must equal EMS-SD's per-sample causal attention, with its LSE."""
     for index, (name, counts, kv_lengths, heads, heads_kv, d, dtype) in enumerate(unpadded_cases(seed)):
@@ -554,8 +655,11 @@ def check_unpadded_attention(module, seed: int):
             again = module.unpadded_attention(q, k, v, counts, starts, kv_lengths, return_lse=True)
             want, want_lse = kv_oracle.unpadded_attention(q, k, v, counts, starts, kv_lengths)
             tolerance = TOLERANCES[dtype]
-            problem = (compare_floats(out, want, "out", UNPADDED_LABELS, *tolerance)
-                       or compare_floats(lse, want_lse, "lse", UNPADDED_LSE_LABELS, *LSE_TOLERANCE)
+            problem = compare_floats(out, want, "out", UNPADDED_LABELS, *tolerance)
+            if problem:
+                why = _explain_unpadded(out, q, k, v, counts, starts, kv_lengths, tolerance)
+                return CaseResult(label, False, f"{problem}\n{why}" if why else problem)
+            problem = (compare_floats(lse, want_lse, "lse", UNPADDED_LSE_LABELS, *LSE_TOLERANCE)
                        or _unpadded_spec_problem(out, lse, q, k, v, counts, starts, kv_lengths, index % heads,
                                         tolerance)
                        or rerun_problem((out, lse), again))

@@ -341,8 +341,10 @@ def classify(case: SamplingCase, accepted: torch.Tensor, emitted: torch.Tensor,
         if row[a] == row_ref[a]:
             tally.exact += 1
             continue
-        why = "dyadic inputs: no rounding" if case.strict else \
-            _draw_within_rounding(case, b, a, row[a], row_ref[a], q64, p64, depth)
+        why = (f"drew token {row[a]} where pyspec_ref draws {row_ref[a]} (u = "
+               f"{float(case.sample_uniforms[b, a]):.9g}): dyadic inputs, every sum exact, so no rounding "
+               "explains it" if case.strict
+               else _draw_within_rounding(case, b, a, row[a], row_ref[a], q64, p64, depth))
         if why:
             tally.wrong.append(f"sample {b}, position {a}: {why}")
         else:

@@ -9,10 +9,11 @@ import torch
 import pyspec_ref
 from course import oracle
 from course.checks import CaseResult, rerun_problem
-from course.checks.diagnose import compare_ints, compare_mask
+from course.checks.diagnose import compare_ints, compare_mask, explain_pair, first_index
 from course.core import inputs, runtime
 
 SAMPLED_ROWS = 16  # rows per tree compared with pyspec_ref when the output is large
+WORD_BITS = 64  # keys per bitmask word
 
 
 def tree_cases(seed: int, tile: int) -> list[tuple[str, list[inputs.TreeCase]]]:
@@ -103,7 +104,24 @@ def check_tree_bitmask(module, seed: int):
         def run(name=name, batch=batch):
             start, end = (t.to(device) for t in inputs.dfs_times_tensors(batch))
             got = module.tree_bitmask(start, end)
-            problem = compare_ints(got, expected_bitmask(batch), "word",
-                                   ("batch", "query", "word"))
+            problem = words_problem(got, expected_bitmask(batch), start, end)
             return CaseResult(name, False, problem) if problem else None
         yield name, run
+
+
+def words_problem(got: torch.Tensor, want: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> str:
+    """'' when the bitmask words are right, else the first wrong word and, in it, the first wrong
+    bit as the (query, key) pair it stands for (bit j of word w is key 64 w + j)."""
+    problem = compare_ints(got, want, "word", ("batch", "query", "word"))
+    if not problem or got.shape != want.shape:
+        return problem
+    got, want = got.cpu(), want.cpu()
+    b, q, w = first_index(got != want)
+    differ = (int(got[b, q, w]) ^ int(want[b, q, w])) & (2 ** 64 - 1)
+    bit = (differ & -differ).bit_length() - 1  # the lowest bit that differs
+    key, n = w * WORD_BITS + bit, start.shape[1]
+    shown = bool((int(got[b, q, w]) >> bit) & 1)
+    if key >= n:
+        return f"{problem}\nbit {bit} of that word is key {key}, past the tree's {n} keys: it must stay 0"
+    pair = explain_pair(shown, b, q, key, start.cpu(), end.cpu())
+    return f"{problem}\nbit {bit} of that word is key {key}: {pair}"

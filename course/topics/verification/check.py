@@ -195,7 +195,7 @@ def reference_walk(parents, tokens, q, p, accept, sample) -> ReferenceWalk:
             if rejected and abs(lhs - rhs) <= rounding_bound(vocabulary, rejected) * scale:
                 walk.near.append(Near(node, f"node {node}, child {child}: r q(x) = {lhs:.17g} is within "
                                             f"rounding of p'(x) = {rhs:.17g} after {rejected} rejections"))
-            if lhs <= rhs:
+            if lhs < rhs:  # strict, as pyspec_ref.sampling.accepts
                 walk.path.append(child)
                 node, moved = child, True
                 break
@@ -614,12 +614,35 @@ def check_greedy_verification(module, seed: int):
                     row = path[b].tolist()
                     expected_row = want_path + [-1] * (len(parents) - len(want_path))
                     if row != expected_row or int(next_token[b]) != want_token:
+                        why = _greedy_divergence(row, expected_row, parents, case.tokens[b].tolist(), best[b])
                         return CaseResult(case.name, False,
                                           f"tree {b}{how}: path {row}, next token {int(next_token[b])}; "
-                                          f"expected path {expected_row}, next token {want_token}")
+                                          f"expected path {expected_row}, next token {want_token}: {why}")
             problem = rerun_problem(got, again)
             return CaseResult(case.name, False, problem) if problem else None
         yield case.name, run
+
+
+def _greedy_divergence(row: list[int], expected: list[int], parents, tokens, best) -> str:
+    """Where a greedy path leaves the specification's, in words: the first position that differs."""
+    if len(row) != len(expected):
+        return f"the path row has {len(row)} entries, one per node ({len(expected)})"
+    i = next((i for i, (got, want) in enumerate(zip(row, expected, strict=True)) if got != want), None)
+    if i is None:
+        last = expected[max(j for j, node in enumerate(expected) if node >= 0)]
+        return f"same path, but the next token must be the target's argmax at node {last}, {best[last]}"
+    if i == 0:
+        return f"path[0] = {row[0]}, but every path starts at the root, node 0"
+    node = expected[i - 1]
+    went = f"path[{i}] = {row[i]}" if row[i] != -1 else "the walk stopped"
+    if expected[i] == -1:
+        return (f"at node {node} the walk must stop: no child of node {node} has its argmax token "
+                f"{best[node]}; {went}")
+    also = ""
+    if 0 <= row[i] < len(parents) and parents[row[i]] == node and tokens[row[i]] == best[node]:
+        also = f" (node {row[i]} has that token too, but ties go to the child with the smallest id)"
+    return (f"at node {node} {went}, but the walk goes on to node {expected[i]}, the first child of node "
+            f"{node} whose token is its argmax {best[node]}{also}")
 
 
 # --------------------------------------------------------------------------- distribution test

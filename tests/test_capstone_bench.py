@@ -1,0 +1,85 @@
+"""The capstone bench's rows and figures, end to end on the CPU: the tiny pair, the torch reference,
+a few tokens (the host's clock instead of CUDA events: the numbers mean nothing, the rows' shape and
+the figures drawn from them do)."""
+
+import datetime
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from course.capstone import bench, figures  # noqa: E402
+from course.capstone.weights import load_pair  # noqa: E402
+from course.core import runtime  # noqa: E402
+from course.measure import results  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rows():
+    pair = load_pair("tiny", device=runtime.torch_device(), dtype=torch.float32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bench, "CHAINS", (2, 3))
+        patch.setattr(bench, "TREES", ((4, 2, 2, 2), (6, 2, 3, 3)))
+        return bench.Bench(pair, None, budget_s=600, max_new=6, repeats=1, log=lambda line: None,
+                           backend="reference").run()
+
+
+def test_every_method_batch_and_mode_is_measured(rows):
+    speed = [r for r in rows if r["figure"] == "speed"]
+    assert not [r for r in speed if r.get("error")]
+    for batch, mode in ((1, "greedy"), (4, "greedy"), (1, "sample"), (4, "sample")):
+        names = {r["name"] for r in speed if r["B"] == batch and r["mode"] == mode}
+        assert names == {"autoregressive", "chain", "tree"}, (batch, mode)
+    sweep = [r for r in speed if r["B"] == 1 and r["mode"] == "greedy"]
+    assert len(sweep) == 1 + 2 + 2
+    for r in speed:
+        assert r["tokens_per_s"] > 0 and r["new_tokens"] == 6 * r["B"]
+        if r["name"] == "autoregressive":
+            assert r["speedup"] == 1.0 and r["tokens_per_call"] == 1.0 and r["t_plain_ms"] > 0
+        else:
+            assert r["identical"] if r["mode"] == "greedy" else r["max_abs_err"] == 0.0
+            assert r["round_ms"] == pytest.approx(r["steps"] * r["t_draft_ms"] + r["t_verify_ms"]
+                                                  + r["t_commit_ms"] + r["t_wait_ms"])
+            predicted = r["tokens_per_call"] * r["t_plain_ms"] / r["round_ms"]
+            assert r["predicted_speedup"] == pytest.approx(predicted)
+        if r["name"] == "chain":
+            assert r["width"] == r["branch"] == 1 and r["tree_size"] == r["steps"] + 1
+            assert 0 <= r["alpha"] <= 1 and 1 <= r["leviathan_tokens_per_call"] <= r["steps"] + 1
+
+
+def test_timeline_rows_hold_one_round_with_and_without_graphs(rows):
+    lanes = [r for r in rows if r["figure"] == "timeline"]
+    assert {(r["name"], r["graphs"]) for r in lanes} <= {("tree", True), ("tree", False),
+                                                         ("autoregressive", True), ("autoregressive", False)}
+    tree = [r for r in lanes if r["name"] == "tree"]
+    assert tree  # on the CPU, the eager lanes (no graphs there)
+    phases = [p[0] for p in tree[0]["phases"]]
+    assert phases == ["draft"] * tree[0]["steps"] + ["verify", "commit", "wait"]
+    assert tree[0]["phases"][0][1] == 0.0 and tree[0]["median_ms"] == pytest.approx(tree[0]["phases"][-1][2])
+
+
+def test_figures_and_summary_draw_from_the_rows(rows, tmp_path):
+    document = results.validate({"suite": bench.SUITE, "device": "the test's CPU",
+                                 "date": datetime.datetime.now(datetime.UTC).isoformat(), "software": {},
+                                 "rows": rows})
+    for name, draw in figures.FIGURES.items():
+        fig = draw(document)
+        assert sum(len(ax.patches) + len(ax.collections) for ax in fig.axes) > 0, name
+        fig.savefig(tmp_path / f"{name}.png")
+        plt.close(fig)
+    text = figures.summary(document)
+    assert "x plain decoding at B = 1, greedy" in text and "formula: tau" in text
+
+
+def test_the_gpu_run_refuses_the_simulator(tmp_path, capsys):
+    from course.capstone import gpu_run
+
+    if not runtime.SIMULATOR:
+        pytest.skip("on a GPU this would measure")
+    assert gpu_run.main(["--out", str(tmp_path)]) == 2
+    assert gpu_run.main(["--out", str(tmp_path), "--smoke"]) == 2
+    assert "needs a GPU" in capsys.readouterr().err
