@@ -122,8 +122,9 @@ def _generate(args) -> int:
 
     print(generate_report(args.prompt, pair=args.pair, max_new_tokens=args.max_new_tokens,
                           tree_size=args.tree_size, width=args.width, branch=args.branch,
-                          steps=DEFAULT_TREE[3] if args.steps is None else args.steps, chain=args.chain, mode=args.mode, seed=args.seed, backend=args.backend,
-                          impl=args.impl, progress=not args.no_progress))
+                          steps=DEFAULT_TREE[3] if args.steps is None else args.steps, chain=args.chain,
+                          mode=args.mode, seed=args.seed, backend=args.backend, impl=args.impl,
+                          progress=not args.no_progress))
     return 0
 
 

@@ -52,7 +52,7 @@ Exactness.
   the draft does (checked against `greedy_decode`).
 * Sampling: a node's candidate children are ``branch`` independent draws from q at that node, all
   keyed by that node's own cumulative log-probability (the capstone's rule, see
-  course/capstone/tree.py and host_tree.py), and every descendant of theirs gets a key no larger, pushed later. So
+  course/capstone/tree.py), and every descendant of theirs gets a key no larger, pushed later. So
   a node's children leave the queue before any of their descendants, in draw order, and how many
   of them are grown, and sent, is decided by the queue's other entries and the round's budget,
   never by their own values (those only key their descendants, which rank behind them). That is

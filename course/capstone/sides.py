@@ -72,8 +72,9 @@ def _tree_step(ops, model, cache, prefix: int, times: tuple[list[int], list[int]
     workspace = model.workspace(1, width)
     attend = ops.tree_attention(model, cache, workspace, index)
     long = dict(dtype=torch.int64, device=device)
-    logits = model.step(torch.tensor([tokens], **long), torch.tensor([[prefix + d for d in depths]], **long),
-                        cache, torch.tensor([[prefix + v for v in nodes]], **long), attend, workspace=workspace)
+    positions = torch.tensor([[prefix + d for d in depths]], **long)
+    rows = torch.tensor([[prefix + v for v in nodes]], **long)
+    logits = model.step(torch.tensor([tokens], **long), positions, cache, rows, attend, workspace=workspace)
     return logits[0]
 
 
