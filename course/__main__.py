@@ -109,12 +109,22 @@ def _grade(args) -> int:
 
 
 def _generate(args) -> int:
-    from .capstone.bench import generate_report
+    from .capstone.bench import DEFAULT_TREE, generate_report
+
+    if args.parallel:  # notebook 20: the draft and the target in two processes
+        from .capstone import parallel
+
+        print(parallel.generate_report(args.prompt, pair=args.pair, max_new_tokens=args.max_new_tokens,
+                                       tree_size=args.tree_size, width=args.width,
+                                       steps=parallel.DEFAULT_STEPS if args.steps is None else args.steps,
+                                       mode=args.mode, seed=args.seed, backend=args.backend, impl=args.impl))
+        return 0
 
     print(generate_report(args.prompt, pair=args.pair, max_new_tokens=args.max_new_tokens,
-                          tree_size=args.tree_size, width=args.width, branch=args.branch, steps=args.steps,
-                          chain=args.chain, mode=args.mode, seed=args.seed, backend=args.backend,
-                          impl=args.impl, progress=not args.no_progress))
+                          tree_size=args.tree_size, width=args.width, branch=args.branch,
+                          steps=DEFAULT_TREE[3] if args.steps is None else args.steps, chain=args.chain,
+                          mode=args.mode, seed=args.seed, backend=args.backend, impl=args.impl,
+                          progress=not args.no_progress))
     return 0
 
 
@@ -195,7 +205,9 @@ def main(argv=None) -> int:
     generate.add_argument("--tree-size", type=int, default=16, help="nodes verified per target call (bs)")
     generate.add_argument("--width", type=int, default=2, help="nodes the draft expands per step (w)")
     generate.add_argument("--branch", type=int, default=4, help="children of each node the draft runs")
-    generate.add_argument("--steps", type=int, default=6, help="draft steps per round (the tree's depth)")
+    generate.add_argument("--steps", type=int, default=None,
+                          help="draft steps per round: the tree's depth (default 6); with --parallel, the "
+                               "steps taken while the target verifies (d, default 2)")
     generate.add_argument("--chain", type=int, default=5, help="tokens the chain drafts per round (k)")
     generate.add_argument("--mode", choices=("greedy", "sample"), default="greedy")
     generate.add_argument("--seed", type=int, default=0, help="seed of the sampling uniforms")
@@ -204,6 +216,10 @@ def main(argv=None) -> int:
     generate.add_argument("--impl", choices=("lessons", "solutions"), default=None,
                           help="which copy of the kernels (default: COURSE_IMPL, else lessons)")
     generate.add_argument("--no-progress", action="store_true", help="no progress bar")
+    generate.add_argument("--parallel", action="store_true",
+                          help="SwiftSpec's parallel tree generation (notebook 20): the draft and the "
+                               "target in two processes, on two GPUs (in the simulator: on the CPU, through "
+                               "gloo); one prompt")
     generate.set_defaults(run=_generate)
     args, rest = parser.parse_known_args(argv)
     if args.command == "sanitize":  # its own options: `python -m course sanitize --help`

@@ -8,7 +8,9 @@ attention, FlashAttention-2 tiling and the Flash-Decoding / DeFT merge
 layout, KV-guided grouping, flattened blocks with bitmasks, the global
 reduction and the IO model (`pyspec_ref.deft`), and KV-cache bookkeeping after
 verification: EMS-SD's unpadded batches and SwiftSpec's tree-aware cache
-(`pyspec_ref.kvcache`). The GPU kernels of the course
+(`pyspec_ref.kvcache`), and SwiftSpec's parallel tree generation: the protocol
+between a draft and a target worker, simulated with its invariants
+(`pyspec_ref.parallel_tree`). The GPU kernels of the course
 are checked against these functions, never the other way round. Every function
 validates its arguments and names the bad one in its error.
 
@@ -21,13 +23,15 @@ submodule of the same name on the package. Import the module's names directly
 from . import attention as _attention_module
 from . import deft as _deft_module
 from . import kvcache as _kvcache_module
+from . import parallel_tree as _parallel_tree_module
 from . import sampling as _sampling_module
 from . import trees as _trees_module
 from .attention import *  # noqa: F403  (each module's __all__ is its public API)
 from .deft import *  # noqa: F403
 from .kvcache import *  # noqa: F403
+from .parallel_tree import *  # noqa: F403
 from .sampling import *  # noqa: F403
 from .trees import *  # noqa: F403
 
 __all__ = [*_trees_module.__all__, *_attention_module.__all__, *_deft_module.__all__,
-           *_sampling_module.__all__, *_kvcache_module.__all__]
+           *_sampling_module.__all__, *_kvcache_module.__all__, *_parallel_tree_module.__all__]

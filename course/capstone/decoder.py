@@ -224,6 +224,24 @@ def settings(tree_size=8, width=2, branch=None, steps=None, mode="greedy") -> Se
     return Settings(tree_size, width, branch, steps, mode)
 
 
+def prefill(ops, model, cache, prompts: list[list[int]]) -> None:
+    """Every prompt but its last token into rows [0, len - 1) of the cache, EMS-SD style (counts =
+    prompt lengths - 1), with backend `ops`: what every decoder does first (notebook 20's workers too)."""
+    counts = [len(p) - 1 for p in prompts]
+    width = max(counts)
+    if width == 0:
+        return
+    tokens = torch.zeros((len(prompts), width), dtype=torch.long)
+    rows = torch.full((len(prompts), width), -1, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        tokens[b, :counts[b]] = torch.tensor(p[:-1])
+        rows[b, :counts[b]] = torch.arange(counts[b])
+    positions = rows.clamp(min=0)
+    device = model.device
+    model.step(tokens.to(device), positions.to(device), cache, rows.to(device),
+               ops.causal(counts, [0] * len(prompts)))
+
+
 # --------------------------------------------------------------------------- the decoders
 
 
@@ -357,19 +375,7 @@ class Decoder:
         return prompts
 
     def _prefill(self, model, cache, prompts: list[list[int]]) -> None:
-        """Every prompt but its last token into the cache, EMS-SD style (counts = prompt lengths - 1)."""
-        counts = [len(p) - 1 for p in prompts]
-        width = max(counts)
-        if width == 0:
-            return
-        tokens = torch.zeros((len(prompts), width), dtype=torch.long)
-        rows = torch.full((len(prompts), width), -1, dtype=torch.long)
-        for b, p in enumerate(prompts):
-            tokens[b, :counts[b]] = torch.tensor(p[:-1])
-            rows[b, :counts[b]] = torch.arange(counts[b])
-        positions = rows.clamp(min=0)
-        model.step(tokens.to(self.device), positions.to(self.device), cache, rows.to(self.device),
-                   self.ops.causal(counts, [0] * len(prompts)))
+        prefill(self.ops, model, cache, prompts)
 
     def start(self, prompts, max_new_tokens: int, eos=None, seed: int = 0) -> None:
         """The state of a new generation (after the prefill), and its uniforms (sample mode)."""
@@ -761,4 +767,5 @@ def check_texts(prompts) -> list[list[int]]:
 
 
 __all__ = ["BACKENDS", "MODES", "Decoder", "Generation", "PlainDecoder", "Settings", "SpeculativeDecoder",
-           "autoregressive", "check_prompts", "check_texts", "generate_text", "settings", "speculative"]
+           "autoregressive", "check_prompts", "check_texts", "generate_text", "prefill", "settings",
+           "speculative"]

@@ -31,6 +31,12 @@ kept in draw order; ranking them by their parent's key means that whether (and w
 children are expanded or verified is decided by things ranked above them, never by the children
 themselves. The fixed schedule keeps every round's budget independent of earlier draws.
 
+Every round starts from its root alone. SwiftSpec §3.2 keeps the subtree the draft grew under the
+emitted token, with its KV rows; its shape depends on what was accepted, which no table of a fixed
+shape holds. Keeping it would not break exactness (`pyspec_ref.parallel_tree` says why), and
+notebook 20's parallel draft, whose growth is off the critical path, keeps it in a tree on the host
+(`course.capstone.host_tree`).
+
 The tables are (B, size, FIELDS) float64 (ids, tokens and interval numbers are integers far below
 2**53, so float64 holds them exactly): one gather fetches everything about a set of nodes.
 """

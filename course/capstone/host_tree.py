@@ -1,0 +1,189 @@
+"""One draft tree that lives across rounds, kept on the host (SwiftSpec §3.1-3.2), for the draft
+worker of notebook 20 (`course.capstone.sides`).
+
+The serial decoder (`course.capstone.decoder`) starts every round from a fresh root in a device table
+of fixed shape (`course.capstone.tree`), so that a round is a few CUDA graphs. The parallel draft
+cannot: it grows its tree WHILE the target verifies, without knowing which node will survive, and
+after the verdict it keeps the surviving subtree and its KV rows (SwiftSpec §3.2). That tree's size
+and shape depend on what was accepted, so here it is plain Python lists (a tree has tens of nodes);
+the GPU work (the draft passes, the compaction) is launched by `course.capstone.sides`.
+
+Node ids are creation order: node 0 is the root (the last committed token), and a node is created
+after its parent, so ids are a topological numbering and the draft cache holds node i at row P + i
+of the [prefix | tree] layout (P = the committed prefix). `swiftspec.tree_cache_attention` takes each
+row's DFS times, so any row order works, and creation order makes re-rooting a left shift: the
+committed path and the surviving subtree keep their relative order (every move has dst <= src, which
+`swiftspec.compact` requires).
+
+Expansion (SwiftSpec §3.1, `pyspec_ref.kvcache.expand_tree`): a node that the draft model has run
+pushes candidate children into a priority queue; each draft step pops the w best candidates, which
+become nodes and are run together (the non-square attention of w queries against the whole tree).
+
+* greedy: a run node's candidates are its draft's top-`branch` tokens, keyed by their own cumulative
+  log-probability (maximum-likelihood expansion).
+* sample: a run node's candidates are `branch` independent draws from the draft's distribution q at
+  that node, keyed by the PARENT's cumulative log-probability (ties in draw order), as in
+  `course.capstone.tree`. A node's children thus leave the queue before any of their descendants,
+  in draw order, and how many enter the tree is decided by things ranked above them, never by their
+  own values: what SpecInfer's multi-step speculative sampling (§4.3) needs to stay exact. That
+  holds for a reused subtree too (its draws were made before anyone knew it would survive), so the
+  re-root keeps it in both modes; `pyspec_ref.parallel_tree` states the argument and its tests
+  check it.
+
+The verified subtree is `pyspec_ref.kvcache.best_subtree` of the key (`select`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from pyspec_ref import trees
+
+from .tree import MODES
+
+
+@dataclass
+class HostTree:
+    """One sample's draft tree: parents, tokens, cumulative draft log-probabilities, which nodes the
+    draft has run (their KV is in the cache and their candidates are queued), the candidate queue,
+    and each run node's draft distribution q (sample mode; for the verification)."""
+
+    mode: str
+    parents: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    cum: list[float] = field(default_factory=list)  # own cumulative log-prob, relative to the root
+    key: list[float] = field(default_factory=list)  # the ranking key (see the module docstring)
+    depth: list[int] = field(default_factory=list)
+    run: list[bool] = field(default_factory=list)
+    q: list = field(default_factory=list)  # the draft's distribution at the node (None until run)
+    heap: list = field(default_factory=list)  # (-key, order, parent, token, cum)
+    order: itertools.count = field(default_factory=itertools.count)
+
+    @classmethod
+    def fresh(cls, root_token: int, mode: str) -> HostTree:
+        """A tree holding only its root (not yet run by the draft model)."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        tree = cls(mode)
+        tree._add(-1, int(root_token), 0.0, 0.0)
+        return tree
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    def _add(self, parent: int, token: int, cum: float, key: float) -> int:
+        self.parents.append(parent)
+        self.tokens.append(token)
+        self.cum.append(cum)
+        self.key.append(key)
+        self.depth.append(0 if parent < 0 else self.depth[parent] + 1)
+        self.run.append(False)
+        self.q.append(None)
+        return len(self.parents) - 1
+
+    # ------------------------------------------------------------------ growth
+
+    def pop(self, width: int) -> list[int]:
+        """Turn the `width` best candidates into nodes (fewer if the queue runs dry); their ids."""
+        added = []
+        while self.heap and len(added) < width:
+            neg_key, _, parent, token, cum = heapq.heappop(self.heap)
+            added.append(self._add(parent, token, cum, -neg_key))
+        return added
+
+    def push(self, node: int, tokens: list[int], logprobs: list[float], q=None) -> None:
+        """Record that the draft has run `node`: its candidate children (tokens with the draft's
+        log-probabilities at `node`, in the order they are to be tried) join the queue."""
+        self.run[node] = True
+        self.q[node] = q
+        base = self.cum[node]
+        for token, lp in zip(tokens, logprobs, strict=True):
+            cum = base + lp
+            key = cum if self.mode == "greedy" else base
+            heapq.heappush(self.heap, (-key, next(self.order), node, int(token), cum))
+
+    # ------------------------------------------------------------------ views
+
+    def children(self) -> list[list[int]]:
+        return trees.children(self.parents)
+
+    def dfs_times(self) -> tuple[list[int], list[int]]:
+        """FlashSpecInfer §5.1 DFS times (children by increasing id) of the whole tree."""
+        return trees.dfs_times(self.parents)  # the specification's own: small trees, no need for another
+
+    def select(self, size: int) -> list[int]:
+        """The `size` nodes sent for verification, sorted ids (a subtree containing the root):
+        `pyspec_ref.kvcache.best_subtree`'s rule (largest key, then shallower, then smaller id) on
+        this tree's key, written out here to skip the reference's validation on every step."""
+        if size >= len(self):
+            return list(range(len(self)))
+        ranked = sorted(range(len(self)), key=lambda v: (-self.key[v] if v else -math.inf, self.depth[v], v))
+        return sorted(ranked[:size])
+
+    # ------------------------------------------------------------------ after verification
+
+    def _require_root_path(self, committed: list[int], new_root: int | None) -> None:
+        """committed is a root path [0, v1, ..., vk] of this tree and new_root None or a child of vk:
+        anything else would still give legal left shifts, and `swiftspec.compact` would move the
+        wrong KV rows without a word (SwiftSpec §3.2 keeps the accepted path and its subtree)."""
+        n = len(self)
+
+        def node(value, name: str) -> int:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+                raise ValueError(f"{name} = {value!r} is not a node of this {n}-node tree")
+            return value
+
+        if not isinstance(committed, (list, tuple)) or not committed:
+            raise ValueError("committed must be a non-empty list of node ids from the root, "
+                             f"got {committed!r}")
+        if node(committed[0], "committed[0]") != 0:
+            raise ValueError(f"committed[0] = {committed[0]} is not the root (node 0)")
+        for i in range(1, len(committed)):
+            if self.parents[node(committed[i], f"committed[{i}]")] != committed[i - 1]:
+                raise ValueError(f"committed[{i}] = {committed[i]} is not a child of committed[{i - 1}] = "
+                                 f"{committed[i - 1]}: committed must be a path from the root")
+        if new_root is not None and self.parents[node(new_root, "new_root")] != committed[-1]:
+            raise ValueError(f"new_root = {new_root} is not a child of committed[-1] = {committed[-1]}")
+
+    def reroot(self, committed: list[int], new_root: int | None, next_token: int
+               ) -> tuple[HostTree, list[tuple[int, int]]]:
+        """The tree after verification (SwiftSpec §3.2) and its cache moves.
+
+        committed: the accepted root path [0, v1, ..., vk] (their KV joins the prefix, in order);
+        new_root: the child of vk whose token is the emitted next token, if the tree has one (its
+        whole subtree survives, with its KV and its queued candidates), else None (the next round
+        starts from a fresh root `next_token` that the draft has not run yet). Moves are (src, dst)
+        tree-row offsets from the old prefix end: committed[i] -> i, then the survivors in id order
+        -> k + 1 + j. Every move has dst <= src; moves with src == dst are left out.
+        """
+        self._require_root_path(committed, new_root)
+        k1 = len(committed)
+        moves = [(v, i) for i, v in enumerate(committed) if v != i]
+        if new_root is None:
+            return HostTree.fresh(next_token, self.mode), moves
+        kids = self.children()
+        keep, stack = [], [new_root]
+        while stack:
+            v = stack.pop()
+            keep.append(v)
+            stack.extend(kids[v])
+        keep.sort()
+        new_of_old = {v: j for j, v in enumerate(keep)}
+        moves += [(v, k1 + j) for j, v in enumerate(keep) if v != k1 + j]
+        tree = HostTree(self.mode)
+        base = self.cum[new_root]
+        for v in keep:
+            parent = -1 if v == new_root else new_of_old[self.parents[v]]
+            # keys and cumulative log-probs relative to the new root: in both modes a key is a
+            # cumulative log-prob (the node's own, or its parent's), so the ranking is unchanged
+            key = 0.0 if v == new_root else self.key[v] - base
+            tree._add(parent, self.tokens[v], self.cum[v] - base, key)
+            tree.run[-1], tree.q[-1] = self.run[v], self.q[v]
+        tree.heap = [(-(-neg - base), order, new_of_old[p], t, c - base) for neg, order, p, t, c in self.heap
+                     if p in new_of_old]
+        heapq.heapify(tree.heap)
+        tree.order = self.order
+        return tree, moves

@@ -1,0 +1,307 @@
+"""Serial against parallel tree generation on a machine with two GPUs (notebook 20): SwiftSpec's
+Table 6 in miniature. `tools/gpu_parallel.sh` runs it:
+
+    python -m course.capstone.parallel_bench [--smoke] [--one-gpu] [--pair small] [--max-new N]
+
+Every generation has B = 1 (one prompt of `prompts`), the pair in float16 and the course's kernels
+(solutions/), in one run of this command, greedy and sampling:
+
+  autoregressive    the target alone on cuda:0 (`decoder.PlainDecoder`, CUDA graphs);
+  serial decoder    the capstone's tree decoder on cuda:0 (`decoder.SpeculativeDecoder`, CUDA graphs,
+                    bs, w as here, its own default number of draft steps);
+  serial            the parallel code's serial schedule in one process on cuda:0: the draft's d
+                    steps after re-rooting, on the critical path (`parallel.generate`);
+  parallel          target on cuda:0, draft on cuda:1, NCCL between them (`parallel.launch`);
+                    also through gloo (the messages over the CPU), and with --one-gpu (or on a
+                    machine with one GPU) both processes sharing cuda:0 through gloo.
+
+For every method and d: the median run (by time) of REPEATS after a warm-up, per prompt; a row sums
+the prompts' median runs. Row fields: the results schema's name, median_ms (mean per generation),
+max_abs_err (greedy: the fraction of tokens that differ from autoregressive; sampling: 0.0), B, H,
+N (tree size), d (head dim); and mode, steps (SwiftSpec's d), transport, gpus, tokens_per_s,
+tokens_per_call, target_calls (per generation), verify_ms (the target's pass and verification),
+draft_ms_per_round (the draft's busy time per round), target_wait_ms_per_round (the target
+waiting for a SUBTREE: the part of drafting left on the critical path), identical (greedy: equal
+to autoregressive), speedup_vs_serial_decoder, and timeline (the first prompt's median run, rounds
+1 to TIMELINE_ROUNDS: each side's spans, ms from the run's start).
+
+Writes results/<device>x2/parallel.json (results/<device>/ with one GPU) and parallel.png beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from course.measure import results
+
+from . import decoder, parallel, weights
+from .bench import prompts
+from .text import encode
+
+SUITE = "parallel"
+PAIR = "small"
+PROMPTS = 2
+MAX_NEW = 128
+TREE_SIZE, WIDTH, BRANCH = 8, 2, 4
+STEPS = (1, 2, 3)
+REPEATS = 3
+TIMELINE_ROUNDS = 4
+TARGET_SPEEDUP = 1.3  # parallel over the serial decoder, B = 1, greedy (SwiftSpec's Table 6: 275 / 200)
+_DTYPES = {False: torch.float32, True: torch.float16}  # on a GPU?
+
+
+def _median(runs: list) -> object:
+    """The median run by time (the lower middle one for an even count), as the capstone's bench."""
+    ordered = sorted(runs, key=lambda g: g.seconds)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _timeline(generation) -> list[dict]:
+    """Each side's spans of rounds 1 .. TIMELINE_ROUNDS (round 0 starts from an empty tree), ms."""
+    keep = [e for e in generation.events if 1 <= e["round"] <= TIMELINE_ROUNDS]
+    if not keep:
+        return []
+    t0 = min(e["start"] for e in keep)
+    return [dict(side=e["side"], what=e["what"], round=e["round"], start_ms=1e3 * (e["start"] - t0),
+                 end_ms=1e3 * (e["end"] - t0)) for e in keep]
+
+
+def _row(name: str, mode: str, generations: list, plain: list | None, **extra) -> dict:
+    """One row from the median generation of each prompt (see the module docstring)."""
+    tokens = sum(len(_tokens(g)) for g in generations)
+    seconds = sum(g.seconds for g in generations)
+    calls = sum(g.target_calls for g in generations)
+    row = dict(name=name, mode=mode, B=1, median_ms=1e3 * seconds / len(generations),
+               tokens_per_s=tokens / seconds, target_calls=calls / len(generations),
+               tokens_per_call=_emitted(generations) / calls, new_tokens=tokens, **extra)
+    if mode == "greedy" and plain is not None:
+        wrong = sum(sum(a != b for a, b in zip(_tokens(g), _tokens(p), strict=False))
+                    + abs(len(_tokens(g)) - len(_tokens(p))) for g, p in zip(generations, plain, strict=True))
+        row.update(max_abs_err=wrong / max(sum(len(_tokens(p)) for p in plain), 1), identical=wrong == 0)
+    else:
+        row.update(max_abs_err=0.0)
+    if isinstance(generations[0], parallel.ParallelGeneration):
+        rounds = sum(len(g.accepted) for g in generations)
+        row.update(
+            verify_ms=statistics.fmean(g.mean_ms("target", "verify") for g in generations),
+            draft_ms_per_round=sum(_busy(g, "draft") for g in generations) / rounds,
+            target_idle_ms_per_round=sum(1e3 * g.seconds - _busy(g, "target", "verify") for g in generations)
+            / rounds,
+            draft_calls=sum(g.draft_calls for g in generations) / len(generations),
+            reused=sum(sum(g.reused) for g in generations) / max(1, sum(len(g.reused) for g in generations)),
+            timeline=_timeline(generations[0]))
+    return row
+
+
+def _tokens(generation) -> list[int]:
+    return generation.tokens[0] if isinstance(generation, decoder.Generation) else generation.tokens
+
+
+def _emitted(generations: list) -> float:
+    """Tokens emitted by all target calls (accepted + 1 per call; plain decoding: one per call)."""
+    total = 0
+    for g in generations:
+        accepted = (g.accepted[0] if g.accepted else []) if isinstance(g, decoder.Generation) else g.accepted
+        total += sum(accepted) + len(accepted) if accepted else g.target_calls
+    return total
+
+
+def _busy(generation, side: str, *whats: str) -> float:
+    """ms a side spent in spans of these kinds (all but waiting when none are named)."""
+    return 1e3 * sum(e["end"] - e["start"] for e in generation.events if e["side"] == side
+                     and (e["what"] in whats if whats else e["what"] != "wait"))
+
+
+def _in_process(run, texts: list[list[int]], repeats: int) -> list:
+    """Per prompt: a warm-up, then the median of `repeats` runs of run(prompt)."""
+    out = []
+    for prompt in texts:
+        run(prompt)
+        out.append(_median([run(prompt) for _ in range(repeats)]))
+    return out
+
+
+def _launched(job_options: dict, paths: dict, texts: list, modes, steps, repeats: int) -> dict:
+    """One two-process launch for every (mode, d, prompt): a warm-up and `repeats` runs each;
+    returns {(mode, d): [the median generation per prompt]}."""
+    keys = [(mode, d, p) for mode in modes for d in steps for p in range(len(texts))
+            for _ in range(1 + repeats)]
+    runs = [parallel.Run(texts[p], d, mode, 0) for mode, d, p in keys]
+    job = parallel.Job(paths["target"], paths["draft"], runs, **job_options)
+    grouped: dict = {}
+    for key, generation in zip(keys, parallel.launch(job, timeout=540), strict=True):
+        grouped.setdefault(key, []).append(generation)
+    return {(mode, d): [_median(grouped[mode, d, p][1:]) for p in range(len(texts))]
+            for mode in modes for d in steps}
+
+
+def _one_gpu_rows(pair: str, texts: list, max_new: int, steps, repeats: int, modes, add, device: str,
+                  backend: str) -> dict:
+    """Autoregressive, the serial decoder and the serial schedule on one device; returns, per mode,
+    the autoregressive generations and the serial decoder's tokens/s."""
+    from course.core import impl as course_impl
+
+    impl = course_impl.bench_impl()
+    loaded = weights.load_pair(pair, device=device, dtype=_DTYPES[device != "cpu"])
+    target, draft = loaded.target, loaded.draft
+    tree = dict(tree_size=TREE_SIZE, width=WIDTH, branch=BRANCH, impl=impl, backend=backend)
+    # The serial baselines are built once per mode (on a GPU: their CUDA graphs captured once), as the
+    # capstone's own bench builds them, and each run reuses them.
+    built = dict(batch=1, max_len=max(len(p) for p in texts) + max_new, impl=impl, backend=backend)
+    baselines = {}
+    for mode in modes:
+        plain_decoder = decoder.PlainDecoder(target, mode=mode, **built)
+        tree_decoder = decoder.SpeculativeDecoder(target, draft, tree_size=TREE_SIZE, width=WIDTH,
+                                                  branch=BRANCH, mode=mode, **built)
+
+        def plain_run(prompt, plain_decoder=plain_decoder):
+            return plain_decoder.generate([prompt], max_new)
+
+        def decoder_run(prompt, tree_decoder=tree_decoder):
+            return tree_decoder.generate([prompt], max_new)
+
+        plain = _in_process(plain_run, texts, repeats)
+        add(_row("autoregressive", mode, plain, None, steps=None, transport=None, gpus=1, N=1))
+        serial_decoder = _row("serial decoder", mode, _in_process(decoder_run, texts, repeats), plain,
+                              steps=None, transport=None, gpus=1)
+        add(serial_decoder)
+        baselines[mode] = (plain, serial_decoder["tokens_per_s"])
+        for d in steps:
+            def serial_run(prompt, mode=mode, d=d):
+                return parallel.generate(target, draft, prompt, max_new, steps=d, mode=mode,
+                                         schedule="serial", **tree)
+
+            add(_row("serial", mode, _in_process(serial_run, texts, repeats), plain, steps=d, transport=None,
+                     gpus=1))
+    return baselines
+
+
+def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, steps=STEPS,
+            repeats: int = REPEATS, modes=("greedy", "sample"), one_gpu: bool = False,
+            log=print, cpu: bool = False, backend: str = "kernels") -> list[dict]:
+    """Every row (see the module docstring). Needs a GPU, two for the NCCL rows; cpu=True runs the
+    same code on the CPU in float32 (its tests, with backend="reference": the times mean nothing)."""
+    from course.core import impl as course_impl
+
+    gpus = 0 if cpu else torch.cuda.device_count()
+    if gpus < 1 and not cpu:
+        raise RuntimeError("the parallel bench measures GPUs and this machine has none")
+    device = "cuda:0" if gpus else "cpu"
+    dtype = str(_DTYPES[gpus > 0]).replace("torch.", "")
+    texts = [encode(t) for t in prompts(n_prompts)]
+    config = weights.CONFIGS[pair]["target"] if pair in weights.CONFIGS else None
+    sizes = dict(pair=pair, N=TREE_SIZE, width=WIDTH, branch=BRANCH, max_new_tokens=max_new)
+    if config is not None:
+        sizes.update(H=config.n_heads, d=config.head_dim)
+    rows: list[dict] = []
+
+    def add(row: dict) -> None:
+        rows.append(sizes | row)
+        shown = ("name", "mode", "steps", "transport", "gpus", "tokens_per_s", "tokens_per_call", "verify_ms",
+                 "identical")
+        log(json.dumps({k: row[k] for k in shown if k in row}))
+
+    baselines = _one_gpu_rows(pair, texts, max_new, steps, repeats, modes, add, device, backend)
+    if gpus:
+        torch.cuda.empty_cache()
+    paths = {role: str(weights.weight_path(pair, role)) for role in ("target", "draft")}
+    common = dict(dtypes={"target": dtype, "draft": dtype}, max_new_tokens=max_new, tree_size=TREE_SIZE,
+                  width=WIDTH, branch=BRANCH, impl=course_impl.bench_impl(), backend=backend)
+    setups = []
+    if gpus >= 2:
+        two = {"target": "cuda:0", "draft": "cuda:1"}
+        setups += [(dict(devices=two, transport="nccl"), 2), (dict(devices=two, transport="gloo"), 2)]
+    if one_gpu or gpus < 2:
+        setups.append((dict(devices={"target": device, "draft": device}, transport="gloo"), min(gpus, 1)))
+    for options, used in setups:
+        measured = _launched(common | options, paths, texts, modes, steps, repeats)
+        for (mode, d), generations in measured.items():
+            add(_row("parallel", mode, generations, baselines[mode][0], steps=d,
+                     transport=options["transport"], gpus=used))
+    for row in rows:
+        if row["name"] != "autoregressive":
+            row["speedup_vs_serial_decoder"] = row["tokens_per_s"] / baselines[row["mode"]][1]
+    return rows
+
+
+def save(rows: list[dict], gpus: int, folder: Path | None = None) -> Path:
+    """results/<device>x<gpus>/parallel.json (results/<device>/ for one GPU, or `folder`) and its
+    figure beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course.measure.benchcli import save_figures
+
+    from . import parallel_figures
+
+    document = results.document(SUITE, rows)
+    if folder is None:
+        name = results.device_folder(document["device"]) + (f"x{gpus}" if gpus > 1 else "")
+        folder = results.RESULTS / name
+    path = Path(folder) / f"{SUITE}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document["gpus"] = gpus
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    save_figures(parallel_figures, document, path.parent)
+    return path
+
+
+def load_committed(directory: Path = results.RESULTS) -> dict:
+    """The committed parallel.json with the most GPUs (results/<device>x2/ before results/<device>/),
+    or results.NotMeasuredYet saying how to measure it."""
+    found = sorted(directory.glob(f"*/{SUITE}.json"))
+    if not found:
+        raise results.NotMeasuredYet(f"not measured yet: no committed results/<device>x2/{SUITE}.json; "
+                                     "tools/gpu_parallel.sh on a machine with two GPUs writes it")
+    documents = [results.validate(json.loads(path.read_text()), str(path)) for path in found]
+    return max(documents, key=lambda d: (d.get("gpus", 1), d["date"]))
+
+
+def target_met(document: dict) -> tuple[float, bool]:
+    """The benchmark target: the fastest parallel greedy run on two GPUs at least TARGET_SPEEDUP
+    times the serial decoder's tokens/s, greedy output identical to plain decoding. Returns
+    (its speed-up, met?)."""
+    from .parallel_figures import best_parallel
+
+    best = best_parallel(document["rows"], "greedy")
+    speedup = best["speedup_vs_serial_decoder"]
+    return speedup, best["gpus"] >= 2 and speedup >= TARGET_SPEEDUP and bool(best.get("identical"))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course.capstone.parallel_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="one prompt, 16 tokens, d = 2, one repeat")
+    parser.add_argument("--one-gpu", action="store_true", help="also both processes sharing cuda:0")
+    parser.add_argument("--pair", default=PAIR, help=f"the trained pair (default {PAIR})")
+    parser.add_argument("--max-new", type=int, default=MAX_NEW, help=f"tokens per prompt (default {MAX_NEW})")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write parallel.json and parallel.png here instead of results/<device>/")
+    args = parser.parse_args(argv)
+    options = dict(pair=args.pair, max_new=args.max_new, one_gpu=args.one_gpu)
+    if args.smoke:
+        options.update(n_prompts=1, max_new=16, steps=(2,), repeats=1)
+    from course.core import runtime
+
+    if runtime.SIMULATOR:
+        print("the parallel bench measures GPUs, and this machine runs the simulator; "
+              "`python -m course generate --parallel` shows the protocol on the CPU")
+        return 2
+    rows = measure(**options)
+    if args.smoke and args.out is None:
+        return 0  # a smoke run's numbers are not the course's measurements
+    print(f"saved {save(rows, min(torch.cuda.device_count(), 2), args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    import course  # noqa: F401  (first: GPU or simulator)
+
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Notebook 20's figures: the protocol as a sequence diagram (from `pyspec_ref.parallel_tree`'s
+message log), the timeline of both workers (simulated or measured), tokens per target call against
+the draft's steps per round, and serial against parallel as measured (parallel.json;
+`course.capstone.parallel_bench` writes parallel.png beside it with `measured_figure`)."""
+
+from __future__ import annotations
+
+from course.measure.plots import (
+    BLUE,
+    GREEN,
+    GREY,
+    HIDDEN,
+    INK,
+    ORANGE,
+    SKY,
+    VERMILLION,
+    legend_below,
+    new_ax,
+    style_ax,
+)
+
+# One colour per kind of work, in every figure: what a side is doing at that moment.
+WORK = {
+    "verify": BLUE,  # the target's pass over the subtree, and verification
+    "grow ahead": GREEN,  # draft steps during verification: off the critical path
+    "grow": ORANGE,  # draft steps between receiving ACCEPTED and sending SUBTREE: on it
+    "re-root": VERMILLION,
+    "select": SKY,
+    "wait": HIDDEN,
+}
+LANES = ("draft", "target")
+
+
+def _span(event: dict) -> tuple[float, float]:
+    if "start_ms" in event:
+        return event["start_ms"], event["end_ms"]
+    return event["start"], event["end"]
+
+
+def timeline(events: list[dict], ax=None, title: str | None = None, unit: str = "ms"):
+    """Each side's work as bars on its own lane (draft below, target above), coloured by kind,
+    the target's passes numbered by round. events: dicts with side, what, round and start/end (or
+    start_ms/end_ms)."""
+    if not events:
+        raise ValueError("events must hold at least one span")
+    ax = new_ax(ax, (11, 2.6))
+    for event in events:
+        if event["side"] not in LANES:
+            raise ValueError(f"an event's side must be one of {LANES}, got {event['side']!r}")
+        start, end = _span(event)
+        lane = LANES.index(event["side"])
+        kind = event["what"]
+        ax.barh(lane, end - start, left=start, height=0.55, color=WORK.get(kind, GREY),
+                edgecolor="white" if kind != "wait" else GREY, linewidth=0.6, zorder=2)
+        if kind == "verify" and end - start > 0:
+            ax.text((start + end) / 2, lane, f"r{event['round']}", ha="center", va="center", fontsize=8,
+                    color="white", zorder=3)
+    ax.set_yticks(range(len(LANES)), [f"{lane}" for lane in LANES])
+    ax.set_ylim(-0.6, len(LANES) - 0.4)
+    ax.set_xlabel(f"time ({unit})")
+    style_ax(ax, title, grid_axis="x")
+    import matplotlib.patches as mpatches
+
+    shown = [kind for kind in WORK if any(e["what"] == kind for e in events)]
+    legend_below(ax, [mpatches.Patch(color=WORK[k], label=k) for k in shown])
+    return ax
+
+
+def _label(message) -> str:
+    if message.kind == "subtree":
+        return f"SUBTREE({message.round}): {len(message.parents)} nodes"
+    path = "→".join(str(j) for j in message.path)
+    return f"{message.kind.upper()}({message.round}): path {path}, next {message.next_token}"
+
+
+def sequence_diagram(messages, times, events, rounds: int = 3, ax=None, title: str | None = None):
+    """The protocol between the two workers as a sequence diagram: time runs down, the draft's
+    lifeline on the left, the target's on the right, each side's work as a bar on its lifeline and
+    each message as an arrow from its sending to its receipt. From `simulate_parallel_tree`'s
+    messages, times and events; the first `rounds` rounds."""
+    if len(messages) != len(times):
+        raise ValueError(f"messages ({len(messages)}) and times ({len(times)}) must pair up")
+    shown = [(m, t) for m, t in zip(messages, times, strict=True) if m.round < rounds]
+    end = max(received for _, (_, received) in shown)
+    end = max([end] + [e["end"] for e in events if e["round"] < rounds and e["start"] <= end])
+    ax = new_ax(ax, (8, 0.9 + 1.4 * rounds))
+    x = {"draft": 0.0, "target": 1.0}
+    for side, at in x.items():
+        ax.plot([at, at], [0, end], color=GREY, lw=1, zorder=1)
+        ax.text(at, -0.04 * end, side, ha="center", va="bottom", fontsize=10, fontweight="bold", color=INK)
+    for event in events:
+        if event["round"] < rounds and event["what"] != "wait" and event["start"] < end:
+            ax.bar(x[event["side"]], event["end"] - event["start"], bottom=event["start"], width=0.06,
+                   color=WORK.get(event["what"], GREY), zorder=2)
+    for message, (sent, received) in shown:
+        start, stop = (x["draft"], x["target"]) if message.kind == "subtree" else (x["target"], x["draft"])
+        ax.annotate("", xy=(stop, received), xytext=(start, sent),
+                    arrowprops=dict(arrowstyle="-|>", color=INK, lw=1.1), zorder=3)
+        ax.text((start + stop) / 2, (sent + received) / 2, _label(message), ha="center", va="bottom",
+                fontsize=8, color=INK, rotation=0, zorder=4,
+                bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
+    ax.set_xlim(-0.35, 1.35)
+    ax.set_ylim(end * 1.03, -0.08 * end)
+    ax.set_xticks([])
+    ax.set_ylabel("time (target passes)")
+    style_ax(ax, title)
+    import matplotlib.patches as mpatches
+
+    kinds = [k for k in WORK if k != "wait" and any(e["what"] == k for e in events)]
+    legend_below(ax, [mpatches.Patch(color=WORK[k], label=k) for k in kinds], gap_pt=12)
+    return ax
+
+
+def compression_figure(points: list[dict], title: str | None = None):
+    """Two panels against d, the draft steps per round, one line per schedule: tokens per target
+    call, and clock time per token. points: dicts with schedule, steps, tokens_per_call and
+    time_per_token (from simulations or measurements)."""
+    import matplotlib.pyplot as plt
+
+    if not points:
+        raise ValueError("points must not be empty")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), layout="constrained")
+    for schedule, color in (("serial", ORANGE), ("parallel", GREEN)):
+        mine = sorted((p for p in points if p["schedule"] == schedule), key=lambda p: p["steps"])
+        for ax, key in zip(axes, ("tokens_per_call", "time_per_token"), strict=True):
+            ax.plot([p["steps"] for p in mine], [p[key] for p in mine], "o-", color=color, label=schedule)
+    style_ax(axes[0], "tokens per target call (compression ratio)", grid_axis="y")
+    style_ax(axes[1], "time per token (lower is faster)", grid_axis="y")
+    for ax in axes:
+        ax.set_xlabel("d: draft steps per round")
+        ax.legend(frameon=False, fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10, color=INK)
+    return fig
+
+
+# --------------------------------------------------------------------------- measured
+
+
+def _pick(rows: list[dict], name: str, mode: str, **match) -> list[dict]:
+    return [r for r in rows if r["name"] == name and r["mode"] == mode
+            and all(r.get(k) == v for k, v in match.items())]
+
+
+def best_parallel(rows: list[dict], mode: str = "greedy") -> dict:
+    """The fastest parallel row of `mode` on two GPUs (NCCL first), else on the most GPUs measured."""
+    parallel = _pick(rows, "parallel", mode)
+    if not parallel:
+        raise ValueError(f"no parallel rows of mode {mode!r}")
+    most = max(r["gpus"] for r in parallel)
+    pool = [r for r in parallel if r["gpus"] == most]
+    pool = [r for r in pool if r["transport"] == "nccl"] or pool
+    return max(pool, key=lambda r: r["tokens_per_s"])
+
+
+def comparison(rows: list[dict], mode: str) -> list[tuple[str, dict]]:
+    """(label, row) of each method for one mode: plain decoding, the serial decoder, the serial
+    schedule and every parallel setup at the best parallel row's d."""
+    best = best_parallel(rows, mode)
+    out = []
+    for name, label in (("autoregressive", "autoregressive"),
+                        ("serial decoder", "serial decoder (capstone)")):
+        out += [(label, r) for r in _pick(rows, name, mode)]
+    out += [(f"serial, d = {r['steps']}", r) for r in _pick(rows, "serial", mode, steps=best["steps"])]
+    for r in _pick(rows, "parallel", mode, steps=best["steps"]):
+        gpus = f"{r['gpus']} GPU" + "s" * (r["gpus"] > 1)
+        out.append((f"parallel, d = {r['steps']}, {r['transport']}, {gpus}", r))
+    return out
+
+
+def speed_bars(rows: list[dict], mode: str = "greedy", ax=None, title: str | None = None):
+    """tokens/s of each method (`comparison`), each bar labelled with its tokens per target call and
+    its speed over the capstone's serial decoder."""
+    methods = comparison(rows, mode)
+    base = next((r["tokens_per_s"] for label, r in methods if r["name"] == "serial decoder"), None)
+    ax = new_ax(ax, (8, 0.5 * len(methods) + 1.2))
+    colors = {"autoregressive": GREY, "serial decoder": ORANGE, "serial": ORANGE, "parallel": GREEN}
+    values = [r["tokens_per_s"] for _, r in methods]
+    ax.barh(range(len(methods)), values, color=[colors[r["name"]] for _, r in methods], height=0.6, zorder=2)
+    for i, (_, r) in enumerate(methods):
+        text = f"{r['tokens_per_s']:.0f} tok/s, {r['tokens_per_call']:.2f} tok/call"
+        if base and r["name"] != "serial decoder":
+            text += f", {r['tokens_per_s'] / base:.2f}× serial decoder"
+        ax.text(r["tokens_per_s"] + 0.01 * max(values), i, text, va="center", fontsize=8.5, color=INK)
+    ax.set_yticks(range(len(methods)), [label for label, _ in methods], fontsize=9)
+    ax.set_ylim(len(methods) - 0.5, -0.5)
+    ax.set_xlim(0, 1.7 * max(values))
+    ax.set_xlabel("tokens / s (B = 1)")
+    style_ax(ax, title or f"{mode}: tokens per second", grid_axis="x")
+    return ax
+
+
+def measured_figure(document: dict):
+    """parallel.png: the measured timelines of the best parallel run and of the serial schedule at
+    its d (greedy), and the tokens/s of every method, greedy and sampling, labelled with the
+    device and date."""
+    import matplotlib.pyplot as plt
+
+    rows = document["rows"]
+    best = best_parallel(rows, "greedy")
+    serial = _pick(rows, "serial", "greedy", steps=best["steps"])
+    modes = [m for m in ("greedy", "sample") if _pick(rows, "parallel", m)]
+    fig = plt.figure(figsize=(13, 4.8 + 2.2 * len(modes)), layout="constrained")
+    grid = fig.add_gridspec(2 + len(modes), 1, height_ratios=[1, 1] + [1.3] * len(modes))
+    where = f"{best['gpus']} GPU{'s' * (best['gpus'] > 1)}, {best['transport']}"
+    timeline(best["timeline"], fig.add_subplot(grid[0]),
+             title=f"parallel (d = {best['steps']}, {where}): rounds 1-4, greedy")
+    if serial and serial[0].get("timeline"):
+        timeline(serial[0]["timeline"], fig.add_subplot(grid[1]),
+                 title=f"serial (d = {best['steps']}, one GPU): rounds 1-4, greedy")
+    for i, mode in enumerate(modes):
+        speed_bars(rows, mode, fig.add_subplot(grid[2 + i]))
+    fig.suptitle(f"{document.get('gpus', '')} x {document['device']}, {document['date'][:10]}", fontsize=10)
+    return fig
+
+
+FIGURES = {"parallel": measured_figure}

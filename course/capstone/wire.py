@@ -1,0 +1,354 @@
+"""The wire between the draft process and the target process (notebook 20): the messages of
+`pyspec_ref.parallel_tree` as tensors, the handshake that refuses a mismatched pair, and a
+watchdog that stops a process within seconds when its peer dies or hangs.
+
+Messages are fixed-size int64 tensors, so a receiver always posts one receive of a known size
+(no pickles, nothing of variable length on the wire):
+
+    [MAGIC, kind, round, count, next_token, payload of 2 * tree_size ints]
+
+SUBTREE: count nodes, payload parents then tokens (each padded to tree_size); in sampling mode a
+second tensor follows, the draft distribution q of each node, float32 (tree_size, V).
+ACCEPTED and STOP: count = path length, payload the path (indices into the last SUBTREE).
+`decode` checks everything a receiver relies on (the magic number, the kind, the counts, that the
+parents form a tree rooted at 0 and the path a root path of it) and names what is wrong.
+
+The handshake (`hello`, `check_hello`) runs on the CPU before either side loads its model onto a
+GPU: each side sends its role, its model's vocabulary and dtype, and the settings of the run; a
+difference stops both sides with one message naming every field that differs.
+
+Faults (`Watchdog`): each process bumps a heartbeat counter in the rendezvous store every
+`BEAT_S` seconds from a thread of its own, and checks its peer's. A peer whose counter stops for
+`peer_timeout` seconds (dead, or frozen), a store that cannot be reached (the process that hosts
+it, the target, is gone), a peer that reported a failure, or a message awaited for longer than
+`message_timeout` seconds: the watchdog prints one line saying which and exits the process
+(status EXIT_PEER), so neither side ever waits forever, whatever call its main thread is blocked
+in. Gloo itself also fails a receive at once when the peer's connection closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+MAGIC = 0x5357_5350  # "SWSP"
+VERSION = 1
+HEADER = 5  # magic, kind, round, count, next_token
+SUBTREE, ACCEPTED, STOP = "subtree", "accepted", "stop"
+KIND_CODES = {SUBTREE: 1, ACCEPTED: 2, STOP: 3}
+KIND_NAMES = {code: name for name, code in KIND_CODES.items()}
+ROLES = ("target", "draft")  # rank 0 hosts the store and verifies; rank 1 drafts
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+EXIT_ERROR, EXIT_PEER, EXIT_MISMATCH = 1, 3, 4
+BEAT_S = 0.1
+
+
+class WireError(ValueError):
+    """A message that breaks the protocol (a bug on the sending side, or a stale peer)."""
+
+
+class PeerLost(RuntimeError):
+    """The other process closed its connection, or sent nothing for too long."""
+
+
+class PairMismatch(ValueError):
+    """The two sides cannot work together (vocabularies, dtypes, settings)."""
+
+
+@dataclass(frozen=True)
+class Subtree:
+    """SUBTREE(round): the nodes the draft sends for verification; q in sampling mode."""
+
+    round: int
+    parents: list[int]
+    tokens: list[int]
+    q: torch.Tensor | None = None
+    kind: str = SUBTREE
+
+
+@dataclass(frozen=True)
+class Reply:
+    """ACCEPTED(round) or STOP(round): the accepted path (indices into that round's SUBTREE) and
+    the next token."""
+
+    kind: str
+    round: int
+    path: list[int]
+    next_token: int
+
+
+def message_length(tree_size: int) -> int:
+    return HEADER + 2 * tree_size
+
+
+def encode(message: Subtree | Reply, tree_size: int) -> torch.Tensor:
+    """The message's int64 tensor (CPU), `message_length(tree_size)` long."""
+    out = torch.zeros(message_length(tree_size), dtype=torch.int64)
+    if isinstance(message, Subtree):
+        n = len(message.parents)
+        if not 1 <= n <= tree_size or len(message.tokens) != n:
+            raise WireError(f"a SUBTREE of {n} nodes and {len(message.tokens)} tokens does not fit "
+                            f"tree_size = {tree_size}")
+        out[:HEADER] = torch.tensor([MAGIC, KIND_CODES[SUBTREE], message.round, n, -1])
+        out[HEADER:HEADER + n] = torch.tensor(message.parents)
+        out[HEADER + tree_size:HEADER + tree_size + n] = torch.tensor(message.tokens)
+        return out
+    n = len(message.path)
+    if not 1 <= n <= tree_size or message.kind not in (ACCEPTED, STOP):
+        raise WireError(f"a {message.kind} reply with a path of {n} nodes (tree_size = {tree_size})")
+    out[:HEADER] = torch.tensor([MAGIC, KIND_CODES[message.kind], message.round, n, message.next_token])
+    out[HEADER:HEADER + n] = torch.tensor(message.path)
+    return out
+
+
+def decode(values: list[int], tree_size: int, vocab_size: int, sender: str,
+           last_subtree: Subtree | None = None) -> Subtree | Reply:
+    """The message in `values` (a received tensor's list), checked; WireError naming the sender and
+    what is wrong. A reply's path is checked against `last_subtree`, the SUBTREE it answers."""
+    if len(values) != message_length(tree_size):
+        raise WireError(f"a message of {len(values)} ints from the {sender}, expected "
+                        f"{message_length(tree_size)}")
+    magic, code, rnd, count, nxt = values[:HEADER]
+    if magic != MAGIC:
+        raise WireError(f"the {sender} sent a message without the protocol's magic number ({magic:#x}): "
+                        "is the other process running this course's parallel worker?")
+    kind = KIND_NAMES.get(code)
+    if kind is None:
+        raise WireError(f"the {sender} sent a message of unknown kind {code}")
+    if not 1 <= count <= tree_size:
+        raise WireError(f"the {sender}'s {kind} message counts {count} nodes; 1 to {tree_size} expected")
+    payload = values[HEADER:]
+    if kind == SUBTREE:
+        parents = payload[:count]
+        tokens = payload[tree_size:tree_size + count]
+        if parents[0] != -1 or any(not 0 <= p < j for j, p in enumerate(parents) if j):
+            raise WireError(f"the draft's SUBTREE({rnd}) parents {parents} are not a tree rooted at 0 "
+                            "with parents before children")
+        if any(not 0 <= t < vocab_size for t in tokens):
+            raise WireError(f"the draft's SUBTREE({rnd}) tokens {tokens} are not all in [0, {vocab_size})")
+        return Subtree(rnd, parents, tokens)
+    path = payload[:count]
+    if not 0 <= nxt < vocab_size:
+        raise WireError(f"the target's {kind}({rnd}) next token {nxt} is not in [0, {vocab_size})")
+    if last_subtree is not None:
+        if rnd != last_subtree.round:
+            raise WireError(f"the target answered round {rnd}, the draft sent round {last_subtree.round}")
+        n = len(last_subtree.parents)
+        if path[0] != 0 or any(not 0 <= b < n or last_subtree.parents[b] != a
+                               for a, b in zip(path, path[1:], strict=False)):
+            raise WireError(f"the target's {kind}({rnd}) path {path} is not a root path of the "
+                            f"{n}-node SUBTREE({rnd})")
+    return Reply(kind, rnd, path, nxt)
+
+
+# --------------------------------------------------------------------------- the handshake
+
+HELLO_FIELDS = ("magic", "version", "role", "vocab_size", "dtype", "tree_size", "width", "branch",
+                "max_new_tokens", "eos", "runs_crc")
+
+
+def hello(role: str, vocab_size: int, dtype: torch.dtype, *, tree_size: int, width: int, branch: int,
+          max_new_tokens: int, eos: int | None, runs_crc: int) -> torch.Tensor:
+    """This side's description, as an int64 tensor of len(HELLO_FIELDS); runs_crc stands for the
+    rest of the job (each run's prompt, mode, steps, seed)."""
+    if dtype not in DTYPES:
+        raise PairMismatch(f"the {role}'s dtype {dtype} is none of {DTYPES}")
+    values = (MAGIC, VERSION, ROLES.index(role), vocab_size, DTYPES.index(dtype), tree_size, width, branch,
+              max_new_tokens, -1 if eos is None else eos, runs_crc)
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def check_hello(mine: list[int], theirs: list[int]) -> None:
+    """PairMismatch naming every field in which the two sides differ (or a peer that is no worker)."""
+    me, peer = dict(zip(HELLO_FIELDS, mine, strict=True)), dict(zip(HELLO_FIELDS, theirs, strict=True))
+    if peer["magic"] != MAGIC or peer["version"] != VERSION:
+        raise PairMismatch(f"the peer speaks another protocol (magic {peer['magic']:#x}, version "
+                           f"{peer['version']}; this side {MAGIC:#x}, version {VERSION})")
+    if peer["role"] == me["role"] or peer["role"] not in (0, 1):
+        raise PairMismatch(f"both processes claim the role {ROLES[me['role']]!r}: one target and one "
+                           "draft are needed")
+    shown = {"dtype": lambda i: str(DTYPES[i]).replace("torch.", ""),
+             "eos": lambda i: "none" if i < 0 else str(i),
+             "runs_crc": lambda i: f"{i:#010x} (the runs: prompts, modes, steps, seeds)"}
+    diffs = []
+    for field in HELLO_FIELDS[3:]:
+        if me[field] != peer[field]:
+            by_role = {me["role"]: me[field], peer["role"]: peer[field]}
+            show = shown.get(field, str)
+            diffs.append(f"{field}: target {show(by_role[0])}, draft {show(by_role[1])}")
+    if diffs:
+        raise PairMismatch("the target and the draft do not match, so neither was loaded onto a GPU: "
+                           + "; ".join(diffs))
+
+
+# --------------------------------------------------------------------------- the link
+
+
+class Link:
+    """One side's end of the wire, over torch.distributed: `group` is the data group (NCCL between
+    two GPUs, with the tensors on `device`; None: the default gloo group, CPU tensors). Replies are
+    checked against the last SUBTREE this side sent."""
+
+    def __init__(self, rank: int, tree_size: int, vocab_size: int, device, *, group=None, nccl: bool = False,
+                 watchdog: Watchdog | None = None):
+        self.rank, self.peer = rank, 1 - rank
+        self.tree_size, self.vocab_size = tree_size, vocab_size
+        self.device, self.group, self.nccl, self.watchdog = torch.device(device), group, nccl, watchdog
+        self.ints = torch.zeros(message_length(tree_size), dtype=torch.int64, device=self.device)
+        self.floats = torch.zeros((tree_size, vocab_size), dtype=torch.float32, device=self.device)
+        self.last_subtree: Subtree | None = None
+        self._sending: list = []  # (work, tensor): a tensor stays alive until its send completes
+
+    def send(self, message: Subtree | Reply) -> None:
+        import torch.distributed as dist
+
+        self._finish_sends()
+        tensors = [encode(message, self.tree_size).to(self.device)]
+        if isinstance(message, Subtree):
+            self.last_subtree = message
+            if message.q is not None:
+                q = torch.zeros((self.tree_size, self.vocab_size), dtype=torch.float32)
+                q[:len(message.parents)] = message.q.float().cpu()
+                tensors.append(q.to(self.device))
+        self._sending = [(dist.isend(t, self.peer, group=self.group), t) for t in tensors]
+
+    def recv(self, what: str, with_q: bool = False) -> Subtree | Reply:
+        """The next message (`what` names it for the watchdog's message timeout); with_q: a SUBTREE's
+        q follows it (sampling mode)."""
+        import torch.distributed as dist
+
+        self._wait(dist.irecv(self.ints, self.peer, group=self.group), what)
+        message = decode(self.ints.tolist(), self.tree_size, self.vocab_size, ROLES[self.peer],
+                         self.last_subtree)
+        if isinstance(message, Subtree) and with_q:
+            self._wait(dist.irecv(self.floats, self.peer, group=self.group), what)
+            message = Subtree(message.round, message.parents, message.tokens,
+                              self.floats[:len(message.parents)].clone())
+        return message
+
+    def close(self) -> None:
+        self._finish_sends()
+
+    def _finish_sends(self) -> None:
+        for work, _ in self._sending:
+            self._wait(work)
+        self._sending = []
+
+    def _wait(self, work, what: str | None = None) -> None:
+        """Wait for a send or a receive (`what`: the message awaited, for the watchdog's timeout).
+        NCCL: poll, so that the host never blocks inside the driver and the watchdog can always
+        act; gloo: block (gloo releases the GIL, fails when the peer's connection closes, and times
+        out after the process group's timeout)."""
+        waiting = self.watchdog.waiting(what) if self.watchdog and what else contextlib.nullcontext()
+        peer = ROLES[self.peer]
+        try:
+            with waiting:
+                if self.nccl:
+                    while not work.is_completed():
+                        time.sleep(20e-6)
+                work.wait()
+        except RuntimeError as error:  # gloo: the peer's socket closed, or the group's timeout passed
+            text = str(error)
+            if "Connection closed" in text or "Connection reset" in text:
+                raise PeerLost(f"the {peer} closed its connection (its process ended)") from None
+            if "Timed out" in text:
+                raise PeerLost(f"no {what or 'message'} from the {peer} within the process group's "
+                               "timeout") from None
+            raise
+
+
+# --------------------------------------------------------------------------- faults
+
+
+class Watchdog:
+    """See the module docstring. `waiting(what)` marks the main thread as waiting for a message."""
+
+    def __init__(self, store, rank: int, *, peer_timeout: float, message_timeout: float,
+                 error_file: str | None = None):
+        self.store, self.rank, self.peer = store, rank, 1 - rank
+        self.peer_timeout, self.message_timeout = peer_timeout, message_timeout
+        self.error_file = error_file
+        self.awaiting: tuple[str, float] | None = None
+        self._stop = threading.Event()
+        self._failing = threading.Lock()  # one failure is reported, by whichever thread sees it first
+        self._thread = threading.Thread(target=self._watch, name="parallel-watchdog", daemon=True)
+
+    @property
+    def me(self) -> str:
+        return ROLES[self.rank]
+
+    @property
+    def other(self) -> str:
+        return ROLES[self.peer]
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching (before an orderly shutdown, when the peer may leave first)."""
+        self._stop.set()
+        self._thread.join()
+
+    @contextlib.contextmanager
+    def waiting(self, what: str):
+        self.awaiting = (what, time.monotonic())
+        try:
+            yield
+        finally:
+            self.awaiting = None
+
+    def _watch(self) -> None:
+        seen, last_change = -1, time.monotonic()
+        while not self._stop.wait(BEAT_S):
+            now = time.monotonic()
+            try:
+                self.store.add(f"beat/{self.rank}", 1)
+                beats = self.store.add(f"beat/{self.peer}", 0)
+                failed = self.store.check([f"failed/{self.peer}"])
+                reason = self.store.get(f"failed/{self.peer}").decode() if failed else ""
+            except Exception as error:  # the store's host (the target) is gone
+                self.fail(f"lost contact with the {self.other} (its process ended or its connection "
+                          f"broke: {str(error).splitlines()[0]})")
+                return
+            if reason:
+                self.fail(f"the {self.other} stopped: {reason}", tell_peer=False)
+                return
+            if beats != seen:
+                seen, last_change = beats, now
+            elif now - last_change > self.peer_timeout:
+                self.fail(f"the {self.other} has given no sign of life for {now - last_change:.1f} s "
+                          "(its process died or is frozen)")
+                return
+            awaiting = self.awaiting
+            if awaiting is not None and now - awaiting[1] > self.message_timeout:
+                self.fail(f"no {awaiting[0]} from the {self.other} for {now - awaiting[1]:.1f} s "
+                          f"(message_timeout = {self.message_timeout} s)")
+                return
+
+    def fail(self, message: str, tell_peer: bool = True, status: int = EXIT_PEER) -> None:
+        """Say why, tell the peer (if it can still hear), and leave the process at once: the main
+        thread may be blocked inside a receive that would never return."""
+        if not self._failing.acquire(blocking=False):
+            time.sleep(60)  # the other thread is already reporting and will end the process
+        report(self.me, message, self.error_file)
+        if tell_peer:
+            with contextlib.suppress(Exception):
+                self.store.set(f"failed/{self.rank}", message)
+                time.sleep(10 * BEAT_S)  # the target hosts the store: let the peer's watchdog read it
+        os._exit(status)
+
+
+def report(role: str, message: str, error_file: str | None) -> None:
+    """One line on stderr, and the same line in error_file for the launcher."""
+    line = f"parallel generation, {role} process: {message}; stopping"
+    print(line, file=sys.stderr, flush=True)
+    if error_file:
+        with contextlib.suppress(OSError), open(error_file, "x") as f:  # the first word stands
+            f.write(line + "\n")

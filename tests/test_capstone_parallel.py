@@ -1,0 +1,362 @@
+"""Parallel tree generation with the tiny pair on the CPU (notebook 20): both workers in one
+process and in two processes through gloo, greedy equal to plain decoding, sampling following the
+target's distribution, the draft's KV cache matching its tree, the wire's checks, a mismatched
+pair refused, and a dead, frozen or silent process stopping its peer within seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import course  # noqa: F401  (first: chooses the simulator / interpreter)
+from course.capstone import decoder, parallel, weights, wire
+from course.capstone.model import TinyLM
+from course.capstone.sides import DraftSide, TargetSide
+from course.capstone.text import encode
+from course.core import runtime
+from course.measure.stats import chi_square_p_value
+
+PROMPT = encode("The old fox ")
+TINY = {role: str(weights.weight_path("tiny", role)) for role in wire.ROLES}
+DEVICE = "cuda:0" if runtime.on_gpu() else "cpu"  # both processes of a test job
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.set_num_threads(1)  # tiny models: threads only contend
+    return weights.load_pair("tiny", device=runtime.torch_device(), dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def plain(pair):
+    return decoder.autoregressive(pair.target, [PROMPT], 24, backend="reference").tokens[0]
+
+
+@pytest.mark.parametrize("schedule", parallel.SCHEDULES)
+@pytest.mark.parametrize("tree_size, width, steps", [(4, 2, 0), (4, 2, 2), (6, 3, 1), (3, 1, 4)])
+def test_greedy_equals_plain_decoding(pair, plain, schedule, tree_size, width, steps):
+    got = parallel.generate(pair.target, pair.draft, PROMPT, 24, tree_size=tree_size, width=width,
+                            steps=steps, schedule=schedule, backend="reference")
+    assert got.tokens == plain
+    assert got.target_calls < 24 and got.tokens_per_call > 1.5  # the draft does get tokens accepted
+    if schedule == "parallel" and steps:
+        assert any(got.reused)  # subtrees grown during verification survive re-rooting
+
+
+def test_greedy_with_the_kernels(pair, plain):
+    got = parallel.generate(pair.target, pair.draft, PROMPT, 5, tree_size=4, width=2, steps=2,
+                            impl="solutions")
+    assert got.tokens == plain[:5]
+
+
+def test_sampling_matches_target_distribution(pair):
+    """Many seeded runs of the parallel schedule: each of the first three emitted tokens follows the
+    target's marginal distribution, as in the capstone's own test (SpecInfer §4.3); the later ones
+    often come from a round whose tree reused a subtree grown during verification."""
+    prompt, runs, n = encode("The old "), 300, 3
+    emitted, accepted, reused = [], 0, 0
+    for seed in range(runs):
+        got = parallel.generate(pair.target, pair.draft, prompt, n, tree_size=4, width=2, steps=2, branch=2,
+                                mode="sample", seed=7 * seed, backend="reference")
+        emitted.append(got.tokens)
+        accepted += sum(got.accepted)
+        reused += sum(got.reused)
+    assert accepted > 0.5 * runs and reused > 0.1 * runs  # the tree walk and the reuse are exercised
+    vocab = pair.target.config.vocab_size
+    marginals, joint, seqs = [], torch.ones(1, dtype=torch.float64), [prompt]
+    with torch.no_grad():
+        for _ in range(n):  # p(x_i) by enumerating every earlier token (80 * 80 sequences at most)
+            probs = torch.softmax(pair.target(torch.tensor(seqs))[:, -1].double(), -1)  # (len(seqs), V)
+            step = joint[:, None] * probs
+            marginals.append(step.sum(0))
+            joint, seqs = step.reshape(-1), [s + [x] for s in seqs for x in range(vocab)]
+    for i in range(n):
+        counts = torch.bincount(torch.tensor([t[i] for t in emitted]), minlength=vocab)
+        assert chi_square_p_value(counts, marginals[i], pool_below=5) > 1e-3, f"token {i + 1}"
+    counts = torch.bincount(torch.tensor([t[1] for t in emitted]), minlength=vocab)
+    assert chi_square_p_value(counts, marginals[0], pool_below=5) < 1e-3  # the test has power
+
+
+def _kv_of(model, sequence: list[int]) -> torch.Tensor:
+    """The KV rows (R, len, d) of a fresh causal prefill of `sequence` (its last token included)."""
+    cache = model.new_cache(1, len(sequence) + 1)
+    decoder.prefill(decoder.make_backend("reference"), model, cache, [sequence + [0]])
+    return cache.data[0, :, :len(sequence)]
+
+
+def test_the_draft_cache_matches_its_tree_after_every_reroot(pair):
+    """SwiftSpec §3.2's invariant on the real cache: after each re-root, row i < P holds the KV of
+    committed token i and row P + v the KV of tree node v's path, for every node the draft ran."""
+    cfg = decoder.settings(4, 2, 3, mode="greedy")
+    sizes = dict(max_prompt=len(PROMPT), max_new_tokens=16, backend="reference")
+    d_side, t_side = DraftSide(pair.draft, cfg, 2, **sizes), TargetSide(pair.target, cfg, **sizes)
+    d_side.start(PROMPT)
+    t_side.start(PROMPT)
+    d_side.grow(0)
+    committed, kept = list(PROMPT[:-1]), 0
+    for _ in range(5):
+        parents, tokens, q = d_side.subtree()
+        d_side.grow(2)  # while the target verifies
+        path, nxt = t_side.verify(parents, tokens, q)
+        committed += [tokens[j] for j in path]
+        kept += d_side.reroot(path, nxt) is not None
+        tree, P = d_side.tree, d_side.prefix
+        assert P == len(committed) == t_side.prefix
+        cache = d_side.cache.data[0]
+        torch.testing.assert_close(cache[:, :P], _kv_of(pair.draft, committed), atol=1e-5, rtol=1e-4)
+        for v in range(len(tree)):
+            if tree.run[v]:
+                up, u = [], v
+                while u >= 0:
+                    up.append(tree.tokens[u])
+                    u = tree.parents[u]
+                want = _kv_of(pair.draft, committed + up[::-1])[:, -1]
+                torch.testing.assert_close(cache[:, P + v], want, atol=1e-5, rtol=1e-4)
+        d_side.grow(0)
+    assert kept >= 2  # grown-ahead subtrees were kept, so their moved rows were checked
+
+
+def test_the_target_refuses_a_subtree_that_was_not_rerooted(pair):
+    cfg = decoder.settings(4, 2, 3, mode="greedy")
+    side = TargetSide(pair.target, cfg, max_prompt=len(PROMPT), max_new_tokens=8, backend="reference")
+    side.start(PROMPT)
+    with pytest.raises(ValueError, match="did not re-root"):
+        side.verify([-1, 0], [PROMPT[-1] + 1, 3])
+    with pytest.raises(ValueError, match="not a tree rooted at 0"):
+        side.verify([-1, 2, 0], [PROMPT[-1], 3, 4])
+    with pytest.raises(ValueError, match="1 to 4 nodes"):
+        side.verify([-1, 0, 0, 0, 0], [PROMPT[-1]] * 5)
+
+
+# --------------------------------------------------------------------------- the wire
+
+
+def test_messages_round_trip_and_bad_ones_are_named():
+    sub = wire.Subtree(3, [-1, 0, 0, 1], [5, 6, 7, 8])
+    got = wire.decode(wire.encode(sub, 6).tolist(), 6, 80, "draft")
+    assert (got.kind, got.round, got.parents, got.tokens) == (wire.SUBTREE, 3, sub.parents, sub.tokens)
+    reply = wire.Reply(wire.ACCEPTED, 3, [0, 1, 3], 42)
+    assert wire.decode(wire.encode(reply, 6).tolist(), 6, 80, "target", last_subtree=sub) == reply
+    stop = wire.Reply(wire.STOP, 3, [0], 7)
+    assert wire.decode(wire.encode(stop, 6).tolist(), 6, 80, "target", last_subtree=sub) == stop
+
+    def corrupt(message, index, value, **kw):
+        values = wire.encode(message, 6).tolist()
+        values[index] = value
+        return wire.decode(values, 6, 80, "target" if isinstance(message, wire.Reply) else "draft", **kw)
+
+    for args, match in (((sub, 0, 1234), "magic number"), ((sub, 1, 9), "unknown kind"),
+                        ((sub, 3, 7), "counts 7 nodes"), ((sub, wire.HEADER + 2, 3), "not a tree rooted"),
+                        ((sub, wire.HEADER + 6, 80), r"not all in \[0, 80\)"),
+                        ((reply, 4, 99), "next token 99"), ((reply, wire.HEADER + 2, 2), "not a root path")):
+        with pytest.raises(wire.WireError, match=match):
+            corrupt(*args, last_subtree=sub)
+    with pytest.raises(wire.WireError, match="answered round 4"):
+        corrupt(reply, 2, 4, last_subtree=sub)
+    with pytest.raises(wire.WireError, match="does not fit"):
+        wire.encode(wire.Subtree(0, [-1] * 7, [1] * 7), 6)
+
+
+def test_the_handshake_names_every_difference():
+    shared = dict(tree_size=8, width=2, branch=4, max_new_tokens=16, eos=None, runs_crc=11)
+    target = wire.hello("target", 80, torch.float32, **shared).tolist()
+    wire.check_hello(target, wire.hello("draft", 80, torch.float32, **shared).tolist())
+    draft = wire.hello("draft", 81, torch.float16, **dict(shared, width=4)).tolist()
+    with pytest.raises(wire.PairMismatch) as error:
+        wire.check_hello(target, draft)
+    assert "vocab_size: target 80, draft 81" in str(error.value)
+    for difference in ("dtype: target float32, draft float16", "width: target 2, draft 4"):
+        assert difference in str(error.value)
+    with pytest.raises(wire.PairMismatch, match="both processes claim the role 'target'"):
+        wire.check_hello(target, target)
+    with pytest.raises(wire.PairMismatch, match="another protocol"):
+        wire.check_hello(target, [0] * len(target))
+
+
+# --------------------------------------------------------------------------- two processes
+
+
+def _job(**changes) -> parallel.Job:
+    options = dict(tree_size=4, width=2, max_new_tokens=8, backend="reference", peer_timeout=2.0,
+                   devices={"target": DEVICE, "draft": DEVICE})
+    runs = changes.pop("runs", [parallel.Run(PROMPT, 2)])
+    return parallel.Job(TINY["target"], TINY["draft"], runs, **(options | changes))
+
+
+def test_two_processes_produce_the_lockstep_tokens(pair, plain):
+    """The simulator and the interpreter in both processes, gloo between them: a greedy run with
+    the course's kernels and a sampled one; each equals the one-process run of the same settings."""
+    runs = [parallel.Run(PROMPT, 2, "greedy", 0), parallel.Run(PROMPT, 1, "sample", 5)]
+    got = parallel.launch(_job(runs=runs, max_new_tokens=6, backend="kernels", impl="solutions"), timeout=300)
+    assert got[0].tokens == plain[:6]
+    for run, generation in zip(runs, got, strict=True):
+        same = parallel.generate(pair.target, pair.draft, PROMPT, 6, tree_size=4, width=2, steps=run.steps,
+                                 branch=4, mode=run.mode, seed=run.seed, impl="solutions")
+        assert (generation.tokens, generation.accepted, generation.reused) == (same.tokens, same.accepted,
+                                                                                same.reused)
+        assert generation.processes == 2 and generation.target_calls == len(generation.accepted)
+        sides = {e["side"] for e in generation.events}
+        assert sides == {"draft", "target"}  # both timelines came back
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_through_nccl(pair, plain):
+    """On a machine with two GPUs: the target on cuda:0, the draft on cuda:1, NCCL between them."""
+    runs = [parallel.Run(PROMPT, 2, "greedy", 0), parallel.Run(PROMPT, 3, "sample", 5)]
+    job = _job(runs=runs, max_new_tokens=16, backend="kernels", impl="solutions", transport="nccl",
+               devices={"target": "cuda:0", "draft": "cuda:1"})
+    got = parallel.launch(job, timeout=300)
+    assert got[0].tokens == plain[:16]
+    same = parallel.generate(pair.target, pair.draft, PROMPT, 16, tree_size=4, width=2, steps=3, branch=4,
+                             mode="sample", seed=5, impl="solutions")
+    assert (got[1].tokens, got[1].accepted) == (same.tokens, same.accepted)
+
+
+def test_a_mismatched_pair_is_refused_before_anything_runs(tmp_path):
+    other = TinyLM(weights.CONFIGS["tiny"]["draft"].__class__(**{**weights.CONFIGS["tiny"]["draft"].to_dict(),
+                                                                   "vocab_size": 81}))
+    path = tmp_path / "draft81.safetensors"
+    weights.save_model(other, path, torch.float32)
+    job = _job()
+    job.draft = str(path)
+    with pytest.raises(wire.PairMismatch, match="vocab_size: target 80, draft 81"):
+        parallel.Launch(job)  # refused by the launcher: no process started
+    # launched anyway (as two separately started workers would be), the handshake refuses it too
+    job = _job(dtypes={"target": "float32", "draft": "float16"})
+    with pytest.raises(parallel.ParallelError, match="dtype: target float32, draft float16") as error:
+        parallel.Launch(job, check=False).wait(60)
+    assert "neither was loaded onto a GPU" in str(error.value)
+
+
+def _stopped_within(launch: parallel.Launch, role: str, seconds: float) -> float:
+    start = time.monotonic()
+    while launch.processes[role].poll() is None:
+        assert time.monotonic() - start < seconds, f"the {role} process did not stop within {seconds} s"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def _paused(launch: parallel.Launch, role: str) -> None:
+    start = time.monotonic()
+    while not launch.paused(role):
+        assert time.monotonic() - start < 120, "the job did not reach its pause point"
+        assert all(p.poll() is None for p in launch.processes.values()), "a process ended early"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("victim, how", [("draft", "kill"), ("target", "kill"), ("draft", "freeze")])
+def test_a_dead_or_frozen_process_stops_its_peer_within_seconds(victim, how):
+    peer = "target" if victim == "draft" else "draft"
+    launch = parallel.Launch(_job(max_new_tokens=60, pause=[victim, 1]))
+    _paused(launch, victim)
+    os.kill(launch.processes[victim].pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+    try:
+        _stopped_within(launch, peer, 2.0 + 5)  # peer_timeout + the watchdog's reaction
+        assert launch.processes[peer].returncode == wire.EXIT_PEER
+        said = (launch.folder / f"{peer}.error").read_text()
+        # a kill: the receive fails at once, or the store (the target hosts it) is gone; a freeze:
+        # the connection stays open and only the heartbeat tells
+        expected = ("closed its connection", "lost contact") if how == "kill" else ("no sign of life",)
+        assert f"{peer} process: " in said and f"the {victim}" in said and any(e in said for e in expected)
+    finally:
+        launch.processes[victim].kill()
+        launch.processes[victim].wait()
+    with pytest.raises(parallel.ParallelError, match=f"the {victim}"):
+        launch.wait(30)
+
+
+def test_a_silent_peer_times_out_and_both_stop():
+    launch = parallel.Launch(_job(max_new_tokens=60, pause=["draft", 0], message_timeout=2.0))
+    _paused(launch, "draft")
+    _stopped_within(launch, "target", 2.0 + 5)
+    _stopped_within(launch, "draft", 5)  # told by the target through the store
+    with pytest.raises(parallel.ParallelError, match="no SUBTREE from the draft for 2") as error:
+        launch.wait(30)
+    said = str(error.value)  # the draft learns it from the store, or finds the store gone with the target
+    assert "draft process: the target stopped" in said or "lost contact with the target" in said
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+def test_generate_parallel_command(capsys):
+    from course.__main__ import main
+
+    assert main(["generate", "--parallel", "--prompt", "The old ", "--pair", "tiny", "--max-new-tokens", "4",
+                 "--backend", "reference", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "two processes" in out and "greedy output identical to plain decoding: True" in out
+
+
+def test_generate_parallel_on_one_gpu_says_what_it_needs(monkeypatch, capsys):
+    from course.__main__ import main
+
+    monkeypatch.setattr(runtime, "on_gpu", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["generate", "--parallel", "--prompt", "The old "]) == 2
+    err = capsys.readouterr().err
+    assert "two GPUs" in err and "this machine has 1" in err
+
+
+# --------------------------------------------------------------------------- the bench and its figures
+
+
+def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
+    """The GPU bench's code, run on the CPU (tiny pair, reference backend): every method's row, in
+    the results schema, and parallel.png's figure drawn from them."""
+    import matplotlib.pyplot as plt
+
+    from course.capstone import parallel_bench, parallel_figures
+    from course.measure import results
+
+    rows = parallel_bench.measure(pair="tiny", n_prompts=1, max_new=6, steps=(1,), repeats=1, cpu=True,
+                                  backend="reference", log=lambda *_: None)
+    names = {(r["name"], r["mode"]) for r in rows}
+    assert names == {(n, m) for n in ("autoregressive", "serial decoder", "serial", "parallel")
+                     for m in ("greedy", "sample")}
+    greedy = [r for r in rows if r["mode"] == "greedy" and r["name"] != "autoregressive"]
+    assert all(r["identical"] and r["max_abs_err"] == 0.0 for r in greedy)
+    best = parallel_figures.best_parallel(rows)
+    assert best["timeline"] and {e["side"] for e in best["timeline"]} == {"draft", "target"}
+    assert best["tokens_per_call"] > 1 and best["verify_ms"] > 0 and best["target_calls"] < 6
+    document = {"suite": "parallel", "device": "test", "date": "2026-01-01T00:00:00", "software": {},
+                "gpus": 0, "rows": rows}
+    results.validate(document)
+    figure = parallel_figures.measured_figure(document)
+    assert len(figure.axes) == 4  # two timelines, greedy and sampling bars
+    plt.close(figure)
+    # the committed file with the most GPUs is the one notebook 20 shows; none: "not measured yet"
+    with pytest.raises(results.NotMeasuredYet, match="not measured yet"):
+        parallel_bench.load_committed(tmp_path)
+    for folder, gpus in (("h100", 1), ("h100x2", 2)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "parallel.json").write_text(json.dumps(document | {"gpus": gpus}))
+    assert parallel_bench.load_committed(tmp_path)["gpus"] == 2
+    speedup, met = parallel_bench.target_met(document)
+    assert speedup == best["speedup_vs_serial_decoder"] and not met  # measured on no GPU at all
+
+
+def test_the_sequence_diagram_draws_every_message_of_its_rounds():
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Annotation
+
+    from course.capstone import parallel_figures
+    from pyspec_ref import parallel_tree as pt
+
+    def model(path):  # a deterministic toy target: the next token leans on the last one
+        weights_ = [1.0 + ((path[-1] * 7 + t * 3) % 5) for t in range(5)]
+        return [w / sum(weights_) for w in weights_]
+
+    out = pt.simulate_parallel_tree(model, model, [1, 2], 20, tree_size=3, width=1, steps=2)
+    ax = parallel_figures.sequence_diagram(out["messages"], out["times"], out["events"], rounds=2)
+    arrows = [a for a in ax.texts if isinstance(a, Annotation)]
+    labels = [t.get_text() for t in ax.texts if t.get_text().startswith(("SUBTREE", "ACCEPTED", "STOP"))]
+    assert len([m for m in out["messages"] if m.round < 2]) == len(arrows) == len(labels) == 4
+    plt.close(ax.figure)
+    with pytest.raises(ValueError, match="pair up"):
+        parallel_figures.sequence_diagram(out["messages"], out["times"][:-1], out["events"])
