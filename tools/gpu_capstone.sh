@@ -3,7 +3,7 @@
 #
 #   tools/gpu_capstone.sh --smoke   about a minute: the graphed decoders capture, replay and emit what
 #                                   the eager ones and plain greedy decoding emit (the committed small pair)
-#   tools/gpu_capstone.sh           train the medium pair if its weights are missing (about 3 minutes),
+#   tools/gpu_capstone.sh           train the medium pair if its weights are missing (under 2 minutes),
 #                                   then the side-by-side bench and `python -m course generate`; the whole
 #                                   run ends within RUN_S seconds (default 540), the bench's budget shrinking
 #                                   to what the training left
