@@ -49,7 +49,8 @@ class Recipe:
 
 
 RECIPES = {
-    # ~9.3 M parameters in all (18 MB in fp16); 64 x 512 tokens a step. Under 2 minutes on one H100 (weights/train_medium.log).
+    # ~9.3 M parameters in all (18 MB in fp16); 64 x 512 tokens a step. Under 2 minutes on one H100
+    # (weights/train_medium.log).
     "medium": Recipe(train_chars=24_000_000, seq_len=512, batch=64, steps=2000, draft_steps=2000, lr=1.5e-3,
                      draft_lr=3e-3, warmup=100, log_every=100, eval_every=500,
                      snapshot_fractions=(1 / 40, 1 / 10, 1 / 3), store_dtype=torch.float16),
