@@ -366,6 +366,21 @@ def test_grading_refuses_without_bubblewrap_unless_told(tmp_path, monkeypatch):
     assert "produced without isolation" in (tmp_path / "out" / "feedback" / "ann_lee.md").read_text()
 
 
+def test_gpu_nodes_are_bound_over_the_fresh_dev(tmp_path, monkeypatch):
+    """bwrap mounts in order: a node bound before `--dev /dev` would lie hidden under the new /dev,
+    and the child would see no GPU."""
+    monkeypatch.setattr(sandbox, "bwrap", lambda: "/usr/bin/bwrap")
+    monkeypatch.setattr(sandbox.glob, "glob", lambda pattern: ["/dev/nvidia0", "/dev/nvidiactl"])
+    plan = sandbox.Plan(tmp_path, "/usr/bin/python3", (), (), (), True, ())
+    command = sandbox._bwrap_command(plan, tmp_path, sandbox.Settings(2**30, 2**24, 64), ["python3"], 3,
+                                      as_root=False)
+    fresh_dev = command.index("--dev")
+    assert command[fresh_dev + 1] == "/dev"
+    binds = [i for i, word in enumerate(command) if word == "--dev-bind"]
+    assert [command[i + 1] for i in binds] == ["/dev/nvidia0", "/dev/nvidiactl"]
+    assert min(binds) > fresh_dev
+
+
 def test_zips_may_not_escape(tmp_path):
     for name in ("../evil.py", "/abs/evil.py"):
         archive = tmp_path / "evil.zip"

@@ -8,7 +8,8 @@
 #   usage: tools/gpu_grade_check.sh [OUT]        (default OUT: /tmp/gpu-grade-check)
 #   PYTHON=python3 (default). Needs bubblewrap: installed (apt-get install bubblewrap), or
 #   BWRAP_DEB=path/to/bubblewrap_*.deb, unpacked under /tmp without installing (for a machine
-#   without network: `apt-get download bubblewrap` on one that has it).
+#   without network: `apt-get download bubblewrap` on one that has it; the .deb files of its
+#   libraries beside it are unpacked too when bwrap cannot start without them).
 #   Packages installed with `pip install --target /tmp/site` and PYTHONPATH=/tmp/site are bound
 #   into the sandbox read-only: it binds the folders on the grader's own sys.path.
 set -euo pipefail
@@ -19,6 +20,10 @@ if ! command -v bwrap >/dev/null; then
   if [ -n "${BWRAP_DEB:-}" ]; then
     dpkg -x "$BWRAP_DEB" /tmp/bwrap-deb
     export PATH="/tmp/bwrap-deb/usr/bin:$PATH"
+    if ! bwrap --version >/dev/null 2>&1; then  # its libraries too (libcap2, libselinux1, libpcre2-8-0)
+      for deb in "$(dirname "$BWRAP_DEB")"/lib*.deb; do dpkg -x "$deb" /tmp/bwrap-deb; done
+      export LD_LIBRARY_PATH="/tmp/bwrap-deb/lib/x86_64-linux-gnu:/tmp/bwrap-deb/usr/lib/x86_64-linux-gnu"
+    fi
   else
     apt-get install -y -qq bubblewrap >/dev/null
   fi

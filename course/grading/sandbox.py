@@ -562,12 +562,12 @@ def _bwrap_command(plan: Plan, code: Path, settings: Settings, child_argv: list[
         made.add(path)
     for path in plan.hidden:
         command += ["--tmpfs", path]
-    if plan.gpu:
+    command += ["--proc", "/proc", "--dev", "/dev"]
+    if plan.gpu:  # after --dev: a bind made before it would lie under the fresh /dev
         command += ["--ro-bind", "/sys", "/sys"]
         for node in sorted(glob.glob("/dev/nvidia*")):
             command += ["--dev-bind", node, node]
-    command += ["--proc", "/proc", "--dev", "/dev",
-                "--perms", "0755", "--dir", str(INSIDE),
+    command += ["--perms", "0755", "--dir", str(INSIDE),
                 "--ro-bind", str(plan.harness), str(INSIDE / "harness"),
                 "--ro-bind", str(code), str(INSIDE / "code"),
                 "--size", str(settings.output), "--tmpfs", str(INSIDE / "work"),
