@@ -54,6 +54,28 @@ def test_greedy_with_the_kernels(pair, plain):
     assert got.tokens == plain[:5]
 
 
+def test_built_sides_serve_many_generations(pair):
+    """Sides built once (as the bench and the workers build them; on a GPU that is when their CUDA
+    graphs are captured) give every generation what fresh sides give: caches, trees and random
+    generators start again, and a shorter prompt fits a side built for a longer one."""
+    same = dict(tree_size=4, width=2, steps=2, branch=2, mode="sample", backend="reference")
+    sides = parallel.build_sides(pair.target, pair.draft, max_prompt=len(PROMPT), max_new_tokens=12, **same)
+    for prompt, seed in ((PROMPT, 3), (PROMPT[:5], 5), (PROMPT, 3)):
+        again = parallel.run_sides(sides, prompt, seed=seed)
+        fresh = parallel.generate(pair.target, pair.draft, prompt, 12, seed=seed, **same)
+        assert (again.tokens, again.accepted, again.reused) == (fresh.tokens, fresh.accepted, fresh.reused)
+    with pytest.raises(ValueError, match="a prompt of 13 tokens"):
+        parallel.run_sides(sides, PROMPT + [1])
+
+
+def test_a_pass_that_does_not_fit_its_step_is_refused(pair):
+    cfg = decoder.settings(4, 2, 2)
+    side = DraftSide(pair.draft, cfg, 1, max_prompt=8, max_new_tokens=4, backend="reference")
+    step = side.passes[2]
+    with pytest.raises(ValueError, match="3 queries .* does not fit this step .2 queries"):
+        step.load(0, ([0, 1, 2], [2, 2, 2]), [0, 1, 2], [5, 6, 7], [0, 1, 2])
+
+
 def test_sampling_matches_target_distribution(pair):
     """Many seeded runs of the parallel schedule: each of the first three emitted tokens follows the
     target's marginal distribution, as in the capstone's own test (SpecInfer §4.3); the later ones
@@ -315,7 +337,7 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
     from course.measure import results
 
     rows = parallel_bench.measure(pair="tiny", n_prompts=1, max_new=6, steps=(1,), repeats=1, cpu=True,
-                                  backend="reference", log=lambda *_: None)
+                                  backend="reference", log=lambda *_: None, shape=(8, 2, 4, 4))
     names = {(r["name"], r["mode"]) for r in rows}
     assert names == {(n, m) for n in ("autoregressive", "serial decoder", "serial", "parallel")
                      for m in ("greedy", "sample")}

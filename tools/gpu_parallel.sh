@@ -3,8 +3,10 @@
 # `python -m course generate --parallel`, and the bench of serial against parallel tree generation
 # (results/<device>x2/parallel.json and parallel.png). From the repository root:
 #
-#   tools/gpu_parallel.sh             # everything: tests, generate, the bench (saved)
-#   tools/gpu_parallel.sh --smoke     # a quick pass: a few tests, generate, a 16-token bench (not saved)
+#   tools/gpu_parallel.sh             # everything: tests, generate, the bench (saved); trains the
+#                                     # capstone's medium pair first where its weights are missing
+#   tools/gpu_parallel.sh --smoke     # a quick pass: a few tests, generate, a 16-token bench of the
+#                                     # small pair (not saved)
 #   tools/gpu_parallel.sh --no-tests  # the bench alone (when one call must stay under a time limit)
 #   tools/gpu_parallel.sh --one-gpu   # also both processes sharing one GPU (gloo); on a machine
 #                                     # with one GPU that is all the bench can measure
@@ -45,7 +47,7 @@ fi
 
 if [ "$tests" = 1 ] && [ "$smoke" = 1 ]; then
   python3 -m pytest -p no:cacheprovider -q -x tests/test_capstone_parallel.py \
-    -k "nccl or two_processes or dead_or_frozen" 2>&1 | tee "$logs/parallel_gpu_tests.log"
+    -k "nccl or two_processes or dead_or_frozen or kernels or built_sides" 2>&1 | tee "$logs/parallel_gpu_tests.log"
 elif [ "$tests" = 1 ]; then
   python3 -m pytest -p no:cacheprovider -q tests/test_capstone_parallel.py tests/test_pyspec_parallel_tree.py \
     2>&1 | tee "$logs/parallel_gpu_tests.log"
@@ -55,8 +57,15 @@ if [ "$tests" = 1 ] && [ "$gpus" -ge 2 ]; then
   python3 -m course generate --parallel --prompt "The old fox " 2>&1 | tee "$logs/parallel_generate.log"
 fi
 
+weights=course/capstone/weights
+if [ "$smoke" = 0 ] && [ ! -f "$weights/medium_target.safetensors" ]; then
+  python3 -m course.capstone.train --pair medium --device cuda --out "$logs/weights" 2>&1 \
+    | tee "$logs/parallel_train.log" | tail -3
+  cp "$logs"/weights/medium_*.safetensors "$weights"/
+fi
+
 if [ "$smoke" = 1 ]; then
-  python3 -m course.capstone.parallel_bench --smoke --out "$logs" "${bench_args[@]}" 2>&1 \
+  python3 -m course.capstone.parallel_bench --smoke --pair small --out "$logs" "${bench_args[@]}" 2>&1 \
     | tee "$logs/parallel_bench.log"
 else
   python3 -m course.capstone.parallel_bench "${bench_args[@]}" 2>&1 | tee "$logs/parallel_bench.log"

@@ -254,36 +254,58 @@ def check_pair(target_config, draft_config, target_dtype, draft_dtype) -> None:
         raise wire.PairMismatch("the target and the draft do not match: " + "; ".join(problems))
 
 
-@torch.no_grad()
-def generate(target, draft, prompt, max_new_tokens: int, *, tree_size: int = 8, width: int = 2,
-             steps: int = DEFAULT_STEPS, branch: int | None = None, mode: str = "greedy",
-             schedule: str = "parallel", seed: int = 0, backend: str = "kernels", impl: str | None = None,
-             eos: int | None = None) -> ParallelGeneration:
-    """Both workers in this process (lockstep, see the module docstring); one prompt (a token-id
-    list). steps: SwiftSpec's d, draft steps per round (during verification, or after re-rooting for
-    schedule="serial"); the draft's generator is seeded with `seed`, the target's with seed + 1.
-    Greedy output equals the target's greedy decoding; the parallel schedule's tokens equal
-    `launch`'s for the same settings."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+def build_sides(target, draft, *, max_prompt: int, max_new_tokens: int, tree_size: int = 8, width: int = 2,
+                steps: int = DEFAULT_STEPS, branch: int | None = None, mode: str = "greedy",
+                backend: str = "kernels", impl: str | None = None, graphs: bool | None = None
+                ) -> tuple[DraftSide, TargetSide]:
+    """Both sides for prompts of up to max_prompt tokens (checked: the pair, the settings); on a GPU
+    their CUDA graphs are captured here, so build them once and `run_sides` many times."""
     cfg = decoder.settings(tree_size, width, branch, mode=mode)
     decoder._positive_int(max_new_tokens, "max_new_tokens")
     check_pair(target.config, draft.config, target.dtype, draft.dtype)
-    prompt = _check_prompt(prompt, target.config.vocab_size)
-    sizes = dict(max_prompt=len(prompt), max_new_tokens=max_new_tokens, backend=backend, impl=impl)
-    d_side = DraftSide(draft, cfg, steps, seed=seed, **sizes)
-    t_side = TargetSide(target, cfg, seed=seed + 1, **sizes)
-    d_side.start(prompt)
-    t_side.start(prompt)
-    _sync(target.device)
+    sizes = dict(max_prompt=max_prompt, max_new_tokens=max_new_tokens, backend=backend, impl=impl,
+                 graphs=graphs)
+    return DraftSide(draft, cfg, steps, **sizes), TargetSide(target, cfg, **sizes)
+
+
+@torch.no_grad()
+def run_sides(sides: tuple[DraftSide, TargetSide], prompt, *, schedule: str = "parallel", seed: int = 0,
+              eos: int | None = None) -> ParallelGeneration:
+    """One generation with built sides, both workers in this process (lockstep, see the module
+    docstring); the draft's generator starts from `seed`, the target's from seed + 1."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    d_side, t_side = sides
+    prompt = _check_prompt(prompt, t_side.model.config.vocab_size)
+    d_side.start(prompt, seed)
+    t_side.start(prompt, seed + 1)
+    _sync(t_side.model.device)
     clock = Timeline()
     t0 = time.perf_counter()
-    reused, (tokens, accepted) = run_lockstep(draft_rounds(d_side, steps, schedule, clock),
-                                              target_rounds(t_side, max_new_tokens, eos, clock))
-    _sync(target.device)
+    reused, (tokens, accepted) = run_lockstep(draft_rounds(d_side, d_side.steps, schedule, clock),
+                                              target_rounds(t_side, t_side.max_new_tokens, eos, clock))
+    _sync(t_side.model.device)
     seconds = time.perf_counter() - t0
     return ParallelGeneration(tokens, seconds, t_side.calls, d_side.calls, accepted, reused,
-                              _relative(clock.events, t0), mode, schedule, steps, 1)
+                              _relative(clock.events, t0), d_side.cfg.mode, schedule, d_side.steps, 1)
+
+
+def generate(target, draft, prompt, max_new_tokens: int, *, tree_size: int = 8, width: int = 2,
+             steps: int = DEFAULT_STEPS, branch: int | None = None, mode: str = "greedy",
+             schedule: str = "parallel", seed: int = 0, backend: str = "kernels", impl: str | None = None,
+             eos: int | None = None, graphs: bool | None = None) -> ParallelGeneration:
+    """One generation, both workers in this process (lockstep, see the module docstring); one
+    prompt (a token-id list). steps: SwiftSpec's d, draft steps per round (during verification, or
+    after re-rooting for schedule="serial"). Greedy output equals the target's greedy decoding; the
+    parallel schedule's tokens equal `launch`'s for the same settings. Builds the sides for this
+    prompt: to run many, `build_sides` once and `run_sides`."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    prompt = _check_prompt(prompt, target.config.vocab_size)
+    sides = build_sides(target, draft, max_prompt=len(prompt), max_new_tokens=max_new_tokens,
+                        tree_size=tree_size, width=width, steps=steps, branch=branch, mode=mode,
+                        backend=backend, impl=impl, graphs=graphs)
+    return run_sides(sides, prompt, schedule=schedule, seed=seed, eos=eos)
 
 
 def _relative(events: list[dict], t0: float) -> list[dict]:
@@ -601,7 +623,8 @@ def _worker(role: str, job_path: str, folder: str, port: int) -> int:
         model = load_model(getattr(job, role), device, dtype)
         link = wire.Link(rank, job.tree_size, config.vocab_size, device if group else "cpu", group=group,
                          nccl=group is not None, watchdog=watchdog)
-        results = [_one_run(job, run, role, model, link, folder) for run in job.runs]
+        built: dict = {}
+        results = [_one_run(job, run, role, model, link, folder, built) for run in job.runs]
         link.close()
         (folder / f"{role}.json").write_text(json.dumps(results))
     except wire.PairMismatch as error:
@@ -619,18 +642,25 @@ def _worker(role: str, job_path: str, folder: str, port: int) -> int:
     return 0
 
 
+def _side(job: Job, run: Run, role: str, model, built: dict):
+    """This process's side for the run's (mode, d), built on first use for the job's longest prompt
+    (on a GPU its graphs are captured then) and reused by the job's later runs."""
+    key = (run.mode, run.steps)
+    if key not in built:
+        cfg = decoder.settings(job.tree_size, job.width, job.branch, mode=run.mode)
+        sizes = dict(max_prompt=max(len(r.prompt) for r in job.runs), max_new_tokens=job.max_new_tokens,
+                     backend=job.backend, impl=job.impl)
+        built[key] = (DraftSide(model, cfg, run.steps, **sizes) if role == "draft"
+                      else TargetSide(model, cfg, **sizes))
+    return built[key]
+
+
 @torch.no_grad()
-def _one_run(job: Job, run: Run, role: str, model, link: wire.Link, folder: Path) -> dict:
+def _one_run(job: Job, run: Run, role: str, model, link: wire.Link, folder: Path, built: dict) -> dict:
     import torch.distributed as dist
 
-    cfg = decoder.settings(job.tree_size, job.width, job.branch, mode=run.mode)
-    sizes = dict(max_prompt=len(run.prompt), max_new_tokens=job.max_new_tokens, backend=job.backend,
-                 impl=job.impl)
-    if role == "draft":
-        side = DraftSide(model, cfg, run.steps, seed=run.seed, **sizes)
-    else:
-        side = TargetSide(model, cfg, seed=run.seed + 1, **sizes)
-    side.start(run.prompt)
+    side = _side(job, run, role, model, built)
+    side.start(run.prompt, run.seed if role == "draft" else run.seed + 1)
     _sync(model.device)
     dist.barrier()  # both sides prefilled: the clock starts together
     clock = Timeline()

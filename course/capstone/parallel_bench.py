@@ -8,9 +8,10 @@ Every generation has B = 1 (one prompt of `prompts`), the pair in float16 and th
 
   autoregressive    the target alone on cuda:0 (`decoder.PlainDecoder`, CUDA graphs);
   serial decoder    the capstone's tree decoder on cuda:0 (`decoder.SpeculativeDecoder`, CUDA graphs,
-                    bs, w as here, its own default number of draft steps);
+                    SHAPE's tree and draft steps per round);
   serial            the parallel code's serial schedule in one process on cuda:0: the draft's d
-                    steps after re-rooting, on the critical path (`parallel.generate`);
+                    steps after re-rooting, on the critical path (`parallel.run_sides`; each pass
+                    a CUDA graph, as in the parallel runs);
   parallel          target on cuda:0, draft on cuda:1, NCCL between them (`parallel.launch`);
                     also through gloo (the messages over the CPU), and with --one-gpu (or on a
                     machine with one GPU) both processes sharing cuda:0 through gloo.
@@ -44,11 +45,13 @@ from .bench import prompts
 from .text import encode
 
 SUITE = "parallel"
-PAIR = "small"
+PAIR = "medium"  # the capstone's pair (tools/gpu_parallel.sh trains it where it is missing)
 PROMPTS = 2
 MAX_NEW = 128
-TREE_SIZE, WIDTH, BRANCH = 8, 2, 4
-STEPS = (1, 2, 3)
+# (tree_size, width, branch, the serial decoder's steps): the capstone bench's fastest tree at B = 1
+# (results/h100/capstone.json).
+SHAPE = (48, 4, 4, 8)
+STEPS = (2, 4, 6)
 REPEATS = 3
 TIMELINE_ROUNDS = 4
 TARGET_SPEEDUP = 1.3  # parallel over the serial decoder, B = 1, greedy (SwiftSpec's Table 6: 275 / 200)
@@ -141,7 +144,7 @@ def _launched(job_options: dict, paths: dict, texts: list, modes, steps, repeats
 
 
 def _one_gpu_rows(pair: str, texts: list, max_new: int, steps, repeats: int, modes, add, device: str,
-                  backend: str) -> dict:
+                  backend: str, shape: tuple) -> dict:
     """Autoregressive, the serial decoder and the serial schedule on one device; returns, per mode,
     the autoregressive generations and the serial decoder's tokens/s."""
     from course.core import impl as course_impl
@@ -149,15 +152,16 @@ def _one_gpu_rows(pair: str, texts: list, max_new: int, steps, repeats: int, mod
     impl = course_impl.bench_impl()
     loaded = weights.load_pair(pair, device=device, dtype=_DTYPES[device != "cpu"])
     target, draft = loaded.target, loaded.draft
-    tree = dict(tree_size=TREE_SIZE, width=WIDTH, branch=BRANCH, impl=impl, backend=backend)
+    tree_size, width, branch, decoder_steps = shape
+    tree = dict(tree_size=tree_size, width=width, branch=branch, impl=impl, backend=backend)
     # The serial baselines are built once per mode (on a GPU: their CUDA graphs captured once), as the
     # capstone's own bench builds them, and each run reuses them.
     built = dict(batch=1, max_len=max(len(p) for p in texts) + max_new, impl=impl, backend=backend)
     baselines = {}
     for mode in modes:
         plain_decoder = decoder.PlainDecoder(target, mode=mode, **built)
-        tree_decoder = decoder.SpeculativeDecoder(target, draft, tree_size=TREE_SIZE, width=WIDTH,
-                                                  branch=BRANCH, mode=mode, **built)
+        tree_decoder = decoder.SpeculativeDecoder(target, draft, tree_size=tree_size, width=width,
+                                                  branch=branch, steps=decoder_steps, mode=mode, **built)
 
         def plain_run(prompt, plain_decoder=plain_decoder):
             return plain_decoder.generate([prompt], max_new)
@@ -172,18 +176,21 @@ def _one_gpu_rows(pair: str, texts: list, max_new: int, steps, repeats: int, mod
         add(serial_decoder)
         baselines[mode] = (plain, serial_decoder["tokens_per_s"])
         for d in steps:
-            def serial_run(prompt, mode=mode, d=d):
-                return parallel.generate(target, draft, prompt, max_new, steps=d, mode=mode,
-                                         schedule="serial", **tree)
+            sides = parallel.build_sides(target, draft, max_prompt=max(len(p) for p in texts),
+                                         max_new_tokens=max_new, steps=d, mode=mode, **tree)
+
+            def serial_run(prompt, sides=sides):
+                return parallel.run_sides(sides, prompt, schedule="serial")
 
             add(_row("serial", mode, _in_process(serial_run, texts, repeats), plain, steps=d, transport=None,
                      gpus=1))
+            del sides
     return baselines
 
 
 def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, steps=STEPS,
             repeats: int = REPEATS, modes=("greedy", "sample"), one_gpu: bool = False,
-            log=print, cpu: bool = False, backend: str = "kernels") -> list[dict]:
+            log=print, cpu: bool = False, backend: str = "kernels", shape: tuple = SHAPE) -> list[dict]:
     """Every row (see the module docstring). Needs a GPU, two for the NCCL rows; cpu=True runs the
     same code on the CPU in float32 (its tests, with backend="reference": the times mean nothing)."""
     from course.core import impl as course_impl
@@ -195,7 +202,8 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
     dtype = str(_DTYPES[gpus > 0]).replace("torch.", "")
     texts = [encode(t) for t in prompts(n_prompts)]
     config = weights.CONFIGS[pair]["target"] if pair in weights.CONFIGS else None
-    sizes = dict(pair=pair, N=TREE_SIZE, width=WIDTH, branch=BRANCH, max_new_tokens=max_new)
+    tree_size, width, branch, _ = shape
+    sizes = dict(pair=pair, N=tree_size, width=width, branch=branch, max_new_tokens=max_new)
     if config is not None:
         sizes.update(H=config.n_heads, d=config.head_dim)
     rows: list[dict] = []
@@ -206,12 +214,12 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
                  "identical")
         log(json.dumps({k: row[k] for k in shown if k in row}))
 
-    baselines = _one_gpu_rows(pair, texts, max_new, steps, repeats, modes, add, device, backend)
+    baselines = _one_gpu_rows(pair, texts, max_new, steps, repeats, modes, add, device, backend, shape)
     if gpus:
         torch.cuda.empty_cache()
     paths = {role: str(weights.weight_path(pair, role)) for role in ("target", "draft")}
-    common = dict(dtypes={"target": dtype, "draft": dtype}, max_new_tokens=max_new, tree_size=TREE_SIZE,
-                  width=WIDTH, branch=BRANCH, impl=course_impl.bench_impl(), backend=backend)
+    common = dict(dtypes={"target": dtype, "draft": dtype}, max_new_tokens=max_new, tree_size=tree_size,
+                  width=width, branch=branch, impl=course_impl.bench_impl(), backend=backend)
     setups = []
     if gpus >= 2:
         two = {"target": "cuda:0", "draft": "cuda:1"}

@@ -16,9 +16,9 @@ live in two processes on two GPUs and exchange only the messages of `pyspec_ref.
 The prefill, the model step, the kernels behind the backend (tree attention, verification,
 compaction) are the capstone decoder's own (`decoder.prefill`, `backends`). The draft's tree is
 `host_tree.HostTree`, not the decoder's device tables: it outlives a round and keeps a subtree of
-any shape, which a fixed round shape cannot. The steps run eagerly (no CUDA graphs): every call
-builds its index buffers and prepares its kernels anew, which costs host time a graphed round
-avoids (`decoder`'s docstring says why that matters).
+any shape, which a fixed round shape cannot. Every model pass runs through `side_steps`: static
+buffers per query count, one CUDA graph each on a GPU, built when the side is; a side is built once
+and serves any number of generations (`start` begins one).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import torch
 from pyspec_ref.trees import dfs_times
 
 from . import decoder
-from .backends import TreeIndex, inverse_cdf, make_backend
+from .backends import inverse_cdf, make_backend
 from .host_tree import HostTree
+from .side_steps import MoveBuffers, Steps, TreeStep
 
 
 def _room(prompt_length: int, max_new_tokens: int, tree_rows: int, model, name: str) -> int:
@@ -48,95 +49,81 @@ def _fits(prompt: list[int], max_prompt: int) -> None:
                          f"{max_prompt}")
 
 
-def _int32(values, device) -> torch.Tensor:
-    """A batch of one: (1,) for a number, (1, n) for a list of n, int32 (the kernels' index type)."""
-    return torch.tensor([values], dtype=torch.int32, device=device)
-
-
-def _tree_step(ops, model, cache, prefix: int, times: tuple[list[int], list[int]], nodes: list[int],
-               tokens: list[int], depths: list[int]) -> torch.Tensor:
-    """One eager step of SwiftSpec's tree attention (notebook 18) for one sample: the tree's rows
-    [prefix, prefix + T) carry DFS times `times` (FlashSpecInfer §5.1), and `nodes` (tree rows, with
-    their tokens and depths) are run as queries, each seeing the prefix and its ancestors; their KV
-    lands at rows prefix + node. Returns the logits (len(nodes), V) float32."""
-    device = cache.data.device
-    start, end = times
-    kv_start = torch.zeros((1, cache.capacity + 1), dtype=torch.int32, device=device)
-    kv_end = torch.zeros_like(kv_start)
-    kv_start[0, prefix:prefix + len(start)] = torch.tensor(start, dtype=torch.int32)
-    kv_end[0, prefix:prefix + len(end)] = torch.tensor(end, dtype=torch.int32)
-    width = len(nodes)
-    index = TreeIndex(_int32([start[v] for v in nodes], device), _int32([end[v] for v in nodes], device),
-                      kv_start, kv_end, _int32(prefix, device), _int32(len(start), device),
-                      _int32(width, device))
-    workspace = model.workspace(1, width)
-    attend = ops.tree_attention(model, cache, workspace, index)
-    long = dict(dtype=torch.int64, device=device)
-    positions = torch.tensor([[prefix + d for d in depths]], **long)
-    rows = torch.tensor([[prefix + v for v in nodes]], **long)
-    logits = model.step(torch.tensor([tokens], **long), positions, cache, rows, attend, workspace=workspace)
-    return logits[0]
-
-
-def _compact(ops, cache, moves: list[tuple[int, int]]) -> None:
-    """SwiftSpec's in-place moves (src, dst) of whole cache rows (`swiftspec.compact`, notebook 18),
-    dst increasing and dst <= src."""
-    if not moves:
-        return
-    device = cache.data.device
-    src, dst = _int32([s for s, _ in moves], device), _int32([d for _, d in moves], device)
-    ops.compactor(cache, src, dst, _int32(len(moves), device))()
-
-
 class DraftSide:
     """The draft worker's state: its model, the [prefix | tree] KV cache, the tree (see the module
     docstring). cfg: `decoder.settings(...)` (tree_size, width, branch, mode; its steps are the serial
     decoder's); steps: the draft steps taken while the target verifies (SwiftSpec's d); the tree holds
-    at most 2 * tree_size + (steps + 1) * width nodes."""
+    at most 2 * tree_size + (steps + 1) * width nodes. graphs: CUDA graphs for the passes (default:
+    on a GPU with the kernels), one per pass width from 1 to tree_size, captured here."""
 
     def __init__(self, draft, cfg: decoder.Settings, steps: int, *, max_prompt: int, max_new_tokens: int,
-                 backend: str = "kernels", impl: str | None = None, seed: int = 0):
+                 backend: str = "kernels", impl: str | None = None, seed: int = 0,
+                 graphs: bool | None = None):
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ValueError(f"steps must be an int >= 0 (draft steps per round), got {steps!r}")
         self.model, self.cfg, self.steps = draft, cfg, steps
         self.max_nodes = 2 * cfg.tree_size + (steps + 1) * cfg.width  # a top-up may overshoot tree_size
         self.max_prompt, self.max_new_tokens = max_prompt, max_new_tokens
-        rows = _room(max_prompt, max_new_tokens, self.max_nodes + cfg.tree_size, draft, "draft")
+        tree_rows = self.max_nodes + cfg.tree_size
+        rows = _room(max_prompt, max_new_tokens, tree_rows, draft, "draft")
         self.cache = draft.new_cache(1, rows)
         self.ops = make_backend(backend, impl)
         self.gen = torch.Generator().manual_seed(seed)
+        graphs = decoder._check_graphs(graphs, backend, draft.device)
+        # Sampling: each pass's uniforms, (width, branch) float64, drawn on the host.
+        self.uniforms = torch.zeros((cfg.tree_size, cfg.branch), dtype=torch.float64, device=draft.device)
+        self.passes = Steps(lambda width, graphed: TreeStep(self.ops, draft, self.cache, width, tree_rows,
+                                                            self._finish, graphs=graphed),
+                            range(1, cfg.tree_size + 1) if graphs else (), graphs)
+        self.move = MoveBuffers(self.ops, self.cache, tree_rows)
         self.tree: HostTree | None = None
         self.prefix = 0  # committed tokens whose KV is cached (all but the root)
         self.sent: list[int] = []  # the draft ids of the last subtree sent
         self.calls = 0
 
-    def start(self, prompt: list[int]) -> None:
-        """Prefill the prompt but its last token, which becomes the root of a fresh tree."""
+    def start(self, prompt: list[int], seed: int | None = None) -> None:
+        """Prefill the prompt but its last token, which becomes the root of a fresh tree; seed:
+        restart the side's generator (sampling) from it."""
         _fits(prompt, self.max_prompt)
+        if seed is not None:
+            self.gen.manual_seed(seed)
         self.tree = HostTree.fresh(prompt[-1], self.cfg.mode)
         self.prefix, self.sent, self.calls = len(prompt) - 1, [], 0
         decoder.prefill(self.ops, self.model, self.cache, [prompt])
 
+    def _finish(self, logits: torch.Tensor, prefix: torch.Tensor, extra: torch.Tensor):
+        """After the draft pass, in its graph: each query's candidate children (greedy: the
+        top-`branch` tokens; sample: `branch` independent draws from q by inverse CDF, in draw
+        order) as one (width, 2 * branch) float64 table [log q of each, token ids]; sample mode
+        also returns q (width, V) float32, kept for the verification."""
+        logq = torch.log_softmax(logits.float(), -1)
+        if self.cfg.mode == "greedy":
+            values, picks = torch.topk(logq, min(self.cfg.branch, logq.shape[-1]), dim=-1)
+            return torch.cat([values.double(), picks.double()], dim=1)
+        probs = logq.exp()
+        picks = inverse_cdf(probs, self.uniforms[:logits.shape[0]])
+        return torch.cat([logq.gather(1, picks).double(), picks.double()], dim=1), probs
+
     def _run(self, nodes: list[int]) -> None:
         """One draft pass over `nodes` (SwiftSpec §3.1): their KV into the cache, their candidate
-        children into the queue (greedy: the top-`branch` tokens; sample: `branch` independent
-        draws from q by inverse CDF, in draw order)."""
-        tree, cfg = self.tree, self.cfg
-        logits = _tree_step(self.ops, self.model, self.cache, self.prefix, tree.dfs_times(), nodes,
-                            [tree.tokens[v] for v in nodes], [tree.depth[v] for v in nodes])
+        children into the queue."""
+        tree, width = self.tree, len(nodes)
+        step = self.passes[width]
+        step.load(self.prefix, tree.dfs_times(), nodes, [tree.tokens[v] for v in nodes],
+                  [tree.depth[v] for v in nodes])
+        if self.cfg.mode == "sample":
+            self.uniforms[:width].copy_(torch.rand((width, self.cfg.branch), generator=self.gen,
+                                                   dtype=torch.float64))
+        out = step.run()
         self.calls += 1
-        logq = torch.log_softmax(logits.float(), -1).cpu()
-        if cfg.mode == "greedy":
-            values, picks = torch.topk(logq, min(cfg.branch, logq.shape[-1]), dim=-1)
-            for r, v in enumerate(nodes):
-                tree.push(v, picks[r].tolist(), values[r].tolist())
-            return
-        probs = logq.exp()
-        u = torch.rand((len(nodes), cfg.branch), generator=self.gen, dtype=torch.float64)
-        picks = inverse_cdf(probs, u)
+        q = None
+        if self.cfg.mode == "sample":
+            out, q = out[0], out[1].float().cpu()
+        table = out.cpu()
+        branch = table.shape[1] // 2
         for r, v in enumerate(nodes):
-            tree.push(v, picks[r].tolist(), logq[r, picks[r]].tolist(), q=probs[r])
-
+            tree.push(v, table[r, branch:].long().tolist(), table[r, :branch].tolist(),
+                      q=None if q is None else q[r])
     def _expand(self, steps: int, width: int) -> int:
         """Run the root if the draft has not, then `steps` steps of `width` nodes, and more while the
         tree holds fewer than tree_size nodes (a step adds fewer than `width` nodes when the queue
@@ -191,29 +178,84 @@ class DraftSide:
                          and tree.tokens[c] == next_token), None)
         self.tree, moves = tree.reroot(committed, new_root, next_token)
         P = self.prefix
-        _compact(self.ops, self.cache, [(P + s, P + d) for s, d in moves])
+        self.move([(P + s, P + d) for s, d in moves])
         self.prefix = P + len(committed)
         return new_root
 
 
+class _Verification:
+    """The target's pass over an n-node subtree with static buffers (`side_steps.TreeStep`): the
+    model step, SpecInfer's verification (notebook 16: greedy, or multi-step speculative sampling)
+    and the compaction of the accepted rows to the end of the prefix, all in one graph on a GPU."""
+
+    def __init__(self, side: TargetSide, n: int, graphed: bool):
+        ops, model, cache, mode = side.ops, side.model, side.cache, side.cfg.mode
+        device, vocab = cache.data.device, model.config.vocab_size
+        int32 = dict(dtype=torch.int32, device=device)
+        self.n, self.mode = n, mode
+        self.parents = torch.arange(-1, n - 1, **int32)[None].contiguous()  # a chain: valid for the checks
+        self.tokens = torch.zeros((1, n), **int32)
+        if mode == "greedy":
+            self.best = torch.zeros((1, n), **int32)
+            self.verifier = ops.greedy_verifier(self.parents, self.tokens, self.best)
+        else:
+            self.q = torch.full((1, n, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
+            self.p = torch.full((1, n, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
+            self.uniforms = torch.zeros((2, n), dtype=torch.float64, device=device)  # accept, sample
+            self.verifier = ops.sampling_verifier(self.parents, self.tokens, self.q, self.p,
+                                                  self.uniforms[0:1], self.uniforms[1:2])
+        self.src, self.dst = torch.zeros((1, n), **int32), torch.zeros((1, n), **int32)
+        self.counts = torch.zeros(1, **int32)
+        self.compact = ops.compactor(cache, self.src, self.dst, self.counts)
+        self.slots = torch.arange(n, device=device)
+        # Last: on a GPU this captures the pass, whose finish uses everything above.
+        self.step = TreeStep(ops, model, cache, n, n, self._finish, extra=[-1, *range(n - 1), *[0] * n],
+                             graphs=graphed)
+
+    def _finish(self, logits: torch.Tensor, prefix: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        """Verify, move the accepted path's rows P + path[i] to P + i; (path padded with -1, next)."""
+        n = self.n
+        self.parents[0].copy_(extra[:n])
+        self.tokens[0].copy_(extra[n:])
+        if self.mode == "greedy":
+            self.best[0].copy_(logits.argmax(dim=-1))
+        else:
+            self.p[0].copy_(torch.softmax(logits.float(), dim=-1))
+        path, nxt = self.verifier()
+        self.src.copy_(prefix + path.clamp(min=0))
+        self.dst[0].copy_(prefix + self.slots)
+        self.counts.copy_((path >= 0).sum(dim=1))
+        self.compact()
+        return torch.cat([path[0].long(), nxt.long()])
+
+
 class TargetSide:
-    """The target worker's state: its model, its KV cache, the committed sequence's length."""
+    """The target worker's state: its model, its KV cache, the committed sequence's length. graphs:
+    as DraftSide's; the pass over a whole tree_size subtree is captured here (a smaller subtree, when
+    the draft's queue ran dry, runs the same code uncaptured)."""
 
     def __init__(self, target, cfg: decoder.Settings, *, max_prompt: int, max_new_tokens: int,
-                 backend: str = "kernels", impl: str | None = None, seed: int = 1):
+                 backend: str = "kernels", impl: str | None = None, seed: int = 1,
+                 graphs: bool | None = None):
         self.model, self.cfg = target, cfg
         self.max_prompt, self.max_new_tokens = max_prompt, max_new_tokens
         rows = _room(max_prompt, max_new_tokens, 2 * cfg.tree_size, target, "target")
         self.cache = target.new_cache(1, rows)
         self.ops = make_backend(backend, impl)
         self.gen = torch.Generator().manual_seed(seed)
+        graphs = decoder._check_graphs(graphs, backend, target.device)
+        self.passes = Steps(lambda n, graphed: _Verification(self, n, graphed),
+                            (cfg.tree_size,) if graphs else (), graphs)
         self.prefix = 0  # committed tokens whose KV is cached (all but the last one)
         self.last = -1  # the last committed token: the root the next subtree must have
         self.calls = 0
 
-    def start(self, prompt: list[int]) -> None:
-        """Prefill the prompt but its last token, the root the first subtree must have."""
+    def start(self, prompt: list[int], seed: int | None = None) -> None:
+        """Prefill the prompt but its last token, the root the first subtree must have; seed: as
+        DraftSide.start's."""
         _fits(prompt, self.max_prompt)
+        if seed is not None:
+            self.gen.manual_seed(seed)
         decoder.prefill(self.ops, self.model, self.cache, [prompt])
         self.prefix, self.last, self.calls = len(prompt) - 1, prompt[-1], 0
 
@@ -235,23 +277,6 @@ class TargetSide:
             raise ValueError(f"sampling needs q, the draft's distributions at the {n} nodes, of shape "
                              f"({n}, {vocab}); got {tuple(q.shape) if isinstance(q, torch.Tensor) else q!r}")
 
-    def _verdict(self, parents: list[int], tokens: list[int], q, logits: torch.Tensor
-                 ) -> tuple[list[int], int]:
-        """SpecInfer's verification over the subtree (notebook 16): greedy, or multi-step
-        speculative sampling with this side's uniforms."""
-        n, device = len(parents), logits.device
-        par, tok = _int32(parents, device), _int32(tokens, device)
-        if self.cfg.mode == "greedy":
-            best = logits.argmax(dim=-1).to(torch.int32)[None]
-            path, nxt = self.ops.greedy_verifier(par, tok, best)()
-        else:
-            accept_u = torch.rand((1, n), generator=self.gen, dtype=torch.float64).to(device)
-            sample_u = torch.rand((1, n), generator=self.gen, dtype=torch.float64).to(device)
-            p = torch.softmax(logits.float(), -1)[None].contiguous()
-            path, nxt = self.ops.sampling_verifier(par, tok, q[None].to(device=device, dtype=torch.float32)
-                                                   .contiguous(), p, accept_u, sample_u)()
-        return [j for j in path[0].tolist() if j >= 0], int(nxt[0])
-
     def verify(self, parents: list[int], tokens: list[int], q: torch.Tensor | None = None
                ) -> tuple[list[int], int]:
         """One target pass over the subtree at rows P + j (`swiftspec.tree_cache_attention`), greedy
@@ -262,10 +287,15 @@ class TargetSide:
         depth = [0] * n
         for j in range(1, n):
             depth[j] = depth[parents[j]] + 1
-        logits = _tree_step(self.ops, self.model, self.cache, P, dfs_times(parents), list(range(n)), tokens,
-                            depth)
+        verification = self.passes[n]
+        if self.cfg.mode == "sample":
+            verification.q[0].copy_(q)
+            accept_u = torch.rand((1, n), generator=self.gen, dtype=torch.float64)
+            sample_u = torch.rand((1, n), generator=self.gen, dtype=torch.float64)
+            verification.uniforms.copy_(torch.cat([accept_u, sample_u]))
+        verification.step.load(P, dfs_times(parents), range(n), tokens, depth, extra=[*parents, *tokens])
+        result = verification.step.run().tolist()  # the one wait for the GPU
         self.calls += 1
-        path, nxt = self._verdict(parents, tokens, q, logits)
-        _compact(self.ops, self.cache, [(P + j, P + i) for i, j in enumerate(path) if i != j])
-        self.prefix, self.last = P + len(path), nxt
-        return path, nxt
+        path = [j for j in result[:n] if j >= 0]
+        self.prefix, self.last = P + len(path), result[n]
+        return path, result[n]

@@ -1,0 +1,138 @@
+"""The model passes of notebook 20's two sides with static shapes, so that a GPU replays each as one
+CUDA graph (`course.capstone.sides` runs them).
+
+A tree-attention pass of a few queries over a small model is a few hundred tiny kernels, and
+launching them from Python costs more than running them: the serial decoder (`decoder`'s docstring)
+measured an eager step at ten times its graphed time. The parallel draft cannot use the decoder's
+fixed round shape (its tree outlives a round and has any shape), but each of its passes has a fixed
+SHAPE once its number of queries is fixed. So each side keeps one `TreeStep` per query count: fixed
+device buffers for its inputs, the model step and what follows it (top-k, sampling, verification,
+compaction), captured as a CUDA graph before the side's first prefill and replayed afterwards.
+
+What changes from pass to pass is small and lives on the host: the committed prefix P, the tree's
+DFS times (FlashSpecInfer §5.1; every new node renumbers them), the queries' tokens, depths and tree
+rows. The host writes them into ONE int64 vector (`pack`) and copies it to the GPU in one transfer;
+the graph unpacks it there (positions = P + depth, cache rows = P + node, the times scattered into
+the cache's rows P .. P + T - 1). One copy in, one graph launch, one copy of the results out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .backends import TreeIndex
+
+HEAD = 2  # the packed vector starts with the prefix P and the tree's length T
+
+
+class TreeStep:
+    """One tree-attention pass of exactly `width` queries over a [prefix | tree] cache whose tree has
+    at most `tree_rows` rows (`swiftspec.tree_cache_attention`, notebook 18), then `finish`.
+
+    finish(logits (width, V) in the model's dtype, prefix (1,), extra: int64 on the device) runs in
+    the same graph and returns the tensors the host reads. `extra` is the tail of the packed vector,
+    for finishes that need more per-pass integers (the target's parents and tokens); the `extra`
+    given here are its first contents, valid ones, since a capture's warm-up runs on them. graphs:
+    capture now (on the packed vector's first contents: a chain tree at P = 0, so build a side's
+    steps before its first prefill)."""
+
+    def __init__(self, ops, model, cache, width: int, tree_rows: int,
+                 finish: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object], *,
+                 extra: Sequence[int] = (), graphs: bool = False):
+        device = cache.data.device
+        self.width, self.tree_rows, self.extra = width, tree_rows, len(extra)
+        self.model, self.cache, self.finish = model, cache, finish
+        size = HEAD + 5 * width + 2 * tree_rows + len(extra)
+        self.packed = torch.zeros(size, dtype=torch.int64, device=device)
+        int32 = dict(dtype=torch.int32, device=device)
+        rows = cache.capacity + 1
+        # Valid one-node contents for the launcher's checks, which read the buffers once (now).
+        self.index = TreeIndex(torch.zeros((1, width), **int32), torch.zeros((1, width), **int32),
+                               torch.zeros((1, rows), **int32), torch.zeros((1, rows), **int32),
+                               torch.zeros(1, **int32), torch.ones(1, **int32),
+                               torch.full((1,), width, **int32))
+        self.workspace = model.workspace(1, width)
+        self.attend = ops.tree_attention(model, cache, self.workspace, self.index)
+        self.columns = torch.arange(tree_rows, device=device)
+        chain = list(range(width))
+        self.load(0, (chain, [width - 1] * width), chain, [0] * width, chain, extra)
+        self.run = self._body
+        if graphs:
+            from course.measure.timing import graphed
+
+            self.run = graphed(self._body)
+
+    def load(self, prefix: int, times: tuple[list[int], list[int]], nodes: Sequence[int],
+             tokens: Sequence[int], depths: Sequence[int], extra: Sequence[int] = ()) -> None:
+        """One pass's inputs in one copy: the prefix P, the whole tree's DFS times (T rows), and the
+        queries: tree rows `nodes` with their tokens and depths; `extra` fills the finish's tail."""
+        start, end = times
+        pad = [0] * (self.tree_rows - len(start))
+        values = [prefix, len(start), *tokens, *depths, *nodes, *(start[v] for v in nodes),
+                  *(end[v] for v in nodes), *start, *pad, *end, *pad, *extra]
+        if len(values) != self.packed.numel():
+            raise ValueError(f"a pass of {len(nodes)} queries over {len(start)} tree rows with {len(extra)} "
+                             f"extra values does not fit this step ({self.width} queries, at most "
+                             f"{self.tree_rows} rows, {self.extra} extra values)")
+        self.packed.copy_(torch.tensor(values, dtype=torch.int64))
+
+    def _body(self):
+        """The pass itself: unpack on the device, the model step, the finish (no host waits)."""
+        p, W, T = self.packed, self.width, self.tree_rows
+        prefix, tree_len = p[0:1], p[1:2]
+        tokens, depths, nodes = p[HEAD:HEAD + W], p[HEAD + W:HEAD + 2 * W], p[HEAD + 2 * W:HEAD + 3 * W]
+        at = HEAD + 3 * W
+        self.index.q_start[0].copy_(p[at:at + W])
+        self.index.q_end[0].copy_(p[at + W:at + 2 * W])
+        at += 2 * W
+        # The tree's row times go to cache rows P .. P + T - 1; the padding past T to the scratch row's
+        # column, which no query reads.
+        columns = torch.where(self.columns < tree_len, prefix + self.columns, self.cache.scratch_row)
+        self.index.kv_start[0].scatter_(0, columns, p[at:at + T].to(torch.int32))
+        self.index.kv_end[0].scatter_(0, columns, p[at + T:at + 2 * T].to(torch.int32))
+        self.index.prefix.copy_(prefix)
+        self.index.tree_len.copy_(tree_len)
+        logits = self.model.step(tokens[None], (prefix + depths)[None], self.cache, (prefix + nodes)[None],
+                                 self.attend, workspace=self.workspace, validate=False, padding=False,
+                                 float_logits=False)
+        return self.finish(logits[0], prefix, p[at + 2 * T:])
+
+
+class Steps:
+    """A side's TreeSteps by query count: those named at construction are built (and, on a GPU,
+    captured) then; any other count is built when first needed and runs uncaptured (a capture's
+    warm-up would run the pass on live data, and the target's pass moves cache rows)."""
+
+    def __init__(self, make: Callable[[int, bool], TreeStep], widths: Sequence[int], graphs: bool):
+        self.make = make
+        self.built = {w: make(w, graphs) for w in sorted(set(widths))}
+
+    def __getitem__(self, width: int) -> TreeStep:
+        if width not in self.built:
+            self.built[width] = self.make(width, False)
+        return self.built[width]
+
+
+class MoveBuffers:
+    """SwiftSpec's compaction (`swiftspec.compact`, notebook 18) of one cache with fixed buffers:
+    up to `most` moves, written by the host in one copy, then one prepared launch."""
+
+    def __init__(self, ops, cache, most: int):
+        device = cache.data.device
+        self.most = most
+        self.values = torch.zeros(1 + 2 * most, dtype=torch.int32, device=device)  # count, src..., dst...
+        counts, src, dst = self.values[0:1], self.values[1:1 + most], self.values[1 + most:]
+        self.launch = ops.compactor(cache, src[None], dst[None], counts)
+
+    def __call__(self, moves: list[tuple[int, int]]) -> None:
+        """Move cache rows src -> dst for each (src, dst): dst increasing, dst <= src."""
+        if not moves:
+            return
+        if len(moves) > self.most:
+            raise ValueError(f"{len(moves)} moves; these buffers hold at most {self.most}")
+        pad = [0] * (self.most - len(moves))
+        values = [len(moves), *(s for s, _ in moves), *pad, *(d for _, d in moves), *pad]
+        self.values.copy_(torch.tensor(values, dtype=torch.int32))
+        self.launch()
