@@ -382,3 +382,20 @@ def test_the_sequence_diagram_draws_every_message_of_its_rounds():
     plt.close(ax.figure)
     with pytest.raises(ValueError, match="pair up"):
         parallel_figures.sequence_diagram(out["messages"], out["times"][:-1], out["events"])
+
+
+def test_host_tree_times_equal_the_specifications():
+    """The host tree's DFS times (kept children lists, no checks) are `pyspec_ref.trees.dfs_times`."""
+    import random
+
+    from course.capstone.host_tree import HostTree, dfs_times_of
+    from pyspec_ref import trees
+
+    rng = random.Random(5)
+    for n in (1, 2, 7, 40, 110):
+        parents = [-1] + [rng.randrange(v) for v in range(1, n)]
+        assert dfs_times_of(parents) == trees.dfs_times(parents)
+        tree = HostTree.fresh(3, "greedy")
+        for v in range(1, n):
+            tree._add(parents[v], v, 0.0, 0.0)
+        assert tree.dfs_times() == trees.dfs_times(parents)

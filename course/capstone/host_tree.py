@@ -40,8 +40,6 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from pyspec_ref import trees
-
 from .tree import MODES
 
 
@@ -59,6 +57,7 @@ class HostTree:
     depth: list[int] = field(default_factory=list)
     run: list[bool] = field(default_factory=list)
     q: list = field(default_factory=list)  # the draft's distribution at the node (None until run)
+    kids: list = field(default_factory=list)  # each node's children, in increasing id
     heap: list = field(default_factory=list)  # (-key, order, parent, token, cum)
     order: itertools.count = field(default_factory=itertools.count)
 
@@ -82,7 +81,11 @@ class HostTree:
         self.depth.append(0 if parent < 0 else self.depth[parent] + 1)
         self.run.append(False)
         self.q.append(None)
-        return len(self.parents) - 1
+        self.kids.append([])
+        node = len(self.parents) - 1
+        if parent >= 0:
+            self.kids[parent].append(node)  # ids grow: the list stays sorted
+        return node
 
     # ------------------------------------------------------------------ growth
 
@@ -107,12 +110,9 @@ class HostTree:
 
     # ------------------------------------------------------------------ views
 
-    def children(self) -> list[list[int]]:
-        return trees.children(self.parents)
-
     def dfs_times(self) -> tuple[list[int], list[int]]:
         """FlashSpecInfer §5.1 DFS times (children by increasing id) of the whole tree."""
-        return trees.dfs_times(self.parents)  # the specification's own: small trees, no need for another
+        return _times(self.kids)
 
     def select(self, size: int) -> list[int]:
         """The `size` nodes sent for verification, sorted ids (a subtree containing the root):
@@ -164,7 +164,7 @@ class HostTree:
         moves = [(v, i) for i, v in enumerate(committed) if v != i]
         if new_root is None:
             return HostTree.fresh(next_token, self.mode), moves
-        kids = self.children()
+        kids = self.kids
         keep, stack = [], [new_root]
         while stack:
             v = stack.pop()
@@ -187,3 +187,28 @@ class HostTree:
         heapq.heapify(tree.heap)
         tree.order = self.order
         return tree, moves
+
+
+def dfs_times_of(parents: list[int]) -> tuple[list[int], list[int]]:
+    """`pyspec_ref.trees.dfs_times` of a tree already checked to be rooted at 0 with parents before
+    children (the target's subtrees): the same times, without the specification's checks."""
+    kids: list[list[int]] = [[] for _ in parents]
+    for node in range(1, len(parents)):
+        kids[parents[node]].append(node)
+    return _times(kids)
+
+
+def _times(kids: list[list[int]]) -> tuple[list[int], list[int]]:
+    """DFS times from node 0 over children lists in increasing id. A draft pass needs the times of
+    the whole tree (every new node renumbers them), and the specification's `dfs_times` checks the
+    tree first, which costs more than the pass's GPU work; the tests hold these times equal to it."""
+    start, end = [0] * len(kids), [0] * len(kids)
+    order, stack = [], [0]
+    while stack:
+        node = stack.pop()
+        start[node] = len(order)
+        order.append(node)
+        stack.extend(reversed(kids[node]))
+    for node in reversed(order):  # the last child's subtree ends its parent's
+        end[node] = end[kids[node][-1]] if kids[node] else start[node]
+    return start, end

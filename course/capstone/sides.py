@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from pyspec_ref.trees import dfs_times
-
 from . import decoder
 from .backends import inverse_cdf, make_backend
-from .host_tree import HostTree
+from .host_tree import HostTree, dfs_times_of
 from .side_steps import MoveBuffers, Steps, TreeStep
 
 
@@ -119,11 +117,11 @@ class DraftSide:
         q = None
         if self.cfg.mode == "sample":
             out, q = out[0], out[1].float().cpu()
-        table = out.cpu()
-        branch = table.shape[1] // 2
+        table = out.tolist()  # one copy to the host; then plain lists (per-row tensor slices cost more)
+        branch = len(table[0]) // 2
         for r, v in enumerate(nodes):
-            tree.push(v, table[r, branch:].long().tolist(), table[r, :branch].tolist(),
-                      q=None if q is None else q[r])
+            row = table[r]
+            tree.push(v, [int(t) for t in row[branch:]], row[:branch], q=None if q is None else q[r])
     def _expand(self, steps: int, width: int) -> int:
         """Run the root if the draft has not, then `steps` steps of `width` nodes, and more while the
         tree holds fewer than tree_size nodes (a step adds fewer than `width` nodes when the queue
@@ -293,7 +291,7 @@ class TargetSide:
             accept_u = torch.rand((1, n), generator=self.gen, dtype=torch.float64)
             sample_u = torch.rand((1, n), generator=self.gen, dtype=torch.float64)
             verification.uniforms.copy_(torch.cat([accept_u, sample_u]))
-        verification.step.load(P, dfs_times(parents), range(n), tokens, depth, extra=[*parents, *tokens])
+        verification.step.load(P, dfs_times_of(parents), range(n), tokens, depth, extra=[*parents, *tokens])
         result = verification.step.run().tolist()  # the one wait for the GPU
         self.calls += 1
         path = [j for j in result[:n] if j >= 0]
