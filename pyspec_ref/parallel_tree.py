@@ -7,10 +7,12 @@ consistency, Figure 5). The draft model and the target model run in two workers 
 draft keeps growing its token tree while the target verifies the subtree it was sent, so drafting
 leaves the critical path. Three messages, each sent at one point of Algorithm 1:
 
-* ``SUBTREE`` (draft -> target, lines 14-15): the ``bs`` most probable nodes of the draft tree
-  (`pyspec_ref.kvcache.best_subtree`), as a parent array over the subtree's own indices (the
-  root, the last committed token, is index 0; parents before children) and their tokens; in
-  sampling mode also the draft distribution q at each node (the target's test needs it).
+* ``SUBTREE`` (draft -> target, lines 14-15): the ``bs`` most probable items of the draft tree
+  (`pyspec_ref.kvcache.best_subtree`): its nodes and its queued candidates, which enter as leaves
+  the draft has not run (the "unexpanded leaves" of §3.1: the target needs only their tokens),
+  as a parent array over the subtree's own indices (the root, the last committed token, is
+  index 0; parents before children) and their tokens; in sampling mode also the draft
+  distribution q at each node (the target's test needs it; a leaf's is never read).
 * ``ACCEPTED`` (target -> draft, line 26): the accepted path as indices into the last SUBTREE
   (0 first) and the next token, the target's own (its argmax, or its draw).
 * ``STOP`` (target -> draft, line 22): the generation is over; the draft leaves its loop.
@@ -23,8 +25,9 @@ One round of each worker (Algorithm 1, with ``d`` = ``steps`` expansions per rou
 
 * draft: send SUBTREE(r); grow the tree by ``steps`` steps of ``w`` leaves each (this is the work
   done during verification); receive; on STOP leave; on ACCEPTED re-root (below), top the tree up
-  to ``bs`` nodes if it holds fewer (a step of as many nodes as are missing: §3.2, "it expands bs
-  nodes immediately using one draft model inference"), and send SUBTREE(r + 1);
+  until ``bs`` items can be sent if fewer can (§3.2, "it expands bs nodes immediately using one
+  draft model inference": here steps of as few nodes as the missing count needs, each run node
+  queueing ``branch`` candidates), and send SUBTREE(r + 1);
 * target: receive SUBTREE(r); one pass over its nodes; verify (greedy: `greedy_tree_verification`,
   sampling: `tree_speculative_sampling`); commit the path and the next token; send STOP if the
   generation is finished, else ACCEPTED(r).
@@ -33,7 +36,11 @@ Re-rooting (§3.2, Figure 5). The draft maps the path back to its own node ids (
 nodes it sent), commits them, and looks among the children of the last accepted node for the next
 token. If one has it, that child is the new root and its whole subtree survives, with the KV cache
 entries the draft computed for it during verification; otherwise the new root is the bare next
-token, which the draft has not run yet. The cache is laid out [prefix | tree] with node i at row
+token, which the draft has not run yet. When the last accepted node is a leaf the draft never ran
+(a queued candidate when it was sent, and still one), the draft first makes it a node with the next
+token as its child and runs both in one pass (the child's query sees the leaf's KV, written in the
+same pass): the leaf's KV joins the prefix and the child becomes the new root, run, with its own
+candidates. The cache is laid out [prefix | tree] with node i at row
 P + i (node ids are creation order: appending a node appends a row, as in §3.2 "appending the tree
 cache after the existing entries"), so re-rooting moves the committed nodes to the end of the
 prefix and the survivors right after them, in id order: every move goes left
@@ -153,7 +160,8 @@ class _Draft:
     order: itertools.count = field(default_factory=itertools.count)
     births: itertools.count = field(default_factory=itertools.count)
     steps: int = 0  # draft passes (one per step of w nodes, one per fresh root)
-    sent: list[int] = field(default_factory=list)  # the draft ids of the last SUBTREE
+    sent: list = field(default_factory=list)  # the last SUBTREE: node ids and candidates' queue entries
+    popped: dict = field(default_factory=dict)  # since then: a sent candidate's queue order -> its node
 
     def path_of(self, v: int) -> tuple[int, ...]:
         """The tokens from the root to v (root first)."""
@@ -211,24 +219,59 @@ class _Draft:
             return
         added = []
         while self.heap and len(added) < width:
-            neg, _, parent, token, cum = heapq.heappop(self.heap)
+            neg, order, parent, token, cum = heapq.heappop(self.heap)
             added.append(self._add(parent, token, cum, -neg))
+            self.popped[order] = added[-1]
         if added:
             self._run(added)
 
+    def selectable(self) -> int:
+        """What a SUBTREE can be chosen from: the nodes and the queued candidates."""
+        return len(self.parents) + len(self.heap)
+
     def select(self, size: int) -> Message:
-        """SUBTREE: the `size` best nodes (`best_subtree` of the ranking key), re-indexed."""
-        chosen = best_subtree(self.parents, self.key, min(size, len(self.parents)))
+        """SUBTREE: the `size` best items (`best_subtree` of the ranking key) among the nodes AND the
+        queued candidates, re-indexed. A candidate enters as a leaf the draft has not run
+        (SwiftSpec §3.1's "unexpanded leaves"): the target needs only its token, and its q is never
+        read (a leaf has no children to test), so it is sent as the uniform distribution."""
+        # At most `size` candidates can be sent: the `size` best in queue order (ties in draw order),
+        # whose ids follow the nodes'.
+        queued = heapq.nsmallest(size, self.heap)
+        parents = self.parents + [entry[2] for entry in queued]
+        keys = self.key + [-entry[0] for entry in queued]
+        chosen = best_subtree(parents, keys, min(size, len(parents)))
+        n = len(self.parents)
+        self.sent = [v if v < n else queued[v - n] for v in chosen]  # a node id, or a candidate's entry
+        self.popped = {}
         local = {v: j for j, v in enumerate(chosen)}
-        self.sent = chosen
-        q = tuple(tuple(self.q[v]) for v in chosen) if self.mode == "sample" else ()
-        return Message(SUBTREE, -1, tuple(-1 if self.parents[v] < 0 else local[self.parents[v]]
-                                          for v in chosen), tuple(self.tokens[v] for v in chosen), q)
+        tokens = tuple(self.tokens[v] if v < n else queued[v - n][3] for v in chosen)
+        q = ()
+        if self.mode == "sample":
+            leaf = tuple([1.0 / self.vocab] * self.vocab)
+            q = tuple(tuple(self.q[v]) if v < n else leaf for v in chosen)
+        return Message(SUBTREE, -1, tuple(-1 if parents[v] < 0 else local[parents[v]] for v in chosen),
+                       tokens, q)
+
+    def _adopt(self, entry: tuple, next_token: int) -> int:
+        """An accepted leaf that was a queued candidate becomes a node, the next token its child,
+        and both are run in ONE draft pass (the child's query sees the leaf's KV, written in the
+        same pass): the committed leaf gets its KV entry and the new root its candidates. Returns
+        the leaf's id."""
+        self.heap.remove(entry)
+        heapq.heapify(self.heap)
+        neg, _, parent, token, cum = entry
+        leaf = self._add(parent, token, cum, -neg)
+        root = self._add(leaf, next_token, cum, cum)  # keys become relative to it at the re-root
+        self._run([leaf, root])
+        return leaf
 
     def reroot(self, path: Sequence[int], next_token: int) -> dict:
         """SwiftSpec §3.2: commit the accepted path, keep the subtree of the child of its last node
         that holds the next token (if any), and move their KV rows left. Returns what happened."""
         committed = [self.sent[j] for j in path]
+        if isinstance(committed[-1], tuple):  # only a path's last node can be a leaf
+            order = committed[-1][1]  # grown while the target verified it, or still queued
+            committed[-1] = self.popped.get(order) or self._adopt(committed[-1], next_token)  # ids > 0
         last = committed[-1]
         new_root = next((c for c in range(last + 1, len(self.parents))
                          if self.parents[c] == last and self.tokens[c] == next_token), None)
@@ -258,7 +301,9 @@ class _Draft:
             self.fresh(next_token)
         else:
             self._keep(keep, new_root, old)
-        return {"committed": committed, "new_root": new_root, "kept": len(keep), "moves": moves}
+        # kept: the surviving subtree's nodes and queued candidates (whose draws it keeps too)
+        kept = len(keep) + len(self.heap) * bool(keep)
+        return {"committed": committed, "new_root": new_root, "kept": kept, "moves": moves}
 
     def _keep(self, keep: list[int], new_root: int, old) -> None:
         parents, tokens, cum, key, birth, run, q = old
@@ -457,7 +502,7 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
     Returns tokens (the output, at most max_new_tokens), messages (the log), times (per message:
     when it was sent and when its receiver took it), events (side, what, round, start, end), rounds
     (per round: sent nodes, accepted path length, whether a subtree was reused and how many nodes
-    survived), target_calls, draft_steps, tokens_per_call (tokens
+    and queued candidates survived), target_calls, draft_steps, tokens_per_call (tokens
     emitted per target call, before truncation), time (the clock when the target stops).
     """
     prompt, n, bs, w, d, k = _check_options(prompt, max_new_tokens, tree_size, width, steps, branch, mode,
@@ -490,16 +535,16 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
             clock[side] = t
 
     def grow(what: str, r: int, planned: int) -> None:
-        """Run the root if it is new; top the tree up to bs nodes in steps of as many nodes as
-        were missing (§3.2: a short tree "expands bs nodes immediately using one draft model
+        """Run the root if it is new; top the tree up until bs items (nodes and queued candidates)
+        can be sent, each step running as few nodes as the missing count needs (each queues k
+        candidates; §3.2: a short tree "expands bs nodes immediately using one draft model
         inference"); then take `planned` steps of w nodes (as many as fit the capacity). A step
         pops the best candidates and runs them in one draft pass."""
         before = dr.steps
-        missing = max(w, bs - len(dr.parents))
         if not dr.run[0]:
             dr.step(w)
-        while dr.heap and len(dr.parents) < bs:
-            dr.step(missing)
+        while dr.heap and dr.selectable() < bs:
+            dr.step(-(-(bs - dr.selectable()) // k))
         for _ in range(min(planned, max(0, (capacity - len(dr.parents)) // w))):
             if not dr.heap:
                 break
@@ -531,7 +576,9 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         rounds.append(info)
         if finished:
             break
-        done = dr.reroot(path, nxt)
+        before = dr.steps
+        done = dr.reroot(path, nxt)  # one draft pass when the path ends at a leaf never run
+        work("draft", "re-root", r, (dr.steps - before) * step_cost)
         info.update(reused=done["new_root"] is not None, kept=done["kept"])
         if check:
             check_draft_cache(dr.prefix, dr.parents, dr.tokens, dr.run, dr.birth, dr.cache)

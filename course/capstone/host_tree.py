@@ -30,7 +30,10 @@ become nodes and are run together (the non-square attention of w queries against
   re-root keeps it in both modes; `pyspec_ref.parallel_tree` states the argument and its tests
   check it.
 
-The verified subtree is `pyspec_ref.kvcache.best_subtree` of the key (`select`).
+The verified subtree is `pyspec_ref.kvcache.best_subtree` of the key over the nodes AND the queued
+candidates (`select`): a candidate goes as a leaf the draft has not run (SwiftSpec's "unexpanded
+leaves"), since the target needs only its token. When such a leaf is the last accepted node, the
+draft makes it a node (`adopt`) and runs it, with the next token as its child, before re-rooting.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class HostTree:
     kids: list = field(default_factory=list)  # each node's children, in increasing id
     heap: list = field(default_factory=list)  # (-key, order, parent, token, cum)
     order: itertools.count = field(default_factory=itertools.count)
+    popped: dict = field(default_factory=dict)  # since the last select: a candidate's order -> its node
 
     @classmethod
     def fresh(cls, root_token: int, mode: str) -> HostTree:
@@ -93,8 +97,9 @@ class HostTree:
         """Turn the `width` best candidates into nodes (fewer if the queue runs dry); their ids."""
         added = []
         while self.heap and len(added) < width:
-            neg_key, _, parent, token, cum = heapq.heappop(self.heap)
+            neg_key, order, parent, token, cum = heapq.heappop(self.heap)
             added.append(self._add(parent, token, cum, -neg_key))
+            self.popped[order] = added[-1]
         return added
 
     def push(self, node: int, tokens: list[int], logprobs: list[float], q=None) -> None:
@@ -114,14 +119,32 @@ class HostTree:
         """FlashSpecInfer §5.1 DFS times (children by increasing id) of the whole tree."""
         return _times(self.kids)
 
-    def select(self, size: int) -> list[int]:
-        """The `size` nodes sent for verification, sorted ids (a subtree containing the root):
-        `pyspec_ref.kvcache.best_subtree`'s rule (largest key, then shallower, then smaller id) on
-        this tree's key, written out here to skip the reference's validation on every step."""
-        if size >= len(self):
-            return list(range(len(self)))
-        ranked = sorted(range(len(self)), key=lambda v: (-self.key[v] if v else -math.inf, self.depth[v], v))
-        return sorted(ranked[:size])
+    def selectable(self) -> int:
+        """What a subtree can be chosen from: the nodes and the queued candidates."""
+        return len(self) + len(self.heap)
+
+    def select(self, size: int) -> list:
+        """The `size` items sent for verification (a subtree containing the root), in id order:
+        node ids, and the queue entries of candidates, which go as leaves the draft has not run.
+        `pyspec_ref.parallel_tree`'s rule (`best_subtree` over the nodes and the `size` best queued
+        candidates, whose ids follow the nodes' in queue order: largest key, then shallower, then
+        smaller id), written out here to skip the reference's validation on every round."""
+        queued = heapq.nsmallest(size, self.heap)
+        n = len(self)
+        ranked = sorted([(-self.key[v] if v else -math.inf, self.depth[v], v) for v in range(n)]
+                        + [(entry[0], self.depth[entry[2]] + 1, n + i) for i, entry in enumerate(queued)])
+        self.popped = {}
+        return [v if v < n else queued[v - n] for v in sorted(v for *_, v in ranked[:size])]
+
+    def adopt(self, entry: tuple, next_token: int) -> tuple[int, int]:
+        """A queued candidate, accepted as a path's last node, becomes a node, with `next_token` as
+        its child: (leaf, child), neither run yet. Run them in one pass before re-rooting on the
+        child (see `pyspec_ref.parallel_tree`: the child's query sees the leaf's KV)."""
+        self.heap.remove(entry)
+        heapq.heapify(self.heap)
+        neg_key, _, parent, token, cum = entry
+        leaf = self._add(parent, token, cum, -neg_key)
+        return leaf, self._add(leaf, next_token, cum, cum)  # keys become relative to it at the re-root
 
     # ------------------------------------------------------------------ after verification
 

@@ -3,11 +3,12 @@ and target worker each do (§3.1, Algorithm 1), for one prompt (B = 1), over the
 
 This is the narrow interface the parallel workers (`course.capstone.parallel`) are written against:
 
-* `DraftSide`: `start(prompt)` (prefill), `grow(steps)` (run a new root, grow the tree to
-  tree_size nodes, then `steps` more steps of `width` nodes), `subtree()` (the best tree_size
-  nodes: parents, tokens and, in sampling mode, the draft distribution q of each), `reroot(path,
-  next_token)` (SwiftSpec §3.2: commit the accepted path, keep the subtree of the next token if the
-  tree has it, compact the KV cache);
+* `DraftSide`: `start(prompt)` (prefill), `grow(steps)` (run a new root, grow the tree until
+  tree_size items can be sent, then `steps` more steps of `width` nodes), `subtree()` (the best
+  tree_size items, nodes and queued candidates as leaves: parents, tokens and, in sampling mode,
+  the draft distribution q of each), `reroot(path, next_token)` (SwiftSpec §3.2: commit the
+  accepted path, running its last node first if it was a leaf never run, keep the subtree of the
+  next token if the tree has it, compact the KV cache);
 * `TargetSide`: `start(prompt)`, `verify(parents, tokens, q)` (one target pass over the subtree,
   verification, compaction of the accepted rows): the accepted path and the next token.
 
@@ -122,46 +123,45 @@ class DraftSide:
         for r, v in enumerate(nodes):
             row = table[r]
             tree.push(v, [int(t) for t in row[branch:]], row[:branch], q=None if q is None else q[r])
-    def _expand(self, steps: int, width: int) -> int:
-        """Run the root if the draft has not, then `steps` steps of `width` nodes, and more while the
-        tree holds fewer than tree_size nodes (a step adds fewer than `width` nodes when the queue
-        holds fewer candidates); stops early when the queue runs dry. Returns the passes taken."""
-        calls = 0
-        while True:
-            if not self.tree.run[0]:
-                nodes = [0]  # a fresh root: the draft has not seen it yet
-            elif steps > 0 or len(self.tree) < self.cfg.tree_size:
-                nodes = self.tree.pop(width)
-                steps = max(steps - 1, 0)
-            else:
-                return calls
-            if not nodes:
-                return calls
-            self._run(nodes)
-            calls += 1
-
     def grow(self, steps: int = 0) -> int:
-        """Run the root if it is new and top the tree up to tree_size nodes, in steps of as many
-        nodes as were missing (SwiftSpec §3.2: a short tree "expands bs nodes immediately using one
-        draft model inference"); then take `steps` steps of `width` nodes (as many as the tree's
-        capacity allows). Returns the draft passes taken."""
-        missing = max(self.cfg.width, self.cfg.tree_size - len(self.tree))
-        calls = self._expand(0, missing)
-        room = max(0, (self.max_nodes - len(self.tree)) // self.cfg.width)
-        if min(steps, room) > 0:
-            calls += self._expand(min(steps, room), self.cfg.width)
+        """Run the root if it is new and top the tree up until tree_size items (nodes and queued
+        candidates) can be sent, each pass running as few nodes as the missing count needs (each
+        queues `branch` candidates; SwiftSpec §3.2: a short tree "expands bs nodes immediately using
+        one draft model inference"); then take `steps` steps of `width` nodes (as many as the
+        tree's capacity allows). Returns the draft passes taken."""
+        tree, size, branch = self.tree, self.cfg.tree_size, self.cfg.branch
+        calls = 0
+        if not tree.run[0]:
+            self._run([0])  # a fresh root: the draft has not seen it yet
+            calls += 1
+        while tree.heap and tree.selectable() < size:
+            self._run(tree.pop(-(-(size - tree.selectable()) // branch)))
+            calls += 1
+        for _ in range(min(steps, max(0, (self.max_nodes - len(tree)) // self.cfg.width))):
+            if not tree.heap:
+                break
+            self._run(tree.pop(self.cfg.width))
+            calls += 1
         return calls
 
     def subtree(self) -> tuple[list[int], list[int], torch.Tensor | None]:
-        """The best tree_size nodes (`HostTree.select`): parents over the subtree's own indices
-        (root first, parents before children), tokens, and q (nodes, V) float32 in sampling mode."""
+        """The best tree_size items (`HostTree.select`: nodes, and queued candidates as leaves):
+        parents over the subtree's own indices (root first, parents before children), tokens, and
+        q (items, V) float32 in sampling mode (a leaf's is never read: uniform)."""
         tree = self.tree
         chosen = tree.select(self.cfg.tree_size)
-        local = {v: j for j, v in enumerate(chosen)}
         self.sent = chosen
-        parents = [-1 if tree.parents[v] < 0 else local[tree.parents[v]] for v in chosen]
-        q = torch.stack([tree.q[v] for v in chosen]).float() if self.cfg.mode == "sample" else None
-        return parents, [tree.tokens[v] for v in chosen], q
+        node_of = [v if isinstance(v, int) else v[2] for v in chosen]  # a leaf: its parent's node
+        local = {v: j for j, v in enumerate(chosen) if isinstance(v, int)}
+        parents = [-1 if v == 0 else local[tree.parents[v] if isinstance(v, int) else node_of[j]]
+                   for j, v in enumerate(chosen)]
+        tokens = [tree.tokens[v] if isinstance(v, int) else v[3] for v in chosen]
+        q = None
+        if self.cfg.mode == "sample":
+            vocab = self.model.config.vocab_size
+            leaf = torch.full((vocab,), 1.0 / vocab)
+            q = torch.stack([tree.q[v] if isinstance(v, int) else leaf for v in chosen]).float()
+        return parents, tokens, q
 
     def reroot(self, path: list[int], next_token: int) -> int | None:
         """SwiftSpec §3.2 after ACCEPTED(path, next_token) for the last subtree: the path joins the
@@ -171,6 +171,14 @@ class DraftSide:
         if not path or path[0] != 0 or max(path) >= len(self.sent):
             raise ValueError(f"path {path} is not a path of the {len(self.sent)}-node subtree sent last")
         committed = [self.sent[j] for j in path]
+        if not isinstance(committed[-1], int):  # a leaf (only a path's last node can be one)
+            order = committed[-1][1]
+            if order in tree.popped:  # grown while the target verified it
+                committed[-1] = tree.popped[order]
+            else:  # still queued: it and the next token, run in one pass
+                leaf, child = tree.adopt(committed[-1], next_token)
+                self._run([leaf, child])
+                committed[-1] = leaf
         last = committed[-1]
         new_root = next((c for c in range(last + 1, len(tree)) if tree.parents[c] == last
                          and tree.tokens[c] == next_token), None)
