@@ -289,7 +289,8 @@ def test_a_dead_or_frozen_process_stops_its_peer_within_seconds(victim, how):
     os.kill(launch.processes[victim].pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
     try:
         _stopped_within(launch, peer, 2.0 + 5)  # peer_timeout + the watchdog's reaction
-        assert launch.processes[peer].returncode == wire.EXIT_PEER
+        log = (launch.folder / f"{peer}.log").read_text()
+        assert launch.processes[peer].returncode == wire.EXIT_PEER, log[-2000:]
         said = (launch.folder / f"{peer}.error").read_text()
         # a kill: the receive fails at once, or the store (the target hosts it) is gone; a freeze:
         # the connection stays open and only the heartbeat tells

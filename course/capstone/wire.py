@@ -216,7 +216,10 @@ class Link:
                 q = torch.zeros((self.tree_size, self.vocab_size), dtype=torch.float32)
                 q[:len(message.parents)] = message.q.float().cpu()
                 tensors.append(q.to(self.device))
-        self._sending = [(dist.isend(t, self.peer, group=self.group), t) for t in tensors]
+        try:
+            self._sending = [(dist.isend(t, self.peer, group=self.group), t) for t in tensors]
+        except RuntimeError as error:  # gloo writes at once: a peer gone shows here
+            raise _peer_lost(error, ROLES[self.peer], None) from None
 
     def recv(self, what: str, with_q: bool = False) -> Subtree | Reply:
         """The next message (`what` names it for the watchdog's message timeout); with_q: a SUBTREE's
@@ -254,13 +257,18 @@ class Link:
                         time.sleep(0)  # yields the GIL to the watchdog; a real sleep adds ~60 us a message
                 work.wait()
         except RuntimeError as error:  # gloo: the peer's socket closed, or the group's timeout passed
-            text = str(error)
-            if "Connection closed" in text or "Connection reset" in text:
-                raise PeerLost(f"the {peer} closed its connection (its process ended)") from None
-            if "Timed out" in text:
-                raise PeerLost(f"no {what or 'message'} from the {peer} within the process group's "
-                               "timeout") from None
-            raise
+            raise _peer_lost(error, peer, what) from None
+
+
+def _peer_lost(error: RuntimeError, peer: str, what: str | None) -> Exception:
+    """PeerLost for gloo's errors that mean the peer is gone or silent; else the error itself."""
+    text = str(error)
+    gone = ("Connection closed", "Connection reset", "Broken pipe", "Socket closed")
+    if any(sign in text for sign in gone):
+        return PeerLost(f"the {peer} closed its connection (its process ended)")
+    if "Timed out" in text:
+        return PeerLost(f"no {what or 'message'} from the {peer} within the process group's timeout")
+    return error
 
 
 # --------------------------------------------------------------------------- faults
