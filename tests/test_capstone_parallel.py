@@ -95,7 +95,8 @@ def test_sampling_matches_target_distribution(pair):
     marginals, joint, seqs = [], torch.ones(1, dtype=torch.float64), [prompt]
     with torch.no_grad():
         for _ in range(n):  # p(x_i) by enumerating every earlier token (80 * 80 sequences at most)
-            probs = torch.softmax(pair.target(torch.tensor(seqs))[:, -1].double(), -1)  # (len(seqs), V)
+            logits = pair.target(torch.tensor(seqs, device=pair.target.device))[:, -1]
+            probs = torch.softmax(logits.double(), -1).cpu()  # (len(seqs), V)
             step = joint[:, None] * probs
             marginals.append(step.sum(0))
             joint, seqs = step.reshape(-1), [s + [x] for s in seqs for x in range(vocab)]
