@@ -77,7 +77,7 @@ class DraftSide:
         self.move = MoveBuffers(self.ops, self.cache, tree_rows)
         self.tree: HostTree | None = None
         self.prefix = 0  # committed tokens whose KV is cached (all but the root)
-        self.sent: list[int] = []  # the draft ids of the last subtree sent
+        self.sent: list = []  # the last subtree sent: node ids, and queue entries of the leaves
         self.calls = 0
 
     def start(self, prompt: list[int], seed: int | None = None) -> None:
