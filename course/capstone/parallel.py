@@ -80,8 +80,7 @@ def draft_rounds(side: DraftSide, steps: int, schedule: str, clock: Timeline) ->
     """The draft worker of SwiftSpec's Algorithm 1 (§3.1) on a started side: send SUBTREE(r), grow
     `steps` steps while the target verifies (parallel) and wait; on ACCEPTED re-root, grow until
     tree_size items can be sent (serial: and `steps` steps more, now on the critical path), send
-    SUBTREE(r + 1); on
-    STOP return. Records per round whether the next token's subtree was reused."""
+    SUBTREE(r + 1); on STOP return. Records per round whether the next token's subtree was reused."""
     after_reroot = steps if schedule == "serial" else 0
     reused: list[bool] = []
     with clock.span("draft", "grow", 0):
