@@ -10,7 +10,8 @@ reduction and the IO model (`pyspec_ref.deft`), and KV-cache bookkeeping after
 verification: EMS-SD's unpadded batches and SwiftSpec's tree-aware cache
 (`pyspec_ref.kvcache`), and SwiftSpec's parallel tree generation: the protocol
 between a draft and a target worker, simulated with its invariants
-(`pyspec_ref.parallel_tree`). The GPU kernels of the course
+(`pyspec_ref.parallel_tree`), and the best tree shape for a budget, Sequoia's
+dynamic program (`pyspec_ref.tree_shape`). The GPU kernels of the course
 are checked against these functions, never the other way round. Every function
 validates its arguments and names the bad one in its error.
 
@@ -25,13 +26,16 @@ from . import deft as _deft_module
 from . import kvcache as _kvcache_module
 from . import parallel_tree as _parallel_tree_module
 from . import sampling as _sampling_module
+from . import tree_shape as _tree_shape_module
 from . import trees as _trees_module
 from .attention import *  # noqa: F403  (each module's __all__ is its public API)
 from .deft import *  # noqa: F403
 from .kvcache import *  # noqa: F403
 from .parallel_tree import *  # noqa: F403
 from .sampling import *  # noqa: F403
+from .tree_shape import *  # noqa: F403
 from .trees import *  # noqa: F403
 
 __all__ = [*_trees_module.__all__, *_attention_module.__all__, *_deft_module.__all__,
-           *_sampling_module.__all__, *_kvcache_module.__all__, *_parallel_tree_module.__all__]
+           *_sampling_module.__all__, *_kvcache_module.__all__, *_parallel_tree_module.__all__,
+           *_tree_shape_module.__all__]
