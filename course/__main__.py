@@ -109,22 +109,22 @@ def _grade(args) -> int:
 
 
 def _generate(args) -> int:
-    from .capstone.bench import DEFAULT_TREE, generate_report
+    from .capstone.bench import generate_report
 
     if args.parallel:  # notebook 20: the draft and the target in two processes
         from .capstone import parallel
 
         print(parallel.generate_report(args.prompt, pair=args.pair, max_new_tokens=args.max_new_tokens,
-                                       tree_size=args.tree_size, width=args.width,
+                                       tree_size=16 if args.tree_size is None else args.tree_size,
+                                       width=2 if args.width is None else args.width,
                                        steps=parallel.DEFAULT_STEPS if args.steps is None else args.steps,
                                        mode=args.mode, seed=args.seed, backend=args.backend, impl=args.impl))
         return 0
 
-    print(generate_report(args.prompt, pair=args.pair, max_new_tokens=args.max_new_tokens,
-                          tree_size=args.tree_size, width=args.width, branch=args.branch,
-                          steps=DEFAULT_TREE[3] if args.steps is None else args.steps, chain=args.chain,
-                          mode=args.mode, seed=args.seed, backend=args.backend, impl=args.impl,
-                          progress=not args.no_progress))
+    print(generate_report(args.prompt, pair=args.pair, max_new_tokens=args.max_new_tokens, tree=args.tree,
+                          tree_size=args.tree_size, width=args.width, branch=args.branch, steps=args.steps,
+                          chain=args.chain, mode=args.mode, temperature=args.temperature, seed=args.seed,
+                          backend=args.backend, impl=args.impl, progress=not args.no_progress))
     return 0
 
 
@@ -202,14 +202,23 @@ def main(argv=None) -> int:
                           help="the trained pair (default: medium on a GPU, tiny in the simulator)")
     generate.add_argument("--max-new-tokens", type=int, default=None,
                           help="tokens per prompt (default: 128 on a GPU, 12 in the simulator)")
-    generate.add_argument("--tree-size", type=int, default=16, help="nodes verified per target call (bs)")
-    generate.add_argument("--width", type=int, default=2, help="nodes the draft expands per step (w)")
-    generate.add_argument("--branch", type=int, default=4, help="children of each node the draft runs")
+    generate.add_argument("--tree", choices=("sequoia", "dynamic", "fixed"), default="sequoia",
+                          help="the tree's shape (notebook 21): sequoia (default: the best tree for the "
+                               "budget from the pair's measured acceptance), dynamic (EAGLE-2: ranked by the "
+                               "draft's confidence) or fixed (the capstone's first tree)")
+    generate.add_argument("--tree-size", type=int, default=None,
+                          help="nodes verified per target call (bs; sequoia: the budget; default 48)")
+    generate.add_argument("--width", type=int, default=None,
+                          help="nodes the draft expands per step (w; sequoia derives it)")
+    generate.add_argument("--branch", type=int, default=None,
+                          help="children of each node the draft runs (sequoia derives it)")
     generate.add_argument("--steps", type=int, default=None,
-                          help="draft steps per round: the tree's depth (default 6); with --parallel, the "
-                               "steps taken while the target verifies (d, default 2)")
+                          help="draft steps per round: the tree's depth (sequoia: its depth limit); with "
+                               "--parallel, the steps taken while the target verifies (d, default 2)")
     generate.add_argument("--chain", type=int, default=5, help="tokens the chain drafts per round (k)")
     generate.add_argument("--mode", choices=("greedy", "sample"), default="greedy")
+    generate.add_argument("--temperature", type=float, default=1.0,
+                          help="sampling temperature (> 0; sample mode only)")
     generate.add_argument("--seed", type=int, default=0, help="seed of the sampling uniforms")
     generate.add_argument("--backend", choices=("kernels", "reference"), default="kernels",
                           help="the course's kernels (default) or the torch reference")

@@ -141,11 +141,14 @@ class ReferenceBackend:
             return path, nxt
         return run
 
-    def sampling_verifier(self, parents, tokens, q, p, accept_u, sample_u) -> Callable:
+    def sampling_verifier(self, parents, tokens, q, p, accept_u, sample_u,
+                          replacement: bool = False) -> Callable:
         """SpecInfer's multi-step speculative sampling (§4.3), as `pyspec_ref.sampling` states it: at
-        node u try the children in id order; child s (token x) is accepted when r_s q_u(x) < p'(x),
-        else p' becomes max_norm(p' - q_u); when no child is accepted the next token is drawn from
-        p' with u's sample uniform. p' starts as p_u at every node reached."""
+        node u try the children in id order; child s (token x) is accepted when r_s q'(x) < p'(x),
+        else p' becomes max_norm(p' - q'); when no child is accepted the next token is drawn from
+        p' with u's sample uniform. p' starts as p_u and q' as q_u at every node reached; without
+        replacement (Sequoia §3.2) a rejected token then leaves q' (q' renormalised without it), since
+        the next sibling was drawn without it."""
         batch, n, _ = p.shape
         device = p.device
         ids = torch.arange(n, device=device)
@@ -160,6 +163,7 @@ class ReferenceBackend:
             depth = torch.zeros(batch, dtype=torch.int64, device=device)
             walking = torch.ones(batch, dtype=torch.bool, device=device)
             current = p64[:, 0].clone()
+            proposal = q64[:, 0].clone()
             path.fill_(-1)
             path[:, 0].fill_(0)
             for _ in range(n - 1):  # every non-root node is tried at most once
@@ -168,17 +172,22 @@ class ReferenceBackend:
                 has = child < n
                 child = child.clamp(max=n - 1)
                 x = tokens.gather(1, child[:, None]).long()
-                q_node = q64[samples, node]
                 r = accept_u.gather(1, child[:, None]).double()
-                accept = has & (r * q_node.gather(1, x) < current.gather(1, x))[:, 0]
+                accept = has & (r * proposal.gather(1, x) < current.gather(1, x))[:, 0]
                 reject = has & ~accept
                 depth += accept
                 path[samples, depth] = torch.where(accept, child, path[samples, depth].long()).to(torch.int32)
-                residual = (current - q_node).clamp(min=0.0)
+                residual = (current - proposal).clamp(min=0.0)
                 total = residual.sum(dim=1, keepdim=True)
                 renormalise = (reject & (total[:, 0] > 0))[:, None]  # p == q leaves nothing: keep p'
                 current = torch.where(accept[:, None], p64[samples, child],
                                       torch.where(renormalise, residual / total, current))
+                if not replacement:
+                    left = proposal.scatter(1, x, 0.0)
+                    mass = left.sum(dim=1, keepdim=True)
+                    left = torch.where(mass > 0, left / mass.clamp(min=1e-300), left)
+                    proposal = torch.where(reject[:, None], left, proposal)
+                proposal = torch.where(accept[:, None], q64[samples, child], proposal)
                 node = torch.where(accept, child, node)
                 tried = torch.where(has, child, tried)
                 walking &= has
@@ -267,8 +276,10 @@ class KernelBackend:
     def greedy_verifier(self, parents, tokens, best) -> Callable:
         return self.verification.prepare_greedy(parents, tokens, best)
 
-    def sampling_verifier(self, parents, tokens, q, p, accept_u, sample_u) -> Callable:
-        return self.verification.prepare_sampling(parents, tokens, q, p, accept_u, sample_u)
+    def sampling_verifier(self, parents, tokens, q, p, accept_u, sample_u,
+                          replacement: bool = False) -> Callable:
+        return self.verification.prepare_sampling(parents, tokens, q, p, accept_u, sample_u,
+                                                  replacement=replacement)
 
     def compactor(self, cache, src, dst, counts) -> Callable:
         return self.swiftspec.prepare_compact_buffers(cache.data, src, dst, counts)

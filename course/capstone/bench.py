@@ -56,11 +56,15 @@ BATCHES = (1, 4)
 MAX_NEW = 256
 PROMPT_CHARS = 48
 REPEATS = 5
-CHAINS = (3, 4, 5, 6, 8, 10)  # k drafted tokens
-# (tree_size, width, branch, steps): nodes verified, nodes drafted per step, children per node, steps
-TREES = ((8, 2, 4, 4), (12, 2, 4, 5), (16, 2, 4, 6), (16, 4, 4, 5), (24, 4, 4, 6), (32, 4, 4, 7),
-         (32, 4, 4, 8), (48, 4, 4, 8), (24, 3, 3, 8), (32, 2, 2, 10))
-DEFAULT_TREE = (16, 2, 4, 6)  # `python -m course generate` and notebook 19
+CHAINS = (3, 4, 5, 6, 8, 10, 12)  # k drafted tokens
+# The tree shapes of `course.capstone.shapes`, each at a few budgets: "fixed" the capstone's first tree
+# (tree_size, width, branch, steps); "sequoia" (budget, depth limit); "dynamic" (tree_size, width,
+# branch, steps).
+SEQUOIA = ((16, 8), (32, 8), (48, 8), (48, 12), (64, 12), (96, 16))
+DYNAMIC = ((32, 4, 4, 8), (48, 4, 4, 10), (64, 4, 4, 12), (96, 6, 4, 16))
+# Modes as (mode, temperature): greedy, and sampling at T = 1 and 0.6.
+MODES = (("greedy", 1.0), ("sample", 1.0), ("sample", 0.6))
+DEFAULT_TREE = (16, 2, 4, 6)  # notebook 19's first tree
 DEFAULT_CHAIN = 5
 PROMPT_SEED = 7  # held-out text: training used seed 1, the held-out loss seed 2
 BUDGET_S = 300.0  # the whole measurement; settings past it are recorded as not measured
@@ -180,15 +184,16 @@ class Bench:
     """The measurement of one pair: the methods side by side, rows written as they come."""
 
     def __init__(self, pair, out: Path | None, budget_s: float, max_new: int = MAX_NEW,
-                 repeats: int = REPEATS, log=print, backend: str = "kernels"):
+                 repeats: int = REPEATS, log=print, backend: str = "kernels", drafts=None):
         self.pair, self.out, self.budget_s = pair, out, budget_s
         self.max_new, self.repeats, self.log, self.backend = max_new, repeats, log, backend
         self.impl = course_impl.bench_impl()
         self.rows: list[dict] = []
         self.started = time.perf_counter()
-        self.plain: dict[tuple[int, str], dict] = {}  # (B, mode) -> the baseline's row and tokens
+        self.plain: dict[tuple, dict] = {}  # (B, mode, temperature) -> the baseline's row and tokens
         target = pair.target
         self.base = dict(H=target.config.n_heads, d=target.config.head_dim, pair=pair.name)
+        self.drafts = drafts or [("final", pair.draft)]  # (label, draft), the final draft last
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
@@ -203,8 +208,9 @@ class Bench:
         self.rows.append(row)
         self.save()
         shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
-                 if k in ("name", "B", "mode", "tree_size", "width", "branch", "steps", "tokens_per_s",
-                          "tokens_per_call", "speedup", "predicted_speedup", "identical", "error")}
+                 if k in ("name", "tree", "draft", "B", "mode", "temperature", "tree_size", "width", "branch",
+                          "steps", "tokens_per_s", "tokens_per_call", "speedup", "predicted_tokens_per_call",
+                          "identical", "error", "rates")}
         self.log(f"[{self.elapsed():6.1f} s] {json.dumps(shown)}")
         return row
 
@@ -217,11 +223,18 @@ class Bench:
         return self.add(dict(self.base, **settings, figure="speed", median_ms=None, max_abs_err=None,
                              error=str(error)[:500]))
 
-    def measure(self, name: str, batch: int, mode: str, tree=None) -> dict | None:
-        """One setting's row (an "error" row if it fails or the budget is spent)."""
-        settings = dict(name=name, B=batch, mode=mode)
+    def measure(self, name: str, batch: int, mode: str, tree: dict | None = None, *,
+                temperature: float = 1.0, draft: str = "final", shape: str | None = None,
+                predicted: float | None = None) -> dict | None:
+        """One setting's row (an "error" row if it fails or the budget is spent). tree: the decoder's
+        settings (tree_size, width, branch, steps, and key, bias, replacement when not the defaults);
+        shape: which of `shapes.TREES` it is; predicted: the dynamic program's tokens per call."""
+        settings = dict(name=name, B=batch, mode=mode, temperature=temperature, draft=draft)
         if tree is not None:
-            settings.update(zip(("tree_size", "width", "branch", "steps"), tree, strict=True))
+            settings.update({k: tree[k] for k in ("tree_size", "width", "branch", "steps")})
+            settings.update(tree=shape or name, replacement=tree.get("replacement", False))
+            if predicted is not None:
+                settings["predicted_tokens_per_call"] = predicted
         if self.elapsed() > self.budget_s:
             return self._failed(settings,
                                 f"not measured: the bench's time budget ({self.budget_s:.0f} s) was spent")
@@ -233,22 +246,25 @@ class Bench:
             traceback.print_exc()
             return self._failed(settings, f"{type(error).__name__}: {error}")
 
-    def _build(self, name: str, batch: int, mode: str, tree, graphs=None):
+    def _draft(self, label: str):
+        return dict(self.drafts)[label]
+
+    def _build(self, name: str, batch: int, mode: str, tree: dict | None, graphs=None, *, temperature=1.0,
+               draft: str = "final"):
         from .decoder import PlainDecoder, SpeculativeDecoder
 
         max_len = PROMPT_CHARS + self.max_new
         options = dict(batch=batch, max_len=max_len, mode=mode, backend=self.backend, impl=self.impl,
-                       graphs=graphs)
+                       graphs=graphs, temperature=temperature)
         if name == "autoregressive":
             return PlainDecoder(self.pair.target, **options)
-        bs, width, branch, steps = tree
-        return SpeculativeDecoder(self.pair.target, self.pair.draft, tree_size=bs, width=width, branch=branch,
-                                  steps=steps, **options)
+        return SpeculativeDecoder(self.pair.target, self._draft(draft), **tree, **options)
 
-    def _measure(self, settings: dict, name: str, batch: int, mode: str, tree) -> dict:
+    def _measure(self, settings: dict, name: str, batch: int, mode: str, tree: dict | None) -> dict:
         encoded = self.encoded(batch)
+        temperature, draft = settings["temperature"], settings["draft"]
         t0 = time.perf_counter()
-        decoder = self._build(name, batch, mode, tree)
+        decoder = self._build(name, batch, mode, tree, temperature=temperature, draft=draft)
         built_s = time.perf_counter() - t0
         gen = _median_run(decoder, encoded, self.max_new, self.repeats)
         clock = PhaseClock(decoder.device)
@@ -260,12 +276,12 @@ class Bench:
                    draft_calls=gen.draft_calls, new_tokens=gen.new_tokens, build_s=built_s)
         if name == "autoregressive":
             row.update(N=1, t_plain_ms=means["step"], max_abs_err=0.0, speedup=1.0)
-            self.plain[(batch, mode)] = dict(row=row, tokens=gen.tokens)
+            self.plain[(batch, mode, temperature)] = dict(row=row, tokens=gen.tokens)
             return self.add(row)
-        plain = self.plain.get((batch, mode))
-        bs, width, branch, steps = tree
-        row.update(N=bs, t_draft_ms=means["draft"], t_verify_ms=means["verify"], t_commit_ms=means["commit"],
-                   t_wait_ms=means.get("wait", 0.0))
+        plain = self.plain.get((batch, mode, temperature))
+        steps = tree["steps"]
+        row.update(N=tree["tree_size"], t_draft_ms=means["draft"], t_verify_ms=means["verify"],
+                   t_commit_ms=means["commit"], t_wait_ms=means.get("wait", 0.0))
         round_ms = steps * means["draft"] + means["verify"] + means["commit"] + means.get("wait", 0.0)
         row["round_ms"] = round_ms
         if plain is not None:
@@ -282,7 +298,7 @@ class Bench:
             row.update(alpha=alpha, leviathan_tokens_per_call=leviathan_tokens(alpha, steps))
         return self.add(row)
 
-    def timeline(self, tree) -> None:
+    def timeline(self, tree: dict) -> None:
         """One round of the tree (B = 1, greedy) and plain steps, graphed and eager, phase by phase."""
         encoded = self.encoded(1)
         lanes = (True, False) if self.pair.target.device.type == "cuda" else (False,)  # graphs need a GPU
@@ -312,38 +328,102 @@ class Bench:
             middle = sorted(inner, key=lambda r: r[-1][2] - r[0][1])[len(inner) // 2]  # the median round
             kernels = {"draft": count(decoder.draft_steps[-1]), "verify": count(decoder.verify),
                        "commit": count(decoder.commit)}
-            settings = dict(zip(("tree_size", "width", "branch", "steps"), tree, strict=True))
+            settings = {k: tree[k] for k in ("tree_size", "width", "branch", "steps")}
         else:
             middle = phases[len(phases) // 2:len(phases) // 2 + 1]  # one step from the middle
             kernels = {"step": count(decoder.step)}
             settings = {}
         origin = middle[0][1]
-        want = self.plain.get((1, "greedy"))
+        want = self.plain.get((1, "greedy", 1.0))
         err = _mismatch(gen.tokens, want["tokens"]) if want else 0.0
         self.add(dict(self.base, name=name, B=1, mode="greedy", figure="timeline", graphs=graphs, **settings,
                       N=settings.get("tree_size", 1), median_ms=middle[-1][2] - origin, max_abs_err=err,
                       phases=[[n, s - origin, e - origin] for n, s, e in middle], means=phase_means(phases),
                       kernels=kernels, tokens_per_s=gen.tokens_per_s, tokens_per_call=gen.tokens_per_call))
 
+    # ------------------------------------------------------------------ the sweep
+
+    def acceptance(self, draft: str, mode: str, temperature: float) -> list[float]:
+        """The draft's acceptance vector (`shapes.acceptance`), recorded as an "acceptance" row."""
+        from . import shapes
+        from .weights import Pair
+
+        pair = Pair(self.pair.target, self._draft(draft), self.pair.name)
+        rates = shapes.acceptance(pair, mode, temperature)
+        self.add(dict(self.base, name="acceptance", figure="acceptance", draft=draft, mode=mode,
+                      temperature=temperature, B=1, N=1, median_ms=None, max_abs_err=None, rates=rates))
+        return rates
+
+    def _best(self, name: str, batch: int, mode: str, temperature: float, draft: str,
+              tree: str | None = None) -> dict | None:
+        found = [r for r in self.rows if r.get("figure") == "speed" and r.get("tokens_per_s")
+                 and r["name"] == name and r["B"] == batch and r["mode"] == mode
+                 and r.get("temperature") == temperature and r.get("draft") == draft
+                 and (tree is None or r.get("tree") == tree)]
+        return max(found, key=lambda r: r["tokens_per_s"]) if found else None
+
+    def sweep(self, draft: str, mode: str, temperature: float, batch: int = 1) -> dict:
+        """Plain, every chain and every tree shape of one draft and mode; the fastest settings of each."""
+        from . import shapes
+
+        rates = self.acceptance(draft, mode, temperature)
+        where = dict(temperature=temperature, draft=draft)
+        if (batch, mode, temperature) not in self.plain:
+            self.measure("autoregressive", batch, mode, **where)
+        for k in CHAINS:
+            self.measure("chain", batch, mode, dict(tree_size=k + 1, width=1, branch=1, steps=k), **where)
+        fixed = dict(zip(("tree_size", "width", "branch", "steps"), shapes.FIXED, strict=True))
+        self.measure("tree", batch, mode, fixed, shape="fixed", **where)
+        if mode == "sample":  # SpecInfer's siblings, drawn with replacement, for comparison
+            self.measure("tree", batch, mode, dict(fixed, replacement=True), shape="fixed", **where)
+        for budget, depth in SEQUOIA:
+            try:
+                tree = shapes.settings_for("sequoia", rates, mode, tree_size=budget, max_depth=depth)
+            except ValueError as error:
+                self.log(f"sequoia {budget}/{depth} for {draft} {mode}: {error}")
+                continue
+            predicted = tree.pop("predicted_tokens_per_call")
+            self.measure("tree", batch, mode, tree, shape="sequoia", predicted=predicted, **where)
+        for bs, w, k, s in DYNAMIC:
+            tree = shapes.settings_for("dynamic", rates, mode, tree_size=bs, width=w, branch=k, steps=s)
+            self.measure("tree", batch, mode, tree, shape="dynamic", **where)
+        return {"rates": rates}
+
+    def _settings_of(self, row: dict, rates, mode: str) -> dict:
+        """The decoder settings that produced a tree row (the sweep's rows hold no bias)."""
+        from . import shapes
+
+        if row["tree"] == "sequoia":
+            tree = shapes.settings_for("sequoia", rates, mode, tree_size=row["tree_size"],
+                                       max_depth=row["steps"])
+            tree.pop("predicted_tokens_per_call")
+            return tree
+        shape = {k: row[k] for k in ("tree_size", "width", "branch", "steps")}
+        if row["name"] == "chain":
+            return shape
+        return dict(shapes.settings_for(row["tree"], rates, mode, **shape), replacement=row["replacement"])
+
     def run(self) -> list[dict]:
-        greedy1 = [("autoregressive", None)] + [("chain", (k + 1, 1, 1, k)) for k in CHAINS] + \
-                  [("tree", t) for t in TREES]
-        for name, tree in greedy1:
-            self.measure(name, 1, "greedy", tree)
-        best = {}
-        for method in ("chain", "tree"):
-            measured = [r for r in self.rows if r.get("name") == method and r.get("tokens_per_s")]
-            if measured:
-                top = max(measured, key=lambda r: r["tokens_per_s"])
-                best[method] = (top["tree_size"], top["width"], top["branch"], top["steps"])
-        self.log(f"fastest at B = 1, greedy: {best}")
-        if "tree" in best:
-            self.timeline(best["tree"])
-        for batch, mode in ((4, "greedy"), (1, "sample"), (4, "sample")):
-            self.measure("autoregressive", batch, mode)
-            for method in ("chain", "tree"):
-                if method in best:
-                    self.measure(method, batch, mode, best[method])
+        """B = 1: every draft, every mode, every method; the timeline of the fastest greedy tree; B = 4:
+        the final draft's plain, fastest chain and fastest tree of each shape."""
+        final = self.drafts[-1][0]
+        rates = {}
+        for mode, temperature in MODES:
+            for label, _ in reversed(self.drafts):
+                found = self.sweep(label, mode, temperature)
+                if label == final:
+                    rates[(mode, temperature)] = found["rates"]
+        best = self._best("tree", 1, "greedy", 1.0, final)
+        if best is not None:
+            self.timeline(self._settings_of(best, rates[("greedy", 1.0)], "greedy"))
+        for mode, temperature in MODES:
+            where = dict(temperature=temperature, draft=final)
+            self.measure("autoregressive", 4, mode, **where)
+            for name, shape in (("chain", None), ("tree", "fixed"), ("tree", "sequoia"), ("tree", "dynamic")):
+                row = self._best(name, 1, mode, temperature, final, shape)
+                if row is not None:
+                    tree = self._settings_of(row, rates[(mode, temperature)], mode)
+                    self.measure(name, 4, mode, tree, shape=shape, **where)
         return self.rows
 
 
@@ -367,40 +447,63 @@ def section_of(row: dict) -> str:
 # --------------------------------------------------------------------------- python -m course generate
 
 
+def tree_options(kind: str, loaded, mode: str, temperature: float, tree_size=None, width=None, branch=None,
+                 steps=None) -> dict:
+    """The tree decoder's settings for `--tree kind` (`shapes.settings_for`), checked; sequoia and
+    dynamic sampling measure the pair's acceptance vector first (`shapes.acceptance`). For sequoia,
+    tree_size is the budget and steps the depth limit."""
+    from . import shapes
+    from .decoder import settings
+
+    if kind not in shapes.TREES:
+        raise ValueError(f"tree must be one of {shapes.TREES}, got {kind!r}")
+    needs_rates = kind == "sequoia" or (kind == "dynamic" and mode == "sample")
+    rates = shapes.acceptance(loaded, mode, temperature) if needs_rates else None
+    default = shapes.SMALL if loaded.name == "tiny" else shapes.FIXED
+    if kind == "sequoia":
+        tree = shapes.settings_for(kind, rates, mode, tree_size=tree_size, max_depth=steps, default=default)
+        tree.pop("predicted_tokens_per_call")
+    else:
+        tree = shapes.settings_for(kind, rates, mode, tree_size=tree_size, width=width, branch=branch,
+                                   steps=steps, default=default)
+    settings(**tree, mode=mode, temperature=temperature)  # the decoder's own checks, before any build
+    return tree
+
+
 def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | None = None,
-                    tree_size: int = DEFAULT_TREE[0], width: int = DEFAULT_TREE[1],
-                    branch: int = DEFAULT_TREE[2],
-                    steps: int | None = DEFAULT_TREE[3], chain: int = DEFAULT_CHAIN, mode: str = "greedy",
-                    seed: int = 0, backend: str = "kernels", impl: str | None = None,
-                    progress: bool = True) -> str:
+                    tree: str = "sequoia", tree_size: int | None = None, width: int | None = None,
+                    branch: int | None = None, steps: int | None = None, chain: int = DEFAULT_CHAIN,
+                    mode: str = "greedy", temperature: float = 1.0, seed: int = 0, backend: str = "kernels",
+                    impl: str | None = None, progress: bool = True) -> str:
     """What `python -m course generate` prints: each prompt and its continuation, then tokens/s of
     plain decoding, chain speculative decoding (`chain` drafted tokens) and tree speculative decoding
-    of the same prompts, their speed-ups and tokens per target call. Pair "medium" (fp16) on a GPU,
-    "tiny" (fp32) in the simulator by default. On a GPU each decoder is built (graphs captured) and
-    warmed up before the timed run."""
+    (the shape `tree`, `course.capstone.shapes`) of the same prompts, their speed-ups and tokens per
+    target call. Pair "medium" (fp16) on a GPU, "tiny" (fp32) in the simulator by default. On a GPU
+    each decoder is built (graphs captured) and warmed up before the timed run."""
     from . import weights
-    from .decoder import PlainDecoder, SpeculativeDecoder, check_texts, settings
+    from .decoder import PlainDecoder, SpeculativeDecoder, check_temperature, check_texts, settings
 
     texts = [texts] if isinstance(texts, str) else list(texts)
     pair = pair or runtime.pick(sim="tiny", gpu=PAIR)
     max_new_tokens = max_new_tokens if max_new_tokens is not None else runtime.pick(sim=12, gpu=128)
     dtype = torch.float16 if runtime.on_gpu() else torch.float32
     encoded = check_texts(texts)  # clear errors before anything runs
-    tree = settings(tree_size, width, branch, steps, mode)
-    chain_settings = settings(chain + 1, 1, 1, chain, mode)
+    check_temperature(temperature, mode)
+    settings(chain + 1, 1, 1, chain, mode)  # the chain's checks, before anything loads
     try:
         loaded = weights.load_pair(pair, dtype=dtype)
     except FileNotFoundError as error:
         raise ValueError(str(error)) from None
+    shape = tree_options(tree, loaded, mode, temperature, tree_size, width, branch, steps)
     from course.exercise import ExerciseNotImplemented
 
     options = dict(batch=len(encoded), max_len=max(len(p) for p in encoded) + max_new_tokens, mode=mode,
-                   backend=backend, impl=impl)
+                   backend=backend, impl=impl, temperature=temperature)
     try:
         decoders = {"plain": PlainDecoder(loaded.target, **options)}
-        for label, s in (("chain", chain_settings), ("tree", tree)):
-            decoders[label] = SpeculativeDecoder(loaded.target, loaded.draft, tree_size=s.tree_size,
-                                                 width=s.width, branch=s.branch, steps=s.steps, **options)
+        decoders["chain"] = SpeculativeDecoder(loaded.target, loaded.draft, tree_size=chain + 1, width=1,
+                                               branch=1, steps=chain, **options)
+        decoders["tree"] = SpeculativeDecoder(loaded.target, loaded.draft, **shape, **options)
         runs = {}
         for label, built in decoders.items():
             if runtime.on_gpu():
@@ -414,14 +517,16 @@ def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | Non
 
     graphs = decoders["plain"].graphs
     lines = [f"pair {pair} ({runtime.MODE}, {str(dtype).replace('torch.', '')}, {backend}"
-             f"{', CUDA graphs' if graphs else ''}), mode {mode}"]
+             f"{', CUDA graphs' if graphs else ''}), mode {mode}"
+             + (f" at temperature {temperature:g}" if mode == "sample" else "")]
     for text, more in zip(texts, runs["tree"].tokens, strict=True):
         lines.append(f"{text!r} -> {decode(more)!r}")
     plain = runs["plain"]
     labels = {"plain": "plain decoding", "chain": f"chain (k = {chain})",
-              "tree": f"tree (bs {tree.tree_size}, w {tree.width}, branch {tree.branch}, {tree.steps} steps)"}
+              "tree": f"{tree} tree (bs {shape['tree_size']}, w {shape['width']}, branch {shape['branch']}, "
+                      f"{shape['steps']} steps)"}
     for label, run in runs.items():
-        line = f"{labels[label]:42s} {run.tokens_per_s:9.1f} tokens/s"
+        line = f"{labels[label]:52s} {run.tokens_per_s:9.1f} tokens/s"
         if label != "plain":
             line += (f"  {run.tokens_per_s / plain.tokens_per_s:5.2f}x plain, "
                      f"{run.accepted_per_call:.2f} draft tokens accepted per target call "

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from . import kernels
-from .tree import DEPTH, END, FIELDS, ID, OPEN, START, TOKEN
+from .tree import DEPTH, END, FIELDS, ID, KEYS, OPEN, START, TOKEN
 
 BOOKKEEPING = ("torch", "fused")
 
@@ -164,9 +164,9 @@ class FusedBookkeeping:
         plan = d.plan
         kernels.add_children_kernel[(d.batch, plan.runs[step])](
             d.tree.table, d.prefix, d.step_inputs[step].ids, tokens.contiguous(), logp.contiguous(),
-            d.d_kv_start,
-            d.d_kv_end, d.tree.spans, d.d_kv_start.shape[1], plan.block(step)[0], RUNS=plan.runs[step],
-            BRANCH=plan.branch, GREEDY=d.mode == "greedy", EPS_=kernels.EPS,
+            d.tree.bias, d.d_kv_start, d.d_kv_end, d.tree.spans, d.d_kv_start.shape[1], plan.block(step)[0],
+            RUNS=plan.runs[step],
+            BRANCH=plan.branch, KEY_RULE=KEYS.index(d.tree.key), EPS_=kernels.EPS,
             BLOCK_K=kernels.block(plan.branch), **self._tree_args())
 
     def choose(self) -> None:

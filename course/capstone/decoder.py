@@ -61,7 +61,7 @@ from course.core import runtime
 
 from .backends import BACKENDS, TreeIndex, inverse_cdf, make_backend
 from .bookkeeping import BOOKKEEPING, make_bookkeeping
-from .tree import MODES, DraftTrees, schedule
+from .tree import KEYS, MODES, DraftTrees, check_bias, schedule
 
 CHECK_EVERY = 8  # plain decoding with an end token: steps between two looks at the finished flags
 
@@ -188,13 +188,19 @@ def _progress(total: int, desc: str, enabled: bool):
 @dataclass(frozen=True)
 class Settings:
     """The speculative decoder's knobs, checked: nodes verified per round (tree_size), nodes run per
-    draft step (width), children per run node (branch), draft steps per round (steps)."""
+    draft step (width), children per run node (branch), draft steps per round (steps), the key rule
+    and the (steps, branch) log acceptance rates added along each path (`course.capstone.tree`),
+    siblings drawn with or without replacement, and the sampling temperature."""
 
     tree_size: int
     width: int
     branch: int
     steps: int
     mode: str
+    key: str | None = None
+    bias: tuple[tuple[float, ...], ...] | None = None
+    replacement: bool = False
+    temperature: float = 1.0
 
     @property
     def plan(self):
@@ -205,7 +211,19 @@ class Settings:
         return self.width == 1 and self.branch == 1
 
 
-def settings(tree_size=8, width=2, branch=None, steps=None, mode="greedy") -> Settings:
+def check_temperature(temperature, mode: str) -> float:
+    """A finite temperature > 0 (sample mode divides the logits by it); greedy takes only 1.0."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not math.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if mode == "greedy" and temperature != 1.0:
+        raise ValueError(f"temperature = {temperature!r} means nothing in greedy mode (the argmax does not "
+                         "change); use mode='sample'")
+    return float(temperature)
+
+
+def settings(tree_size=8, width=2, branch=None, steps=None, mode="greedy", *, key=None, bias=None,
+             replacement=False, temperature=1.0) -> Settings:
     """Defaults: branch 4, and steps = ceil((tree_size - 1) / width), about the depth a best-first
     tree of tree_size nodes reaches when each step adds width nodes (tree_size - 1 for a chain)."""
     tree_size = _positive_int(tree_size, "tree_size")
@@ -217,11 +235,18 @@ def settings(tree_size=8, width=2, branch=None, steps=None, mode="greedy") -> Se
     steps = max(1, math.ceil((tree_size - 1) / width)) if steps is None else _positive_int(steps, "steps")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if key is not None and key not in KEYS:
+        raise ValueError(f"key must be one of {KEYS}, got {key!r}")
+    if not isinstance(replacement, bool):
+        raise ValueError(f"replacement must be True or False, got {replacement!r}")
+    temperature = check_temperature(temperature, mode)
     plan = schedule(steps, width, branch)
     if tree_size > plan.size:
         raise ValueError(f"tree_size = {tree_size} is more than the {plan.size} nodes that {steps} draft "
                          f"steps of width {width} with branch {branch} grow: raise steps, width or branch")
-    return Settings(tree_size, width, branch, steps, mode)
+    if bias is not None:
+        bias = tuple(tuple(row) for row in check_bias(bias, steps, branch).tolist())
+    return Settings(tree_size, width, branch, steps, mode, key, bias, replacement, temperature)
 
 
 def prefill(ops, model, cache, prompts: list[list[int]]) -> None:
@@ -278,7 +303,7 @@ class Decoder:
 
     def __init__(self, target, *, batch: int, max_len: int, mode: str = "greedy", backend: str = "kernels",
                  impl: str | None = None, graphs: bool | None = None, bookkeeping: str | None = None,
-                 extra_rows: int = 0):
+                 extra_rows: int = 0, temperature: float = 1.0):
         _check_model(target, "target")
         self.batch = _positive_int(batch, "batch")
         self.max_len = _positive_int(max_len, "max_len")
@@ -290,6 +315,7 @@ class Decoder:
         if bookkeeping not in BOOKKEEPING:
             raise ValueError(f"bookkeeping must be one of {BOOKKEEPING}, got {bookkeeping!r}")
         self.target, self.mode, self.backend = target, mode, backend
+        self.temperature = check_temperature(temperature, mode)
         self.capacity = max_len + extra_rows
         if self.capacity > target.config.max_positions:
             raise ValueError(f"max_len = {max_len}: with the rows a round may add ({extra_rows}) a sequence "
@@ -341,7 +367,11 @@ class Decoder:
 
     def built_for(self) -> dict:
         """The settings this decoder's buffers and graphs were built for."""
-        return {"mode": self.mode}
+        return {"mode": self.mode, "temperature": self.temperature}
+
+    def _scaled(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits at the sampling temperature (p = softmax(logits / T)); greedy: as they are."""
+        return logits if self.temperature == 1.0 else logits / self.temperature
 
     def check_settings(self, **wanted) -> None:
         """A clear error, before anything runs, if a call asks for settings other than those this
@@ -443,9 +473,10 @@ class PlainDecoder(Decoder):
     method = "autoregressive"
 
     def __init__(self, target, *, batch: int, max_len: int, mode: str = "greedy", backend: str = "kernels",
-                 impl: str | None = None, graphs: bool | None = None, bookkeeping: str | None = None):
+                 impl: str | None = None, graphs: bool | None = None, bookkeeping: str | None = None,
+                 temperature: float = 1.0):
         super().__init__(target, batch=batch, max_len=max_len, mode=mode, backend=backend, impl=impl,
-                         graphs=graphs, bookkeeping=bookkeeping)
+                         graphs=graphs, bookkeeping=bookkeeping, temperature=temperature)
         if mode == "sample":
             self.uniforms = torch.zeros((max_len + 1, batch, 1), dtype=torch.float64, device=self.device)
         self.workspace = target.workspace(batch, 1)
@@ -460,7 +491,7 @@ class PlainDecoder(Decoder):
                                   float_logits=False)[:, 0]
         token = None
         if self.mode == "sample":
-            probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            probs = torch.softmax(self._scaled(logits), dim=-1, dtype=torch.float32)
             token = inverse_cdf(probs, self._uniform_slice(0, 1))[:, 0]
         self.book.advance(logits, token)
 
@@ -488,9 +519,11 @@ class SpeculativeDecoder(Decoder):
     def __init__(self, target, draft, *, batch: int, max_len: int, tree_size: int = 8, width: int = 2,
                  branch: int | None = None, steps: int | None = None, mode: str = "greedy",
                  backend: str = "kernels", impl: str | None = None, graphs: bool | None = None,
-                 bookkeeping: str | None = None):
+                 bookkeeping: str | None = None, key: str | None = None, bias=None, replacement: bool = False,
+                 temperature: float = 1.0):
         _check_pair(target, draft)
-        self.settings = cfg = settings(tree_size, width, branch, steps, mode)
+        self.settings = cfg = settings(tree_size, width, branch, steps, mode, key=key, bias=bias,
+                                       replacement=replacement, temperature=temperature)
         self.plan = plan = cfg.plan
         # The last round may overshoot by tree_size tokens; the draft's tree sits after the prefix.
         extra = cfg.tree_size + plan.size
@@ -499,17 +532,19 @@ class SpeculativeDecoder(Decoder):
                              f"reaches position {max_len + extra}, more than the draft's max_positions = "
                              f"{draft.config.max_positions}")
         super().__init__(target, batch=batch, max_len=max_len, mode=mode, backend=backend, impl=impl,
-                         graphs=graphs, bookkeeping=bookkeeping, extra_rows=extra)
+                         graphs=graphs, bookkeeping=bookkeeping, extra_rows=extra, temperature=temperature)
         self.draft = draft
         B, bs, device = batch, cfg.tree_size, self.device
         self.d_cache = draft.new_cache(B, self.capacity)
-        self.tree = DraftTrees(B, plan, mode, target.config.vocab_size, device)
+        vocab = target.config.vocab_size
+        self.tree = DraftTrees(B, plan, mode, vocab, device, key=cfg.key, bias=cfg.bias,
+                               replacement=replacement)
         self.lag = torch.zeros(B, dtype=torch.bool, device=device)  # the draft has not run lag_token yet
         self.lag_token = torch.zeros(B, dtype=torch.int64, device=device)
         self.local = torch.zeros((B, plan.size), dtype=torch.int64, device=device)  # tree id -> verified slot
         self.slots = torch.arange(bs, device=device)
         if mode == "sample":
-            draws = [r * cfg.branch for r in plan.runs]
+            draws = [r * self.tree.uniforms_per_run(vocab) for r in plan.runs]
             self._draw_at = [sum(draws[:s]) for s in range(plan.steps)]
             self._verify_at = sum(draws)
             self.uniforms = torch.zeros((max_len + 1, B, self._verify_at + 2 * bs), dtype=torch.float64,
@@ -566,7 +601,8 @@ class SpeculativeDecoder(Decoder):
             self.v_accept = torch.zeros((B, bs), dtype=torch.float64, device=device)
             self.v_sample = torch.zeros((B, bs), dtype=torch.float64, device=device)
             self.verifier = self.ops.sampling_verifier(self.v_parents, self.v_tokens, self.v_q, self.v_p,
-                                                       self.v_accept, self.v_sample)
+                                                       self.v_accept, self.v_sample,
+                                                       replacement=self.settings.replacement)
         self.path, self.next_token = self.verifier()  # its output buffers: the same on every call
         self.moves = {}
         for name, cache in (("target", self.t_cache), ("draft", self.d_cache)):
@@ -577,7 +613,8 @@ class SpeculativeDecoder(Decoder):
     def built_for(self) -> dict:
         s = self.settings
         return {"tree_size": s.tree_size, "width": s.width, "branch": s.branch, "steps": s.steps,
-                "mode": s.mode}
+                "mode": s.mode, "key": self.tree.key, "bias": s.bias, "replacement": s.replacement,
+                "temperature": s.temperature}
 
     # ------------------------------------------------------------------ the phases of a round
 
@@ -591,9 +628,10 @@ class SpeculativeDecoder(Decoder):
             logits = logits[:, 1:]  # the lag token's logits are not needed: its children were verified
         uniforms = None
         if self.mode == "sample":
-            count = self.plan.runs[step] * self.plan.branch
-            uniforms = self._uniform_slice(self._draw_at[step], count).view(self.batch, -1, self.plan.branch)
-        tokens, logp = self.tree.children(logits, inputs.ids, uniforms)
+            per_run = self.tree.uniforms_per_run(logits.shape[-1])
+            count = self.plan.runs[step] * per_run
+            uniforms = self._uniform_slice(self._draw_at[step], count).view(self.batch, -1, per_run)
+        tokens, logp = self.tree.children(self._scaled(logits), inputs.ids, uniforms)
         self.book.add_children(step, tokens, logp)
 
     def _verify(self) -> None:
@@ -606,7 +644,7 @@ class SpeculativeDecoder(Decoder):
             self.v_best.copy_(logits.argmax(dim=-1))
         else:
             bs = self.settings.tree_size
-            self.v_p.copy_(torch.softmax(logits, dim=-1, dtype=torch.float32))
+            self.v_p.copy_(torch.softmax(self._scaled(logits), dim=-1, dtype=torch.float32))
             self.v_q.copy_(self.tree.q.gather(1, self.chosen[..., None].expand(-1, -1, self.v_q.shape[-1])))
             self.v_accept.copy_(self._uniform_slice(self._verify_at, bs))
             self.v_sample.copy_(self._uniform_slice(self._verify_at + bs, bs))
@@ -691,14 +729,15 @@ def _max_len(prompts, max_new_tokens: int) -> int:
 def autoregressive(target, prompts, max_new_tokens: int, *, mode: str = "greedy", seed: int = 0,
                    backend: str = "kernels", impl: str | None = None, eos: int | None = None,
                    progress: bool = False, graphs: bool | None = None,
-                   bookkeeping: str | None = None) -> Generation:
+                   bookkeeping: str | None = None, temperature: float = 1.0) -> Generation:
     """Plain decoding of a batch of prompts with the target alone (see `PlainDecoder`); builds a
     decoder for this call. To time many calls, build a PlainDecoder once."""
     _check_model(target, "target")
     _positive_int(max_new_tokens, "max_new_tokens")
     prompts = check_prompts(prompts, target.config.vocab_size)
     decoder = PlainDecoder(target, batch=len(prompts), max_len=_max_len(prompts, max_new_tokens), mode=mode,
-                           backend=backend, impl=impl, graphs=graphs, bookkeeping=bookkeeping)
+                           backend=backend, impl=impl, graphs=graphs, bookkeeping=bookkeeping,
+                           temperature=temperature)
     return decoder.generate(prompts, max_new_tokens, seed=seed, eos=eos, progress=progress)
 
 
@@ -707,7 +746,8 @@ def speculative(target, draft, prompts, max_new_tokens: int, *, tree_size: int =
                 branch: int | None = None, steps: int | None = None, mode: str = "greedy", seed: int = 0,
                 backend: str = "kernels", impl: str | None = None, eos: int | None = None,
                 progress: bool = False, trace: list | None = None, graphs: bool | None = None,
-                bookkeeping: str | None = None) -> Generation:
+                bookkeeping: str | None = None, key: str | None = None, bias=None, replacement: bool = False,
+                temperature: float = 1.0) -> Generation:
     """Tree speculative decoding of a batch of prompts (see the module docstring); builds a decoder
     for this call. To time many calls, build a SpeculativeDecoder once.
 
@@ -719,16 +759,20 @@ def speculative(target, draft, prompts, max_new_tokens: int, *, tree_size: int =
     (torch); eos: a token id that ends a sample (None: run to max_new_tokens); trace: a list to which
     every round appends, per sample verified, a dict with the draft tree (parents, tokens, run), the
     nodes sent to the target (chosen), the accepted path (tree ids) and the next token (for notebook
-    19's pictures); graphs: CUDA graphs (default: on a GPU with the kernels).
+    19's pictures); graphs: CUDA graphs (default: on a GPU with the kernels); key, bias: how nodes
+    are ranked (`course.capstone.tree`); replacement: siblings drawn independently (SpecInfer) instead
+    of without replacement (sample mode); temperature: of both models' distributions (sample mode).
     """
-    cfg = settings(tree_size, width, branch, steps, mode)
+    cfg = settings(tree_size, width, branch, steps, mode, key=key, bias=bias, replacement=replacement,
+                   temperature=temperature)
     _positive_int(max_new_tokens, "max_new_tokens")
     _check_pair(target, draft)
     prompts = check_prompts(prompts, target.config.vocab_size)
     decoder = SpeculativeDecoder(target, draft, batch=len(prompts), max_len=_max_len(prompts, max_new_tokens),
                                  tree_size=cfg.tree_size, width=cfg.width, branch=cfg.branch, steps=cfg.steps,
                                  mode=mode, backend=backend, impl=impl, graphs=graphs,
-                                 bookkeeping=bookkeeping)
+                                 bookkeeping=bookkeeping, key=cfg.key, bias=cfg.bias,
+                                 replacement=cfg.replacement, temperature=cfg.temperature)
     return decoder.generate(prompts, max_new_tokens, seed=seed, eos=eos, progress=progress, trace=trace)
 
 

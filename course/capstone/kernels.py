@@ -26,9 +26,9 @@ from .tree import EPS, FIELDS
 
 # The table's columns, as Triton's compiler accepts a module's globals: constexpr only (the interpreter
 # also takes plain ints, so only a GPU compile would notice).
-CUM, DEPTH, END, ID, OPEN, PARENT, RANK, START, TOKEN = (
-    tl.constexpr(getattr(tree, name)) for name in ("CUM", "DEPTH", "END", "ID", "OPEN", "PARENT", "RANK",
-                                                    "START", "TOKEN"))
+CUM, DEPTH, END, ID, OPEN, PARENT, PRIOR, RANK, START, TOKEN = (
+    tl.constexpr(getattr(tree, name)) for name in ("CUM", "DEPTH", "END", "ID", "OPEN", "PARENT", "PRIOR",
+                                                    "RANK", "START", "TOKEN"))
 
 
 @triton.jit
@@ -75,12 +75,13 @@ def draft_inputs_kernel(table, prefix, lag, lag_token, root, tokens, positions, 
 
 
 @triton.jit
-def add_children_kernel(table, prefix, ids, picks, logp, kv_start, kv_end, spans, kv_width, first_child,
-                        SIZE, RUNS, BRANCH, GREEDY: tl.constexpr, FIELDS_: tl.constexpr, EPS_: tl.constexpr,
+def add_children_kernel(table, prefix, ids, picks, logp, bias, kv_start, kv_end, spans, kv_width, first_child,
+                        SIZE, RUNS, BRANCH, KEY_RULE: tl.constexpr, FIELDS_: tl.constexpr, EPS_: tl.constexpr,
                         BLOCK_K: tl.constexpr):
     """One program per (sample, run node): its BRANCH children (tokens `picks`, draft log-probabilities
-    `logp`) at their fixed ids, with depth, interval, cumulative log-probability and rank, and their
-    intervals at their draft cache rows (the statement: `TorchBookkeeping.add_children`)."""
+    `logp`) at their fixed ids, with depth, interval, cumulative log-probability, prior and rank, and
+    their intervals at their draft cache rows (the statement: `DraftTrees.add_children`). KEY_RULE:
+    the index of the key rule in `tree.KEYS` (0 cum, 1 parent, 2 static); bias: (steps, BRANCH)."""
     b = tl.program_id(0)
     r = tl.program_id(1)
     k = tl.arange(0, BLOCK_K)
@@ -90,19 +91,23 @@ def add_children_kernel(table, prefix, ids, picks, logp, kv_start, kv_end, spans
     depth = tl.load(node + DEPTH) + 1.0
     start = tl.load(node + START)
     cum_parent = tl.load(node + CUM)
+    prior_parent = tl.load(node + PRIOR)
     span = tl.load(spans + depth.to(tl.int64))
     here = tl.load(prefix + b)
     at = (b * RUNS + r) * BRANCH + k
     token = tl.load(picks + at, mask=live, other=0).to(tl.float64)
     cum = cum_parent + tl.load(logp + at, mask=live, other=0.0).to(tl.float64)
+    prior = prior_parent + tl.load(bias + (depth - 1.0).to(tl.int64) * BRANCH + k, mask=live, other=0.0)
     child = first_child + r * BRANCH + k
     child_f = child.to(tl.float64)
     first = (start + 1.0) + k.to(tl.float64) * span
     last = first + (span - 1.0)
-    if GREEDY:
-        key = cum
+    if KEY_RULE == 0:
+        key = prior + cum
+    elif KEY_RULE == 1:
+        key = prior + cum_parent
     else:
-        key = cum_parent + cum * 0.0
+        key = prior + cum * 0.0
     rank = key - EPS_ * (depth * SIZE + child_f)
     tl.debug_barrier()
     row = table + (b * SIZE + child) * FIELDS_
@@ -115,6 +120,7 @@ def add_children_kernel(table, prefix, ids, picks, logp, kv_start, kv_end, spans
     tl.store(row + CUM, cum, mask=live)
     tl.store(row + RANK, rank, mask=live)
     tl.store(row + OPEN, rank, mask=live)
+    tl.store(row + PRIOR, prior, mask=live)
     cache_row = b * kv_width + here + child
     tl.store(kv_start + cache_row, first.to(tl.int32), mask=live)
     tl.store(kv_end + cache_row, last.to(tl.int32), mask=live)

@@ -208,8 +208,9 @@ class _Verification:
             self.q = torch.full((1, n, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
             self.p = torch.full((1, n, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
             self.uniforms = torch.zeros((2, n), dtype=torch.float64, device=device)  # accept, sample
+            # The parallel draft draws siblings independently (`host_tree`): SpecInfer's rule.
             self.verifier = ops.sampling_verifier(self.parents, self.tokens, self.q, self.p,
-                                                  self.uniforms[0:1], self.uniforms[1:2])
+                                                  self.uniforms[0:1], self.uniforms[1:2], replacement=True)
         self.src, self.dst = torch.zeros((1, n), **int32), torch.zeros((1, n), **int32)
         self.counts = torch.zeros(1, **int32)
         self.compact = ops.compactor(cache, self.src, self.dst, self.counts)

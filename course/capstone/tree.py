@@ -5,19 +5,26 @@ back and the host waits only once, for the accepted tokens: which nodes the draf
 children they get, which nodes the target verifies. What makes that possible is a fixed SHAPE:
 
 * Node ids are creation order; node 0 is the root (the last committed token). A node the draft runs
-  gets exactly `branch` children at once (the draft's top-k tokens in greedy mode, independent draws
-  from its distribution q in sample mode), so the number of nodes after each step does not depend
-  on the draft's guesses, only on (steps, width, branch): the `Schedule`. Step 0 runs the root; each
-  later step runs the `width` best nodes not yet run (the "frontier"), ranked by the key below.
-  The children of a step land in a block of ids fixed in advance, which a static slice writes.
+  gets exactly `branch` children at once (the draft's top-k tokens in greedy mode, draws from its
+  distribution q in sample mode), so the number of nodes after each step does not depend on the
+  draft's guesses, only on (steps, width, branch): the `Schedule`. Step 0 runs the root; each later
+  step runs the `width` best nodes not yet run (the "frontier"), ranked by the key below. The
+  children of a step land in a block of ids fixed in advance, which a static slice writes.
 * Children need not be run to be verified: the target checks a node's token, and only a node whose
   children are wanted must go through the draft. So a round of s steps offers a tree of depth s
   (Leviathan et al.'s chain of k tokens costs k draft steps, here too).
-* The key (SwiftSpec's maximum-likelihood expansion): in greedy mode a node's cumulative draft
-  log-probability; in sample mode its PARENT's (see below). Ties are broken by depth, then id: the
-  rank is key - EPS * (depth * size + id). A child's rank is strictly below its parent's, so the
-  `tree_size` best nodes always form a subtree containing the root (`pyspec_ref.kvcache.best_subtree`'s
-  rule), and the verified set is one `topk`.
+* The key, one of three rules (`KEYS`), plus the node's PRIOR: the sum along its path of bias[depth,
+  k], the log of a measured acceptance rate of a child at that depth and sibling rank k (zero when
+  none is given):
+  - "cum": the node's cumulative draft log-probability, EAGLE-2's confidence (Li et al., 2024, §4):
+    the draft's own estimate of how likely the path is accepted (greedy mode only, see below);
+  - "parent": its PARENT's cumulative log-probability (sample mode's dynamic tree);
+  - "static": the prior alone, fixed before any draw: Sequoia's tree (Chen et al., 2024, §3.1),
+    whose best shape for a budget is the `tree_size` nodes of largest key (`pyspec_ref.tree_shape`).
+  Ties are broken by depth, then id: the rank is key - EPS * (depth * size + id). A child's rank is
+  strictly below its parent's (every term added is <= 0), so the `tree_size` best nodes always form
+  a subtree containing the root (`pyspec_ref.kvcache.best_subtree`'s rule), and the verified set is
+  one `topk`.
 * Ancestry for the attention (FlashSpecInfer §5.1's interval test: row j is an ancestor of query i iff
   start[j] <= start[i] and end[i] <= end[j]) needs nested intervals, not DFS times as such: the
   kernels only compare them. A node at depth d gets an interval of span[d] numbers, span[steps] = 1
@@ -25,11 +32,17 @@ children they get, which nodes the target verifies. What makes that possible is 
   number: the numbering of a complete `branch`-ary tree, fixed when the node is created, so it is
   never recomputed as the tree grows.
 
-Sampling (SpecInfer §4.3) is exact only if the children of a node are independent draws from that
-node's q, in a number and an order that do not depend on their values. Children are drawn from q and
-kept in draw order; ranking them by their parent's key means that whether (and which of) a node's
-children are expanded or verified is decided by things ranked above them, never by the children
-themselves. The fixed schedule keeps every round's budget independent of earlier draws.
+Sampling stays exact (SpecInfer §4.3; Sequoia §3.2) when a node's siblings are tried in draw order
+and whether a node is kept (expanded, verified) never depends on its own draw or on the target:
+only on things ranked above it. The "parent" and "static" keys do that; "cum" does not (a draw
+that happens to be likely would be kept more often), so sample mode refuses it. Siblings are drawn
+WITHOUT replacement by default: sibling i from q with siblings 1..i-1 removed, which the Gumbel
+top-k draws in one `topk` (`children`), verified by the matching walk
+(`tree_verification.tree_speculative_sampling(..., replacement=False)`). Drawn WITH replacement
+(SpecInfer's independent draws, `replacement=True`), a peaked q gives a node the same token
+several times, and once that token is rejected, its copies are rejected for certain: the budget
+they took is wasted (notebook 21). The fixed schedule keeps every round's budget independent of
+earlier draws.
 
 Every round starts from its root alone. SwiftSpec §3.2 keeps the subtree the draft grew under the
 emitted token, with its KV rows; its shape depends on what was accepted, which no table of a fixed
@@ -49,11 +62,26 @@ import torch
 from torch import Tensor
 
 MODES = ("greedy", "sample")
+# How a child's key is computed (see `DraftTrees`): from its own cumulative draft log-probability, from
+# its parent's, or from its parent's key alone (a static shape).
+KEYS = ("cum", "parent", "static")
 # Columns of the node table.
-ID, PARENT, TOKEN, DEPTH, START, END, CUM, RANK, OPEN = range(9)
-FIELDS = 9
+ID, PARENT, TOKEN, DEPTH, START, END, CUM, RANK, OPEN, PRIOR = range(10)
+FIELDS = 10
 EPS = 2.0 ** -32  # tie-break step of the rank: far below any difference of two log-probabilities
 MAX_INTERVAL = 2 ** 31 - 1  # the attention kernels read interval numbers as int32
+TINY = 2.0 ** -60  # a uniform of exactly 0 would give an infinite Gumbel key
+
+
+def check_bias(bias, steps: int, branch: int) -> Tensor:
+    """A (steps, branch) table of log acceptance rates: finite or -inf, never NaN, never above 0."""
+    bias = torch.as_tensor(bias, dtype=torch.float64)
+    if bias.shape != (steps, branch):
+        raise ValueError(f"bias must have shape (steps, branch) = ({steps}, {branch}), "
+                         f"got {tuple(bias.shape)}")
+    if torch.isnan(bias).any() or (bias > 0).any():
+        raise ValueError("bias must hold log acceptance rates: no NaN and none above 0 (a rate above 1)")
+    return bias
 
 
 @dataclass(frozen=True)
@@ -105,16 +133,32 @@ class Chosen:
 
 
 class DraftTrees:
-    """The batch's draft trees of one round, in device tables (see the module docstring)."""
+    """The batch's draft trees of one round, in device tables (see the module docstring).
 
-    def __init__(self, batch: int, plan: Schedule, mode: str, vocab_size: int, device):
+    key: how a child's key is computed, before its tie-break: its prior plus "cum" its cumulative
+    draft log-probability (greedy: EAGLE-2's confidence), "parent" its parent's (sampling: a node's
+    own draw must not decide whether it is kept), or "static" nothing (a shape fixed before any draw:
+    Sequoia's tree). bias: (steps, branch) float64; a child at depth d + 1 and sibling rank k adds
+    bias[d, k] (the log of a measured acceptance rate; zeros: none) to its parent's prior. replacement (sample
+    mode): siblings drawn independently (SpecInfer) instead of without replacement (Sequoia).
+    """
+
+    def __init__(self, batch: int, plan: Schedule, mode: str, vocab_size: int, device, *,
+                 key: str | None = None, bias: Tensor | None = None, replacement: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        self.plan, self.mode, self.batch = plan, mode, batch
+        key = key or ("cum" if mode == "greedy" else "parent")
+        if key not in KEYS:
+            raise ValueError(f"key must be one of {KEYS}, got {key!r}")
+        if mode == "sample" and key == "cum":
+            raise ValueError("key = 'cum' ranks a node by its own draw: in sample mode that would bias which "
+                             "draws are kept (use 'parent' or 'static')")
+        self.plan, self.mode, self.batch, self.key, self.replacement = plan, mode, batch, key, replacement
         size = plan.size
         self.table = torch.zeros((batch, size, FIELDS), dtype=torch.float64, device=device)
         self.table[:, :, ID] = torch.arange(size, dtype=torch.float64, device=device)
-        self.table[:, :, RANK:] = -torch.inf
+        self.table[:, :, RANK:OPEN + 1] = -torch.inf
+        self.table[:, :, PRIOR] = 0.0
         self.table[:, 0, PARENT] = -1
         self.table[:, 0, END] = plan.spans[0] - 1
         self.table[:, 0, RANK] = 0.0
@@ -123,10 +167,18 @@ class DraftTrees:
                   if mode == "sample" else None)
         self._root_ids = torch.zeros((batch, 1), dtype=torch.int64, device=device)
         self.spans = torch.tensor(plan.spans + (0,), dtype=torch.float64, device=device)
+        self.bias = torch.zeros((plan.steps, plan.branch), dtype=torch.float64, device=device)
+        if bias is not None:
+            self.bias.copy_(check_bias(bias, plan.steps, plan.branch))
         # Per step: each child's rank k among its siblings, and the tie-break of its id.
         self._k = torch.arange(plan.branch, dtype=torch.float64, device=device)
         self._child_ids = [torch.arange(*plan.block(s), dtype=torch.float64, device=device).view(
             plan.runs[s], plan.branch) for s in range(plan.steps)]
+
+    def uniforms_per_run(self, vocab_size: int) -> int:
+        """Uniforms one run node's children take (sample mode): one per child drawn with replacement,
+        one per vocabulary entry (the Gumbel keys) without."""
+        return self.plan.branch if self.replacement else vocab_size
 
     # ------------------------------------------------------------------ a round
 
@@ -152,22 +204,31 @@ class DraftTrees:
 
     def children(self, logits: Tensor, ids: Tensor, uniforms: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The children of the nodes `ids` (B, runs) the draft just ran, from its logits there
-        (B, runs, V): their tokens (B, runs, branch) and draft log-probabilities (float32). Greedy:
-        the top-`branch` tokens, best first. Sample: `branch` independent draws by inverse CDF with
-        `uniforms` (B, runs, branch), in draw order; the distribution q is kept for the verification."""
+        (B, runs, V), already divided by the temperature: their tokens (B, runs, branch) and draft
+        log-probabilities (float32). Greedy: the top-`branch` tokens, best first. Sample, without
+        replacement (Sequoia §3.2): the `branch` largest of log q(v) + G_v, G_v = -log(-log u_v) a
+        Gumbel key per vocabulary entry from `uniforms` (B, runs, V); in that order they are
+        distributed as `branch` draws one after another, each from q without the earlier ones
+        (`pyspec_ref.sampling.gumbel_top_k`). Sample, with replacement (SpecInfer): `branch`
+        independent draws by inverse CDF with `uniforms` (B, runs, branch), in draw order. The
+        distribution q is kept for the verification."""
         logq = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
         if self.mode == "greedy":
             logp, tokens = torch.topk(logq, self.plan.branch, dim=-1)
             return tokens, logp
         q = logq.exp()
         self.q.scatter_(1, ids[..., None].expand(*ids.shape, q.shape[-1]), q)
+        if not self.replacement:
+            gumbel = -torch.log(-torch.log(uniforms.clamp(min=TINY)))
+            tokens = torch.topk(logq.double() + gumbel, self.plan.branch, dim=-1).indices
+            return tokens, logq.gather(-1, tokens)
         cdf = torch.cumsum(q, dim=-1, dtype=torch.float64)
         tokens = torch.searchsorted(cdf, uniforms * cdf[..., -1:], right=True).clamp_(max=q.shape[-1] - 1)
         return tokens, logq.gather(-1, tokens)
 
     def add_children(self, step: int, parents: Tensor, tokens: Tensor, logp: Tensor) -> Tensor:
         """Write the children of `step`'s run nodes (table rows `parents`, (B, runs, FIELDS)) into
-        their fixed ids: depth, interval, cumulative log-probability, rank. Returns their rows
+        their fixed ids: depth, interval, cumulative log-probability, key and rank. Returns their rows
         (B, runs * branch, FIELDS). (`course.capstone.kernels.add_children_kernel` does the same.)"""
         batch, runs = parents.shape[:2]
         first, stop = self.plan.block(step)
@@ -176,11 +237,12 @@ class DraftTrees:
         start = torch.addcmul(parents[..., START, None] + 1, self._k, span)
         depth = (parents[..., DEPTH] + 1)[..., None].expand(shape)
         cum = parents[..., CUM, None] + logp
-        key = cum if self.mode == "greedy" else parents[..., CUM, None].expand(shape)
+        prior = parents[..., PRIOR, None] + self.bias[parents[..., DEPTH].long()]  # row: the parent's depth
+        key = prior + {"cum": cum, "parent": parents[..., CUM, None].expand(shape), "static": 0.0}[self.key]
         rank = key - EPS * (depth * self.plan.size + self._child_ids[step])
         children = torch.stack([self._child_ids[step].expand(shape), parents[..., ID, None].expand(shape),
-                                tokens.to(torch.float64), depth, start, start + (span - 1), cum, rank, rank],
-                               dim=-1).view(batch, runs * self.plan.branch, FIELDS)
+                                tokens.to(torch.float64), depth, start, start + (span - 1), cum, rank, rank,
+                                prior], dim=-1).view(batch, runs * self.plan.branch, FIELDS)
         self.table[:, first:stop].copy_(children)
         return children
 

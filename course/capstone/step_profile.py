@@ -1,0 +1,133 @@
+"""Where a draft step's time goes: one query (a chain) against several (a tree), kernel by kernel.
+
+    python -m course.capstone.step_profile --out DIR [--pair small]
+
+A draft step of the capstone's 1-layer draft is a few dozen small kernels, each shorter than its
+launch, so its time is set by how many kernels it runs and how long each one lasts, not by its
+arithmetic (notebook 19: the draft is latency-bound). This module answers what a step of `width`
+queries costs beyond a step of one query:
+
+* each draft step's replay time as a CUDA graph (`course.measure.timing.bench_graphed`), and the
+  whole round's draft steps captured as ONE graph (how much the launches between steps cost);
+* the kernels of one step, eagerly under torch.profiler, with their device times, for the chain
+  and for the tree, side by side by kernel name.
+
+It writes DIR/step_profile.json (GPU only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from course.core import impl as course_impl
+from course.core import runtime
+
+from . import bench
+
+SHAPES = {"chain": (9, 1, 1, 8), "tree": (48, 4, 4, 8)}  # (tree_size, width, branch, steps)
+
+
+def _decoder(pair, shape, mode: str, graphs: bool):
+    from .decoder import SpeculativeDecoder
+
+    bs, width, branch, steps = shape
+    return SpeculativeDecoder(pair.target, pair.draft, batch=1, max_len=bench.PROMPT_CHARS + 64, mode=mode,
+                              tree_size=bs, width=width, branch=branch, steps=steps, backend="kernels",
+                              impl=course_impl.bench_impl(), graphs=graphs)
+
+
+def _ready(decoder, encoded) -> None:
+    """A decoder in the middle of a generation: a prefix in its caches, a tree at its root."""
+    decoder.generate(encoded, 16, seed=1)
+    decoder._prefill_all(encoded)  # noqa: SLF001  (profiling reaches into the loop's phases)
+    decoder.start(encoded, 16, seed=2)
+
+
+def kernel_times(decoder, step: int) -> dict[str, float]:
+    """Device microseconds per kernel name of one eager draft step (summed over its launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        decoder._draft_step(step)  # noqa: SLF001
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        decoder._draft_step(step)  # noqa: SLF001
+        torch.cuda.synchronize()
+    times = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times[event.name[:80]] += event.device_time_total
+    return dict(times)
+
+
+def graphed_step_times(decoder) -> dict:
+    """Median ms of each draft step as its own graph, of all of them back to back, and of all of them
+    captured as one graph."""
+    from course.measure.timing import bench, bench_graphed
+
+    per_step = [bench(step) for step in decoder.draft_steps]
+
+    def all_steps():
+        for s in range(decoder.plan.steps):
+            decoder._draft_step(s)  # noqa: SLF001
+
+    back_to_back = bench(lambda: [s() for s in decoder.draft_steps])
+    return {"per_step_ms": per_step, "steps_back_to_back_ms": back_to_back,
+            "steps_as_one_graph_ms": bench_graphed(all_steps)}
+
+
+def profile_pair(pair_name: str) -> dict:
+    from . import weights
+    from .text import encode
+
+    pair = weights.load_pair(pair_name, dtype=torch.float16)
+    encoded = [encode(bench.prompts(1)[0])]
+    report = {"pair": pair_name, "device": runtime.device_name(), "shapes": {}}
+    for mode in ("greedy", "sample"):
+        for name, shape in SHAPES.items():
+            eager = _decoder(pair, shape, mode, graphs=False)
+            _ready(eager, encoded)
+            kernels = kernel_times(eager, 1)
+            graphed = _decoder(pair, shape, mode, graphs=True)
+            _ready(graphed, encoded)
+            report["shapes"][f"{name} {mode}"] = {
+                "shape": shape, "kernels_step1_us": kernels, "kernel_count_step1": len(kernels),
+                "kernel_sum_step1_us": sum(kernels.values()), **graphed_step_times(graphed)}
+            row = report["shapes"][f"{name} {mode}"]
+            print(f"{name:5s} {mode:6s} step 1: {row['kernel_count_step1']} kernel names, "
+                  f"{row['kernel_sum_step1_us']:.1f} us of kernels; graphed steps (ms) "
+                  f"{[round(t, 4) for t in row['per_step_ms']]}; all steps as one graph "
+                  f"{row['steps_as_one_graph_ms']:.4f} ms vs {row['steps_back_to_back_ms']:.4f}", flush=True)
+    chain, tree = report["shapes"]["chain greedy"], report["shapes"]["tree greedy"]
+    names = sorted(set(chain["kernels_step1_us"]) | set(tree["kernels_step1_us"]),
+                   key=lambda n: -tree["kernels_step1_us"].get(n, 0.0))
+    print(f"{'kernel (greedy, step 1)':80s} {'chain us':>9s} {'tree us':>9s}")
+    for n in names:
+        chain_us, tree_us = chain["kernels_step1_us"].get(n, 0.0), tree["kernels_step1_us"].get(n, 0.0)
+        print(f"{n:80s} {chain_us:9.2f} {tree_us:9.2f}")
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course.capstone.step_profile",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--pair", default="small")
+    args = parser.parse_args(argv)
+    if runtime.SIMULATOR:
+        print("the step profile needs a GPU", file=sys.stderr)
+        return 2
+    report = profile_pair(args.pair)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "step_profile.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
