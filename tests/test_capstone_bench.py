@@ -3,6 +3,7 @@ a few tokens (the host's clock instead of CUDA events: the numbers mean nothing,
 the figures drawn from them do)."""
 
 import datetime
+import functools
 
 import matplotlib
 
@@ -12,8 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from course.capstone import bench, figures  # noqa: E402
-from course.capstone.weights import load_pair  # noqa: E402
+from course.capstone import bench, figures, shapes  # noqa: E402
+from course.capstone.weights import load_drafts, load_pair  # noqa: E402
 from course.core import runtime  # noqa: E402
 from course.measure import results  # noqa: E402
 
@@ -21,21 +22,33 @@ from course.measure import results  # noqa: E402
 @pytest.fixture(scope="module")
 def rows():
     pair = load_pair("tiny", device=runtime.torch_device(), dtype=torch.float32)
+    weaker = load_drafts("tiny", device=runtime.torch_device(), dtype=torch.float32)[0]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bench, "CHAINS", (2, 3))
-        patch.setattr(bench, "TREES", ((4, 2, 2, 2), (6, 2, 3, 3)))
+        patch.setattr(bench, "CHAINS", (2,))
+        patch.setattr(bench, "SEQUOIA", ((6, 3),))
+        patch.setattr(bench, "DYNAMIC", ((6, 2, 3, 3),))
+        patch.setattr(shapes, "FIXED", (4, 2, 2, 2))
+        patch.setattr(shapes, "acceptance", functools.partial(shapes.acceptance, windows=2, seq_len=32))
         return bench.Bench(pair, None, budget_s=600, max_new=6, repeats=1, log=lambda line: None,
-                           backend="reference").run()
+                           backend="reference", drafts=[weaker, ("final", pair.draft)],
+                           modes=(("greedy", 1.0), ("sample", 0.6))).run()
 
 
 def test_every_method_batch_and_mode_is_measured(rows):
     speed = [r for r in rows if r["figure"] == "speed"]
     assert not [r for r in speed if r.get("error")]
     for batch, mode in ((1, "greedy"), (4, "greedy"), (1, "sample"), (4, "sample")):
-        names = {r["name"] for r in speed if r["B"] == batch and r["mode"] == mode}
-        assert names == {"autoregressive", "chain", "tree"}, (batch, mode)
-    sweep = [r for r in speed if r["B"] == 1 and r["mode"] == "greedy"]
-    assert len(sweep) == 1 + 2 + 2
+        final = [r for r in speed if r["B"] == batch and r["mode"] == mode and r["draft"] == "final"]
+        assert {r["name"] for r in final} == {"autoregressive", "chain", "tree"}, (batch, mode)
+        assert {r["tree"] for r in final if r["name"] == "tree"} == set(shapes.TREES), (batch, mode)
+    for draft in ("final", rows[0]["draft"]):
+        sweep = [r for r in speed if r["B"] == 1 and r["mode"] == "greedy" and r["draft"] == draft]
+        assert len(sweep) == (1 if draft == "final" else 0) + 1 + 1 + 1 + 1, draft
+        rates = [r for r in rows if r["figure"] == "acceptance" and r["draft"] == draft]
+        assert {(r["mode"], r["temperature"]) for r in rates} == {("greedy", 1.0), ("sample", 0.6)}
+        assert all(0 <= x <= 1 for r in rates for x in r["rates"]) and all(sum(r["rates"]) <= 1 for r in rates)
+    assert any(r.get("replacement") for r in speed if r["mode"] == "sample")  # SpecInfer's siblings too
+    assert all(r["predicted_tokens_per_call"] >= 1 for r in speed if r.get("tree") == "sequoia" and r["B"] == 1)
     for r in speed:
         assert r["tokens_per_s"] > 0 and r["new_tokens"] == 6 * r["B"]
         if r["name"] == "autoregressive":

@@ -184,7 +184,7 @@ class Bench:
     """The measurement of one pair: the methods side by side, rows written as they come."""
 
     def __init__(self, pair, out: Path | None, budget_s: float, max_new: int = MAX_NEW,
-                 repeats: int = REPEATS, log=print, backend: str = "kernels", drafts=None):
+                 repeats: int = REPEATS, log=print, backend: str = "kernels", drafts=None, modes=MODES):
         self.pair, self.out, self.budget_s = pair, out, budget_s
         self.max_new, self.repeats, self.log, self.backend = max_new, repeats, log, backend
         self.impl = course_impl.bench_impl()
@@ -194,6 +194,7 @@ class Bench:
         target = pair.target
         self.base = dict(H=target.config.n_heads, d=target.config.head_dim, pair=pair.name)
         self.drafts = drafts or [("final", pair.draft)]  # (label, draft), the final draft last
+        self.modes = modes
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
@@ -350,8 +351,9 @@ class Bench:
 
         pair = Pair(self.pair.target, self._draft(draft), self.pair.name)
         rates = shapes.acceptance(pair, mode, temperature)
-        self.add(dict(self.base, name="acceptance", figure="acceptance", draft=draft, mode=mode,
-                      temperature=temperature, B=1, N=1, median_ms=None, max_abs_err=None, rates=rates))
+        self.add(dict(self.base, name="acceptance", figure="acceptance", statistic="acceptance", draft=draft,
+                      mode=mode, temperature=temperature, B=1, N=1, median_ms=None, max_abs_err=None,
+                      rates=rates))
         return rates
 
     def _best(self, name: str, batch: int, mode: str, temperature: float, draft: str,
@@ -408,7 +410,7 @@ class Bench:
         the final draft's plain, fastest chain and fastest tree of each shape."""
         final = self.drafts[-1][0]
         rates = {}
-        for mode, temperature in MODES:
+        for mode, temperature in self.modes:
             for label, _ in reversed(self.drafts):
                 found = self.sweep(label, mode, temperature)
                 if label == final:
@@ -416,7 +418,7 @@ class Bench:
         best = self._best("tree", 1, "greedy", 1.0, final)
         if best is not None:
             self.timeline(self._settings_of(best, rates[("greedy", 1.0)], "greedy"))
-        for mode, temperature in MODES:
+        for mode, temperature in self.modes:
             where = dict(temperature=temperature, draft=final)
             self.measure("autoregressive", 4, mode, **where)
             for name, shape in (("chain", None), ("tree", "fixed"), ("tree", "sequoia"), ("tree", "dynamic")):
@@ -427,13 +429,21 @@ class Bench:
         return self.rows
 
 
+def drafts_of(name: str, dtype=torch.float16) -> list[tuple[str, object]]:
+    """(label, draft) of pair `name`: its snapshots ("50 steps", ...) then the final draft ("final")."""
+    from . import weights
+
+    drafts = weights.load_drafts(name, dtype=dtype)
+    return [(label, d) for label, d in drafts[:-1]] + [("final", drafts[-1][1])]
+
+
 def measure(pair=None, out: Path | None = None, budget_s: float = BUDGET_S, max_new: int = MAX_NEW,
             repeats: int = REPEATS) -> list[dict]:
     """Every row (see the module docstring). GPU only."""
     from . import weights
 
     pair = pair or weights.load_pair(PAIR, dtype=torch.float16)
-    return Bench(pair, out, budget_s, max_new, repeats).run()
+    return Bench(pair, out, budget_s, max_new, repeats, drafts=drafts_of(pair.name)).run()
 
 
 SECTIONS = {"decode": measure}

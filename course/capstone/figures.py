@@ -24,8 +24,15 @@ PHASE_COLORS = {"draft": SKY, "verify": BLUE, "commit": GREEN, "wait": VERMILLIO
 TARGETS = {"tree_over_plain": 2.0, "tree_over_chain": 1.2}  # B = 1, greedy
 
 
-def speed_rows(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r.get("figure") == "speed" and r.get("median_ms") is not None]
+def primary(row: dict) -> bool:
+    """A row of the final draft at temperature 1 (the sweep's weaker drafts and T = 0.6 rows are for
+    `trees_figure`)."""
+    return row.get("draft", "final") == "final" and row.get("temperature", 1.0) == 1.0
+
+
+def speed_rows(rows: list[dict], everything: bool = False) -> list[dict]:
+    return [r for r in rows if r.get("figure") == "speed" and r.get("median_ms") is not None
+            and (everything or primary(r))]
 
 
 def best(rows: list[dict], name: str, batch: int, mode: str) -> dict | None:
@@ -39,7 +46,8 @@ def setting_label(row: dict) -> str:
         return "plain"
     if row["name"] == "chain":
         return f"k={row['steps']}"
-    return f"bs={row['tree_size']} w={row['width']} b={row['branch']} s={row['steps']}"
+    shape = f"{row['tree']} " if row.get("tree") else ""
+    return f"{shape}bs={row['tree_size']} w={row['width']} b={row['branch']} s={row['steps']}"
 
 
 def plot(rows: list[dict], note: str | None = None):
@@ -264,4 +272,87 @@ def measured_timeline(document: dict):
     return ax.figure
 
 
-FIGURES = {"capstone": measured_figure, "capstone_timeline": measured_timeline}
+SHAPE_COLORS = {"fixed": GREY, "sequoia": GREEN, "dynamic": BLUE}
+SHAPE_MARKERS = {"fixed": "s", "sequoia": "o", "dynamic": "^"}
+
+
+def conditions(rows: list[dict]) -> list[tuple[str, float, str]]:
+    """(mode, temperature, draft) of every B = 1 sweep in the rows."""
+    found = {(r["mode"], r.get("temperature", 1.0), r.get("draft", "final")) for r in speed_rows(rows, True)
+             if r["B"] == 1}
+    return sorted(found, key=lambda c: (c[0] != "greedy", -c[1], c[2] == "final", c[2]))
+
+
+def fastest(rows: list[dict], name: str, mode: str, temperature: float, draft: str, shape=None, batch=1):
+    found = [r for r in speed_rows(rows, True) if r["name"] == name and r["B"] == batch and r["mode"] == mode
+             and r.get("temperature", 1.0) == temperature and r.get("draft", "final") == draft
+             and (shape is None or r.get("tree") == shape) and not r.get("replacement")]
+    return max(found, key=lambda r: r["tokens_per_s"]) if found else None
+
+
+def rates_of(rows: list[dict], mode: str, temperature: float, draft: str) -> list[float] | None:
+    for r in rows:
+        if (r.get("figure") == "acceptance" and r["mode"] == mode and r["temperature"] == temperature
+                and r["draft"] == draft):
+            return r["rates"]
+    return None
+
+
+def trees_figure(document: dict):
+    """capstone_trees.png: (left) the fastest tree of each shape over the fastest chain, against the
+    draft's acceptance of its first child, for every draft and mode; (right) tokens per call predicted
+    by the dynamic program (Sequoia) and by Leviathan's formula (chains) against the measured ones."""
+    import matplotlib.pyplot as plt
+
+    rows = document["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), layout="constrained")
+    ax = axes[0]
+    for mode, temperature, draft in conditions(rows):
+        chain = fastest(rows, "chain", mode, temperature, draft)
+        rates = rates_of(rows, mode, temperature, draft)
+        if chain is None or rates is None:
+            continue
+        for shape in SHAPE_COLORS:
+            tree = fastest(rows, "tree", mode, temperature, draft, shape)
+            if tree is not None:
+                ax.scatter(rates[0], tree["tokens_per_s"] / chain["tokens_per_s"], color=SHAPE_COLORS[shape],
+                           marker=SHAPE_MARKERS[shape], s=36, zorder=3,
+                           facecolors="none" if mode == "sample" else SHAPE_COLORS[shape])
+        ax.annotate(f"{mode}{'' if mode == 'greedy' else f' T={temperature:g}'}, {draft}", (rates[0], 1.0),
+                    fontsize=6, rotation=90, xytext=(0, 4), textcoords="offset points", color=GREY)
+    ax.axhline(1.0, color=GREY, lw=1, ls="--")
+    ax.axhline(TARGETS["tree_over_chain"], color=VERMILLION, lw=1, ls=":")
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=c, marker=SHAPE_MARKERS[s], ls="", label=s)
+               for s, c in SHAPE_COLORS.items()]
+    handles += [Line2D([], [], color=INK, marker="o", ls="", label="greedy (filled)"),
+                Line2D([], [], color=INK, marker="o", ls="", markerfacecolor="none", label="sampling (open)")]
+    ax.legend(handles=handles, fontsize=7, frameon=False)
+    ax.set_xlabel("the draft's acceptance of its first child, r[0] (weaker drafts to the left)")
+    ax.set_ylabel("fastest tree / fastest chain (tokens/s)")
+    style_ax(ax, "B = 1: does the tree beat the chain?", grid_axis="both")
+    ax = axes[1]
+    for row in speed_rows(rows, True):
+        if row["B"] != 1:
+            continue
+        predicted = row.get("predicted_tokens_per_call") or row.get("leviathan_tokens_per_call")
+        if predicted is None:
+            continue
+        shape = row.get("tree") if row["name"] == "tree" else None
+        ax.scatter(predicted, row["tokens_per_call"], s=18, zorder=3,
+                   color=SHAPE_COLORS.get(shape, ORANGE), marker=SHAPE_MARKERS.get(shape, "D"))
+    top = max((r["tokens_per_call"] for r in speed_rows(rows, True)), default=1.0) * 1.1
+    ax.plot([1, top], [1, top], color=GREY, lw=1, ls="--")
+    ax.set_xlabel("predicted tokens per call (Sequoia's program; chains: Leviathan's formula)")
+    ax.set_ylabel("measured tokens per call")
+    ax.legend(handles=[Line2D([], [], color=SHAPE_COLORS["sequoia"], marker="o", ls="", label="sequoia"),
+                       Line2D([], [], color=ORANGE, marker="D", ls="", label="chain")],
+              fontsize=7, frameon=False)
+    style_ax(ax, "the positional model against the decoder", grid_axis="both")
+    fig.suptitle(f"{document['device']}, {document['date'][:10]}", fontsize=9, color=INK)
+    return fig
+
+
+FIGURES = {"capstone": measured_figure, "capstone_timeline": measured_timeline,
+           "capstone_trees": trees_figure}

@@ -104,6 +104,9 @@ def main(argv=None) -> int:
                         help="a wall-clock deadline (seconds since the epoch): the budget ends 20 s before")
     parser.add_argument("--max-new", type=int, default=bench.MAX_NEW, help="tokens per prompt")
     parser.add_argument("--repeats", type=int, default=bench.REPEATS, help="timed generations per setting")
+    parser.add_argument("--modes", default="greedy,sample:1.0,sample:0.6",
+                        help="modes to measure: greedy and sample:TEMPERATURE, comma-separated")
+    parser.add_argument("--final-draft-only", action="store_true", help="not the draft's snapshots")
     parser.add_argument("--smoke", action="store_true",
                         help="instead, a one-minute check of the graphed decoders (default pair: small)")
     args = parser.parse_args(argv)
@@ -120,7 +123,9 @@ def main(argv=None) -> int:
     print(f"capstone bench: pair {args.pair}, {runtime.device_name()}, budget {budget:.0f} s", flush=True)
     pair = weights.load_pair(args.pair, dtype=torch.float16)
     args.out.mkdir(parents=True, exist_ok=True)
-    bench.Bench(pair, args.out, budget, args.max_new, args.repeats).run()
+    drafts = [("final", pair.draft)] if args.final_draft_only else bench.drafts_of(args.pair)
+    modes = [(m, 1.0) if m == "greedy" else ("sample", float(m.split(":")[1])) for m in args.modes.split(",")]
+    bench.Bench(pair, args.out, budget, args.max_new, args.repeats, drafts=drafts, modes=modes).run()
     document = json.loads((args.out / f"{bench.SUITE}.json").read_text())
     try:
         import matplotlib

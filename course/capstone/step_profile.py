@@ -82,14 +82,14 @@ def graphed_step_times(decoder) -> dict:
             "steps_as_one_graph_ms": bench_graphed(all_steps)}
 
 
-def profile_pair(pair_name: str) -> dict:
+def profile_pair(pair_name: str, modes=("greedy", "sample")) -> dict:
     from . import weights
     from .text import encode
 
     pair = weights.load_pair(pair_name, dtype=torch.float16)
     encoded = [encode(bench.prompts(1)[0])]
     report = {"pair": pair_name, "device": runtime.device_name(), "shapes": {}}
-    for mode in ("greedy", "sample"):
+    for mode in modes:
         for name, shape in SHAPES.items():
             eager = _decoder(pair, shape, mode, graphs=False)
             _ready(eager, encoded)
@@ -119,11 +119,12 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--pair", default="small")
+    parser.add_argument("--modes", default="greedy,sample", help="comma-separated: greedy, sample")
     args = parser.parse_args(argv)
     if runtime.SIMULATOR:
         print("the step profile needs a GPU", file=sys.stderr)
         return 2
-    report = profile_pair(args.pair)
+    report = profile_pair(args.pair, tuple(args.modes.split(",")))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "step_profile.json").write_text(json.dumps(report, indent=1))
     return 0
