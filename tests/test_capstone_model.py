@@ -68,6 +68,29 @@ def test_step_with_causal_attend_equals_forward():
     torch.testing.assert_close(torch.cat(outs, 1), ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_rope_and_swiglu_step_equals_the_torch_statement(dtype):
+    """`model_kernels` (the GPU's path) against the torch statement of `step`, in Triton's
+    interpreter: several queries per sample, so q/k and gate/up are the strided views the kernels
+    replace."""
+    import course  # noqa: F401  (the interpreter, before triton runs)
+
+    model = make_model().to(dtype)
+    B, W = 2, 5
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, text.VOCAB_SIZE, (B, W), generator=gen)
+    positions = torch.randint(0, 60, (B, W), generator=gen)
+    rows = torch.stack([torch.randperm(16, generator=gen)[:W] for _ in range(B)])
+    visible = torch.rand((B, W, 16), generator=gen) < 0.5
+    visible[..., 0] = True
+    logits = {}
+    for fused in (False, True):
+        model.fused_elementwise = fused
+        logits[fused] = model.step(tokens, positions, model.new_cache(B, 16), rows, reference_attend(visible))
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(logits[True], logits[False], atol=tolerance, rtol=tolerance)
+
+
 def test_cache_views_and_writes():
     model = make_model()
     B, W, C = 2, 4, 10

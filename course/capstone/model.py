@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import model_kernels
+
 ROPE_BASE = 10000.0
 
 
@@ -248,6 +250,9 @@ class TinyLM(nn.Module):
         if not isinstance(config, ModelConfig):
             raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
         self.config = config
+        # `step` runs RoPE and SwiGLU as one Triton kernel each (`model_kernels`) on a GPU; None: when
+        # the model is on CUDA outside the simulator. The torch statement stays the CPU's.
+        self.fused_elementwise: bool | None = None
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.final_norm = RMSNorm(config.d_model)
@@ -389,14 +394,19 @@ class TinyLM(nn.Module):
         weights = self.decode_weights()
         workspace = workspace if workspace is not None else self.workspace(B, W)
         workspace.require(B, W)
-        cos, sin = weights.rope(positions)
+        fused = self._fuses_elementwise()
+        if not fused:
+            cos, sin = weights.rope(positions)
         # A padding slot's key and value go to the scratch row: the same scatter for every batch.
         slots = torch.where(rows < 0, cache.scratch_row, rows) if padding else rows
         kv_rows = slots[:, None, :, None].expand(B, 2 * c.n_kv_heads, W, c.head_dim)
         x = F.embedding(tokens, self.embed.weight).view(B * W, c.d_model)
         for layer, (block, lw) in enumerate(zip(self.blocks, weights.layers, strict=True)):
             workspace.project(block.attn_norm(x), lw.qkv_rope)
-            workspace.rotate(cos, sin)
+            if fused:
+                workspace.rotate_fused(weights.rope_table, positions)
+            else:
+                workspace.rotate(cos, sin)
             cache.kv(layer).scatter_(2, kv_rows, workspace.kv())
             out = attend(layer, workspace.q(), cache.k(layer), cache.v(layer))
             expected = (B, c.n_heads, W, c.head_dim)
@@ -405,10 +415,22 @@ class TinyLM(nn.Module):
                                  f"{tuple(getattr(out, 'shape', ())) or type(out).__name__}")
             x = torch.addmm(x, out.transpose(1, 2).reshape(B * W, c.n_heads * c.head_dim).to(x.dtype),
                             lw.o_proj_t)
-            gate, up = (block.mlp_norm(x) @ lw.gate_up_t).chunk(2, dim=-1)
-            x = torch.addmm(x, F.silu(gate) * up, lw.down_t)
+            gate_up = block.mlp_norm(x) @ lw.gate_up_t
+            if fused:
+                hidden = model_kernels.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                hidden = F.silu(gate) * up
+            x = torch.addmm(x, hidden, lw.down_t)
         logits = self.final_norm(x) @ self.embed.weight.t()
         return (logits.float() if float_logits else logits).view(B, W, c.vocab_size)
+
+    def _fuses_elementwise(self) -> bool:
+        if self.fused_elementwise is not None:
+            return self.fused_elementwise
+        from course.core import runtime
+
+        return self.device.type == "cuda" and not runtime.SIMULATOR
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -503,6 +525,12 @@ class Workspace:
         rotated = self._heads[:, :, :self.rope_heads]
         partners = self._heads[:, :, self.rope_heads + c.n_kv_heads:]
         rotated.mul_(cos).addcmul_(partners, sin)
+
+    def rotate_fused(self, table: Tensor, positions: Tensor) -> None:
+        """`rotate` as one kernel that also reads cos and sin from the table (`model_kernels.rope`)."""
+        c = self.config
+        model_kernels.rope(self.buffer, table, positions.reshape(-1), self.heads, self.rope_heads,
+                           self.rope_heads + c.n_kv_heads, c.head_dim)
 
     def q(self) -> Tensor:
         """(B, Hq, W, hd), a view."""

@@ -10,7 +10,9 @@ queries costs beyond a step of one query:
 * each draft step's replay time as a CUDA graph (`course.measure.timing.bench_graphed`), and the
   whole round's draft steps captured as ONE graph (how much the launches between steps cost);
 * the kernels of one step, eagerly under torch.profiler, with their device times, for the chain
-  and for the tree, side by side by kernel name.
+  and for the tree, side by side by kernel name;
+* the verification phase (the target's pass and the walk) as its graph;
+* all of it with RoPE and SwiGLU as torch's kernels and as `model_kernels`' fused ones.
 
 It writes DIR/step_profile.json (GPU only).
 """
@@ -79,7 +81,7 @@ def graphed_step_times(decoder) -> dict:
 
     back_to_back = bench(lambda: [s() for s in decoder.draft_steps])
     return {"per_step_ms": per_step, "steps_back_to_back_ms": back_to_back,
-            "steps_as_one_graph_ms": bench_graphed(all_steps)}
+            "steps_as_one_graph_ms": bench_graphed(all_steps), "verify_ms": bench(decoder.verify)}
 
 
 def profile_pair(pair_name: str, modes=("greedy", "sample")) -> dict:
@@ -89,29 +91,45 @@ def profile_pair(pair_name: str, modes=("greedy", "sample")) -> dict:
     pair = weights.load_pair(pair_name, dtype=torch.float16)
     encoded = [encode(bench.prompts(1)[0])]
     report = {"pair": pair_name, "device": runtime.device_name(), "shapes": {}}
-    for mode in modes:
-        for name, shape in SHAPES.items():
-            eager = _decoder(pair, shape, mode, graphs=False)
-            _ready(eager, encoded)
-            kernels = kernel_times(eager, 1)
-            graphed = _decoder(pair, shape, mode, graphs=True)
-            _ready(graphed, encoded)
-            report["shapes"][f"{name} {mode}"] = {
-                "shape": shape, "kernels_step1_us": kernels, "kernel_count_step1": len(kernels),
-                "kernel_sum_step1_us": sum(kernels.values()), **graphed_step_times(graphed)}
-            row = report["shapes"][f"{name} {mode}"]
-            print(f"{name:5s} {mode:6s} step 1: {row['kernel_count_step1']} kernel names, "
-                  f"{row['kernel_sum_step1_us']:.1f} us of kernels; graphed steps (ms) "
-                  f"{[round(t, 4) for t in row['per_step_ms']]}; all steps as one graph "
-                  f"{row['steps_as_one_graph_ms']:.4f} ms vs {row['steps_back_to_back_ms']:.4f}", flush=True)
-    chain, tree = report["shapes"]["chain greedy"], report["shapes"]["tree greedy"]
+    for fused in (False, True):  # RoPE and SwiGLU as torch's kernels, then as `model_kernels`
+        pair.target.fused_elementwise = pair.draft.fused_elementwise = fused
+        for mode in modes:
+            for name, shape in SHAPES.items():
+                key = f"{name} {mode}{' fused' if fused else ''}"
+                report["shapes"][key] = _profile_shape(pair, shape, mode, encoded)
+                report["shapes"][key]["fused_elementwise"] = fused
+                _print(key, report["shapes"][key])
+    pair.target.fused_elementwise = pair.draft.fused_elementwise = None
+    for suffix in ("", " fused"):
+        _compare(report["shapes"]["chain greedy" + suffix], report["shapes"]["tree greedy" + suffix], suffix)
+    return report
+
+
+def _profile_shape(pair, shape, mode: str, encoded) -> dict:
+    eager = _decoder(pair, shape, mode, graphs=False)
+    _ready(eager, encoded)
+    kernels = kernel_times(eager, 1)
+    graphed = _decoder(pair, shape, mode, graphs=True)
+    _ready(graphed, encoded)
+    return {"shape": shape, "kernels_step1_us": kernels, "kernel_count_step1": len(kernels),
+            "kernel_sum_step1_us": sum(kernels.values()), **graphed_step_times(graphed)}
+
+
+def _print(key: str, row: dict) -> None:
+    print(f"{key:24s} step 1: {row['kernel_count_step1']} kernel names, "
+          f"{row['kernel_sum_step1_us']:.1f} us of kernels; graphed steps (ms) "
+          f"{[round(t, 4) for t in row['per_step_ms']]}; all steps as one graph "
+          f"{row['steps_as_one_graph_ms']:.4f} ms vs {row['steps_back_to_back_ms']:.4f}; verify "
+          f"{row['verify_ms']:.4f} ms", flush=True)
+
+
+def _compare(chain: dict, tree: dict, suffix: str) -> None:
     names = sorted(set(chain["kernels_step1_us"]) | set(tree["kernels_step1_us"]),
                    key=lambda n: -tree["kernels_step1_us"].get(n, 0.0))
-    print(f"{'kernel (greedy, step 1)':80s} {'chain us':>9s} {'tree us':>9s}")
+    print(f"{'kernel (greedy, step 1' + suffix + ')':80s} {'chain us':>9s} {'tree us':>9s}")
     for n in names:
         chain_us, tree_us = chain["kernels_step1_us"].get(n, 0.0), tree["kernels_step1_us"].get(n, 0.0)
         print(f"{n:80s} {chain_us:9.2f} {tree_us:9.2f}")
-    return report
 
 
 def main(argv=None) -> int:
