@@ -46,9 +46,11 @@ def test_every_method_batch_and_mode_is_measured(rows):
         assert len(sweep) == (1 if draft == "final" else 0) + 1 + 1 + 1 + 1, draft
         rates = [r for r in rows if r["figure"] == "acceptance" and r["draft"] == draft]
         assert {(r["mode"], r["temperature"]) for r in rates} == {("greedy", 1.0), ("sample", 0.6)}
-        assert all(0 <= x <= 1 for r in rates for x in r["rates"]) and all(sum(r["rates"]) <= 1 for r in rates)
+        assert all(0 <= x <= 1 for r in rates for x in r["rates"])
+        assert all(sum(r["rates"]) <= 1 for r in rates)
     assert any(r.get("replacement") for r in speed if r["mode"] == "sample")  # SpecInfer's siblings too
-    assert all(r["predicted_tokens_per_call"] >= 1 for r in speed if r.get("tree") == "sequoia" and r["B"] == 1)
+    sequoia = [r for r in speed if r.get("tree") == "sequoia" and r["B"] == 1]
+    assert sequoia and all(r["predicted_tokens_per_call"] >= 1 for r in sequoia)
     for r in speed:
         assert r["tokens_per_s"] > 0 and r["new_tokens"] == 6 * r["B"]
         if r["name"] == "autoregressive":

@@ -33,6 +33,7 @@ TREES = ("fixed", "sequoia", "dynamic")
 FIXED = (48, 4, 4, 8)  # (tree_size, width, branch, steps): the capstone's first tree
 SMALL = (16, 2, 4, 6)  # the same for the tiny pair of the simulator, whose positions end at 128
 RANKS = 4  # child ranks measured (and the most children a Sequoia node gets)
+MAX_BUDGET, MAX_DEPTH = 128, 16  # Sequoia's program is pure Python: O(budget^2 x depth x RANKS)
 FLOOR = 1e-6  # an acceptance rate below this counts as never: its log would swamp the keys
 
 
@@ -146,6 +147,10 @@ def sequoia(rates, budget: int, max_depth: int) -> dict:
     """Sequoia's tree for `budget` verified nodes and depth `max_depth`, as the decoder's settings:
     tree_size, width, branch, steps, key "static" and its bias, with the dynamic program's predicted
     tokens per call. The width is the smallest whose best-first growth holds the whole tree."""
+    limits = (("budget (tree_size)", budget, MAX_BUDGET), ("max_depth (steps)", max_depth, MAX_DEPTH))
+    for name, value, top in limits:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+            raise ValueError(f"{name} must be an int in [1, {top}] for Sequoia's tree, got {value!r}")
     rates = check_acceptance(list(rates), 1)[0]
     parents, ranks, predicted = best_tree(rates, budget, max_depth)
     if len(parents) == 1:
