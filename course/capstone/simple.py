@@ -24,7 +24,8 @@ from `lessons/` or `solutions/` (`course.core.impl`):
 * `swiftspec.compact` (notebook 18): the accepted rows' moves, in place.
 
 Cache layout: rows [0, P) of each cache hold the committed tokens before the root; during a round,
-row P + i holds node i of the tree (the root is node 0, at row P).
+row P + i of the draft's cache holds node i of the tree (the root is node 0, at row P), and row
+P + j of the target's the j-th node it verifies.
 """
 
 from __future__ import annotations
@@ -207,6 +208,8 @@ def check_request(prompt, **counts) -> None:
 
 @dataclass
 class Result:
+    """What `generate` returns."""
+
     tokens: list[int]  # the new tokens (the prompt not repeated)
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted in each round
 
