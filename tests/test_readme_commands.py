@@ -1,6 +1,7 @@
-"""The READMEs name only commands that exist: every `python -m X` of README.md and of the results
-READMEs runs a module that resolves, every `python -m course <verb>` a verb of the course's command
-line, and every `python -m course bench|figures <topic>` a room that has a bench."""
+"""The READMEs and the notebooks name only commands that exist: every `python -m X` of README.md, of
+the results READMEs and of the notebooks runs a module that resolves, every `python -m course <verb>`
+a verb of the course's command line, and every `python -m course bench|figures <topic>` a room that
+has a bench."""
 
 import contextlib
 import importlib.util
@@ -16,16 +17,17 @@ from course.measure import benchcli
 
 ROOT = Path(__file__).resolve().parent.parent
 READMES = [ROOT / "README.md", *sorted((ROOT / "results").rglob("README.md"))]
+TEXTS = READMES + sorted((ROOT / "notebooks").glob("*.ipynb"))
 # `python -m module [word [word]]` on one line; a word is what a command's next argument can be.
 COMMAND = re.compile(r"python3? -m ([A-Za-z_][\w.]*)((?:[ \t]+[\w<>-]+){0,2})")
 
 
 def commands() -> list[tuple[str, str, list[str]]]:
-    """(README, module, the words after it) of every `python -m` in the READMEs."""
+    """(file, module, the words after it) of every `python -m` in the READMEs and notebooks."""
     found = []
-    for readme in READMES:
-        for match in COMMAND.finditer(readme.read_text()):
-            found.append((str(readme.relative_to(ROOT)), match.group(1), match.group(2).split()))
+    for text in TEXTS:
+        for match in COMMAND.finditer(text.read_text()):
+            found.append((str(text.relative_to(ROOT)), match.group(1), match.group(2).split()))
     return found
 
 
@@ -39,14 +41,14 @@ def verbs() -> set[str]:
     return set(listed.group(1).split(","))
 
 
-def test_the_readmes_have_commands_to_check():
-    assert len(READMES) >= 3
+def test_the_texts_have_commands_to_check():
+    assert len(READMES) >= 3 and len(TEXTS) > 20
     named = {module for _, module, _ in commands()}
     assert {"course", "course.capstone.train"} <= named
 
 
 def test_every_module_resolves():
-    missing = sorted({(readme, module) for readme, module, _ in commands()
+    missing = sorted({(text, module) for text, module, _ in commands()
                       if importlib.util.find_spec(module) is None})
     assert not missing, f"python -m of a module that does not exist: {missing}"
 
@@ -54,15 +56,15 @@ def test_every_module_resolves():
 def test_every_course_verb_and_bench_topic_exists():
     known, rooms = verbs(), set(benchcli.rooms())
     wrong = []
-    for readme, module, words in commands():
+    for text, module, words in commands():
         if module != "course" or not words or words[0].startswith(("-", "<")):
             continue
         verb = words[0]
         if verb not in known:
-            wrong.append((readme, f"python -m course {verb}"))
+            wrong.append((text, f"python -m course {verb}"))
         elif verb in ("bench", "figures") and len(words) > 1 and not words[1].startswith(("-", "<")):
             if words[1] not in rooms:
-                wrong.append((readme, f"python -m course {verb} {words[1]}"))
+                wrong.append((text, f"python -m course {verb} {words[1]}"))
     assert not wrong, f"commands that do not exist (verbs: {sorted(known)}; rooms: {sorted(rooms)}): {wrong}"
 
 
