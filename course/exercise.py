@@ -8,9 +8,8 @@ import inspect
 import sys
 from pathlib import Path
 
+from course.core.impl import ROOT
 from course.core.source import python_function, source_of
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class ExerciseNotImplemented(NotImplementedError):

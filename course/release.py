@@ -42,10 +42,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from course.core.impl import ROOT
+
 BEGIN = "### BEGIN SOLUTION"
 LESSON = "### LESSON"
 END = "### END SOLUTION"
-ROOT = Path(__file__).resolve().parent.parent
 HEADER = (
     "# Student copy, generated from solutions/{path} by `python -m course release`.\n"
     "# Write your code where a todo(...) line stands; everything else matches the solution.\n"

@@ -68,7 +68,7 @@ class Config:
 # tiles. float32 is computed exactly ("ieee": no TF32 rounding), with FMAs, which need far more
 # registers per tile: smaller tiles and more warps keep it from spilling to local memory. The
 # register counts were read from the compiled sm_90 code (Triton 3.6): none of these spills.
-# `python -m course.topics.triton_attention.bench configs` on a GPU times alternatives.
+# `python -m course bench triton_attention configs` on a GPU times alternatives.
 CONFIGS_16BIT = {16: Config(64, 64, 4, 3), 32: Config(64, 64, 4, 3), 64: Config(64, 64, 4, 3),
                  128: Config(64, 64, 4, 3)}
 CONFIGS_FP32 = {16: Config(32, 32, 4, 2), 32: Config(32, 32, 4, 2), 64: Config(64, 32, 8, 2),

@@ -12,8 +12,8 @@
 #                                   skips the training and gives the bench the whole RUN_S
 #
 # Everything lands in $OUT (default ./capstone-gpu): capstone.json and capstone.png (for results/<device>/),
-# capstone_bench.log, generate.log, and, if trained here, weights/ (medium_*.safetensors and
-# train_medium.log, for course/capstone/weights/). Kernels: solutions/ (COURSE_IMPL), on the GPU (COURSE_SIM=0).
+# capstone_bench.log and generate.log (for results/<device>/logs/), and, if trained here, weights/
+# (medium_*.safetensors and train_medium.log, for course/capstone/weights/). Kernels: solutions/ (COURSE_IMPL), on the GPU (COURSE_SIM=0).
 set -u -o pipefail
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-$PWD/capstone-gpu}

@@ -71,7 +71,8 @@ else
   python3 -m course.capstone.parallel_bench "${bench_args[@]}" 2>&1 | tee "$logs/parallel_bench.log"
   saved=$(sed -n 's/^saved //p' "$logs/parallel_bench.log" | tail -1)
   if [ -n "$saved" ]; then
-    cp "$logs"/parallel_*.log "$(dirname "$saved")/"
+    mkdir -p "$(dirname "$saved")/logs"
+    cp "$logs"/parallel_*.log "$(dirname "$saved")/logs/"
     cp "$saved" "$(dirname "$saved")/parallel.png" "$logs/"
   fi
 fi

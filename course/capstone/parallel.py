@@ -44,13 +44,14 @@ from pathlib import Path
 
 import torch
 
+from course.core.impl import ROOT
+
 from . import decoder, wire
 from .sides import DraftSide, TargetSide
 
 SCHEDULES = ("parallel", "serial")
 RECV = "recv"  # what a worker yields to wait for its next message
 DEFAULT_STEPS = 2  # SwiftSpec's d: draft steps per round during verification
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class ParallelError(RuntimeError):

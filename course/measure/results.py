@@ -15,8 +15,9 @@ import re
 from pathlib import Path
 
 from course.core import runtime
+from course.core.impl import ROOT
 
-RESULTS = Path(__file__).resolve().parents[2] / "results"
+RESULTS = ROOT / "results"
 REQUIRED_ROW_KEYS = {"name": str, "median_ms": float, "max_abs_err": float}
 # A method that failed to run ("error": why) has no time and no error (null, never a made-up 0);
 # a modelled row ("modelled": true, e.g. a bandwidth floor) has a time but computed no output; a

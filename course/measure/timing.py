@@ -41,7 +41,7 @@ def bench_graphed(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: fl
     For calls whose GPU work lasts tens of microseconds: launched from Python, such a call can
     take the host longer than the GPU, and then bench times the host (on the H100, DeFT's
     two-kernel runner took 82-96 us to launch against 24-40 us of GPU work, and five repeated
-    medians of one call ranged 40-76 us; results/h100/deft_diag_launch.log).
+    medians of one call ranged 40-76 us; results/h100/logs/deft_diag_launch.log).
     """
     return bench(graphed(fn), warmup_ms=warmup_ms, rep_ms=rep_ms)
 

@@ -41,7 +41,7 @@ checks (which read all of K and V and wait for the GPU); the one-time preparatio
 block lists, masks, per-query KV copies) is outside every timing, as it is for the baselines.
 Every method is timed as a CUDA graph, as decoders run their steps: launched from Python, the
 small trees' calls timed the host (`course.measure.timing.bench_graphed` says by how much;
-results/h100/deft_bench_launches.log is a whole run timed without graphs).
+results/h100/logs/deft_bench_launches.log is a whole run timed without graphs).
 `targets(rows)` computes the course's targets; `python -m course figures deft` prints them.
 
 Budget: per workload about 80 measurements (the block sweep's 60-odd, the tile sweep's 6), each

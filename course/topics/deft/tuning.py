@@ -31,7 +31,7 @@ MASKED_COST = 2.0  # a token of a masked program (loads its word, tests bits) ag
 LONE_PROGRAM_RATE = 0.8  # the share of an SM's speed that one program alone on it gets
 # The merge's launch (reduce_partials_kernel): query heads per program and warps. After the
 # partials, on five speculative trees, within 2 us (3 %) of the best of 1-32 heads x 2-8 warps
-# x 1-3 stages (results/h100/deft_diag_merge.log).
+# x 1-3 stages (results/h100/logs/deft_diag_merge.log).
 HEADS_PER_MERGE = 8
 MERGE_WARPS = 8
 
@@ -64,7 +64,7 @@ def tile_shape(d: int, group: int, block_tokens: int | None = None, *, dtype: to
     64 tokens (32 in the interpreter), at most a Flatten block. 16-bit inputs: 4 warps (one
     warpgroup: wgmma's 64 rows) and 3 stages, so that two programs fit on an SM (registers and
     shared memory, read with Nsight Compute on an H100); with 8 warps only one fits
-    (`course.deft_bench`'s deft_flatten_tiles rows time the alternatives).
+    (`python -m course bench deft`'s deft_flatten_tiles rows time the alternatives).
     float32 (FMAs, no tensor cores): 8 warps at d = 128, and at most 2 stages. The keyword
     arguments override the defaults, for benchmarks that time alternatives.
     """
