@@ -105,6 +105,8 @@ EXERCISES: dict[str, Exercise] = {
                 kvcache_checks.check_tree_cache_attention,
                 "SwiftSpec's non-square tree mask: w queries against [prefix | tree] by DFS intervals",
                 requires=("swiftspec.compact_kernel", "triton_attention.online_softmax_step"))]
+    + [Exercise("tree_shape.sibling_draw_kernel", "21_tree_shape", 2, sampling_checks.check_sibling_draw,
+                "Sequoia's siblings without replacement: the Gumbel top-k of a node's logits, in one pass")]
 }
 
 

@@ -34,7 +34,7 @@ TOOLS = ("memcheck", "racecheck")
 NUMBA_NOTEBOOKS = ("01", *dict.fromkeys(rung.notebook.split("_")[0] for rung in RUNGS))
 # Every notebook whose exercises launch Triton kernels: tree attention, DeFT, sampling,
 # verification, EMS-SD and SwiftSpec.
-TRITON_NOTEBOOKS = ("12", "13", "14", "15", "16", "17", "18")
+TRITON_NOTEBOOKS = ("12", "13", "14", "15", "16", "17", "18", "21")
 NOTEBOOKS = (*NUMBA_NOTEBOOKS, *TRITON_NOTEBOOKS)
 # (--report-api-errors no: the CUDA Python bindings probe driver entry points this driver lacks.)
 TOOL_FLAGS = {"memcheck": ["--report-api-errors", "no"], "racecheck": []}

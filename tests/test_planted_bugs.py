@@ -485,6 +485,19 @@ PLANTED: tuple[Planted, ...] = (
             "ancestor = (qs[:, None] <= ks[None, :]) & (ke[None, :] <= qe[:, None])", "random trees",
             ("the mask of descendants (query and key swapped)",
              "the kernel hid cache row 21 (node 0, [start, end] = [0, 35]) from query 0 (node 31")),
+    # ------------------------------------------------------------------ notebook 21: sibling draws
+    Planted("tree_shape.sibling_draw_kernel", "a drawn token left among the keys",
+            'keys = tl.where(offs == best, float("-inf"), keys)', "keys = tl.where(offs == best, keys, keys)",
+            "peaked", ("node 0: siblings", "drawn twice", "must leave the keys")),
+    Planted("tree_shape.sibling_draw_kernel", "no Gumbel noise (the top-k of q)",
+            "log_q - tl.log(-tl.log(tl.maximum(u, TINY)))", "log_q + 0.0 * u", "spread",
+            ("node 0: siblings", "most likely tokens", "Gumbel noise")),
+    Planted("tree_shape.sibling_draw_kernel", "log u as the noise",
+            "log_q - tl.log(-tl.log(tl.maximum(u, TINY)))", "log_q + tl.log(tl.maximum(u, TINY))", "V=200",
+            ("node 0: siblings", "the keys must be log q(v) - log(-log u_v)")),
+    Planted("tree_shape.sibling_draw_kernel", "the key stored as log q",
+            "tl.sum(tl.where(offs == best, log_q, 0.0), axis=0)", "tl.max(keys, axis=0)", "spread",
+            ("node 0, sibling 0", "log-softmax at the drawn token")),
 )
 
 

@@ -60,8 +60,8 @@ CHAINS = (3, 4, 5, 6, 8, 10, 12)  # k drafted tokens
 # The tree shapes of `course.capstone.shapes`, each at a few budgets: "fixed" the capstone's first tree
 # (tree_size, width, branch, steps); "sequoia" (budget, depth limit); "dynamic" (tree_size, width,
 # branch, steps).
-SEQUOIA = ((16, 8), (32, 8), (48, 8), (48, 12), (64, 12), (96, 16))
-DYNAMIC = ((32, 4, 4, 8), (48, 4, 4, 10), (64, 4, 4, 12), (96, 6, 4, 16))
+SEQUOIA = ((16, 8), (32, 8), (48, 8), (48, 12), (64, 12))
+DYNAMIC = ((32, 4, 4, 8), (48, 4, 4, 10), (48, 6, 2, 12), (64, 4, 2, 12))
 # Modes as (mode, temperature): greedy, and sampling at T = 1 and 0.6.
 MODES = (("greedy", 1.0), ("sample", 1.0), ("sample", 0.6))
 DEFAULT_TREE = (16, 2, 4, 6)  # notebook 19's first tree

@@ -490,3 +490,120 @@ def check_tile_pass(module, seed: int):
                        or rerun_problem((accept, residual_sums, target_sums), again))
             return CaseResult(case.name, False, problem) if problem else None
         yield case.name, run
+
+
+# --------------------------------------------------------------------------- notebook 21: sibling draws
+
+# (name, nodes, V, k, logit scale, one token boosted by): spread and peaked rows (a low temperature
+# puts nearly all of q on one token, where drawing with replacement would repeat it), k = 1 (a chain)
+# and k = V (every token), a vocabulary wider than one power of two.
+SIBLING_CASES = (("spread, V=7, k=3", 4, 7, 3, 1.0, 0.0), ("peaked, V=80, k=4", 6, 80, 4, 2.0, 12.0),
+                 ("one child, V=80, k=1", 3, 80, 1, 2.0, 0.0), ("every token, V=6, k=6", 2, 6, 6, 1.0, 0.0),
+                 ("V=200, k=5", 2, 200, 5, 3.0, 0.0))
+KEY_TIE = 1e-12  # two Gumbel keys this close may order either way in float64
+
+
+def sibling_inputs(nodes: int, vocab: int, scale: float, boost: float, seed: int):
+    gen = _generator(seed)
+    logits = torch.randn((nodes, vocab), generator=gen) * scale
+    logits[:, int(torch.randint(0, vocab, (1,), generator=gen))] += boost
+    uniforms = torch.rand((nodes, vocab), generator=gen, dtype=torch.float64)
+    return logits, uniforms
+
+
+def _keys(q: list[float], u: list[float]) -> list[float]:
+    return [math.log(w) - math.log(-math.log(x)) if w > 0 and x > 0 else -math.inf
+            for w, x in zip(q, u, strict=True)]
+
+
+def _sibling_problem(node: int, got: list[int], got_logq: list[float], q: list[float],
+                     u: list[float], k: int) -> str:
+    """Where node `node`'s siblings differ from `spec.gumbel_top_k`, and the likely cause."""
+    from course.core.launch import never_written
+
+    want = spec.gumbel_top_k(q, k, u)
+    keys = _keys(q, u)
+    where = f"node {node}: siblings {got}, expected {want}"
+    if never_written(torch.int64) in got:
+        return f"{where}\n  sibling {got.index(never_written(torch.int64))} was never written"
+    if any(not 0 <= t < len(q) for t in got):
+        return f"{where}\n  a token outside the vocabulary [0, {len(q)})"
+    if len(set(got)) < len(got):
+        twice = next(t for t in got if got.count(t) > 1)
+        return (f"{where}\n  token {twice} drawn twice: without replacement, a drawn token must leave the "
+                "keys before the next draw")
+    if got != want:
+        if all(abs(keys[a] - keys[b]) < KEY_TIE for a, b in zip(got, want, strict=True)):
+            return ""
+        if sorted(got) == sorted(want):
+            return f"{where}\n  the right tokens in the wrong order: siblings come in decreasing key"
+        likely = sorted(range(len(q)), key=lambda v: (-q[v], v))[:k]
+        if got == likely:
+            return (f"{where}\n  these are the {k} most likely tokens: the Gumbel noise -log(-log u) is "
+                    "missing")
+        return f"{where}\n  the keys must be log q(v) - log(-log u_v), one uniform per token v"
+    bad = [(i, g, math.log(q[t])) for i, (t, g) in enumerate(zip(got, got_logq, strict=True))
+           if not abs(g - math.log(q[t])) <= 1e-9]
+    if bad:
+        i, g, w = bad[0]
+        return (f"node {node}, sibling {i} (token {got[i]}): log q = {g!r}, expected {w:.12g}: the row's "
+                "log-softmax at the drawn token")
+    return ""
+
+
+def _sibling_case(module, nodes, vocab, k, scale, boost, seed) -> str:
+    logits, uniforms = sibling_inputs(nodes, vocab, scale, boost, seed)
+    device = runtime.torch_device()
+    tokens, logq = module.draw_siblings(logits.to(device), uniforms.to(device), k)
+    again = module.draw_siblings(logits.to(device), uniforms.to(device), k)
+    q = torch.softmax(logits.double(), dim=-1)
+    for node in range(nodes):
+        problem = _sibling_problem(node, tokens[node].tolist(), logq[node].tolist(), q[node].tolist(),
+                                   uniforms[node].tolist(), k)
+        if problem:
+            return problem
+    return rerun_problem((tokens, logq), again)
+
+
+def _sibling_refusal(module, change: str, name: str) -> str:
+    """A bad argument must raise ValueError naming it, leaving the caller's tensors as they were."""
+    logits, uniforms = sibling_inputs(2, 9, 1.0, 0.0, 5)
+    k = 3
+    if change == "NaN logits":
+        logits[1, 4] = float("nan")
+    elif change == "uniforms of another shape":
+        uniforms = uniforms[:, :5]
+    elif change == "k above V":
+        k = 10
+    before = (logits.clone(), uniforms.clone())
+    device = runtime.torch_device()
+    logits_d, uniforms_d = logits.to(device), uniforms.to(device)
+    try:
+        module.draw_siblings(logits_d, uniforms_d, k)
+    except ValueError as error:
+        if name not in str(error):
+            return f"the ValueError does not name {name!r}: {error}"
+        same = torch.equal(logits_d.cpu().nan_to_num(), before[0].nan_to_num()) and torch.equal(
+            uniforms_d.cpu(), before[1])
+        return "" if same else "the call was refused, but changed its inputs"
+    return f"{change} was accepted"
+
+
+def check_sibling_draw(module, seed: int):
+    """module.draw_siblings must draw each node's k siblings as `pyspec_ref.sampling.gumbel_top_k`
+    does on the same uniforms (tokens exactly, log q to 1e-9), and refuse bad input by name."""
+    for index, (name, nodes, vocab, k, scale, boost) in enumerate(SIBLING_CASES):
+        label = f"{name}, {nodes} nodes"
+
+        def run(nodes=nodes, vocab=vocab, k=k, scale=scale, boost=boost, index=index, label=label):
+            problem = _sibling_case(module, nodes, vocab, k, scale, boost, seed + 11 * index)
+            return CaseResult(label, False, problem) if problem else None
+        yield label, run
+    for change, name in (("NaN logits", "logits"), ("uniforms of another shape", "uniforms"),
+                         ("k above V", "k")):
+        label = f"{change} -> ValueError naming {name}"
+
+        def refuse(change=change, name=name, label=label):
+            problem = _sibling_refusal(module, change, name)
+            return CaseResult(label, False, problem) if problem else None
+        yield label, refuse

@@ -94,3 +94,27 @@ def sampling_inputs(draft_tokens, q, p, accept_uniforms, sample_uniforms, form: 
         raise ValueError(f"V = {vocabulary} needs {triton.cdiv(vocabulary, tile)} tiles of {tile}; at most "
                          f"{MAX_TILES} are supported: pass a larger tile")
     return batch, gamma, vocabulary, tile
+
+
+def sibling_draw_args(logits, uniforms, k, max_vocab: int) -> tuple[int, int]:
+    """The arguments of `tree_shape.draw_siblings`, each error naming the bad one; returns (nodes, V)."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        raise ValueError(f"logits must be a (nodes, V) float tensor, got "
+                         f"{getattr(logits, 'shape', type(logits).__name__)}")
+    nodes, vocab = logits.shape
+    if not 1 <= vocab <= max_vocab or nodes < 1:
+        raise ValueError(f"logits has shape {tuple(logits.shape)}: nodes >= 1 and 1 <= V <= {max_vocab}")
+    if not torch.isfinite(logits).all():
+        raise ValueError("logits holds NaN or infinity: every token needs a finite score")
+    if not isinstance(uniforms, torch.Tensor) or uniforms.dtype != torch.float64 \
+            or tuple(uniforms.shape) != (nodes, vocab):
+        raise ValueError(f"uniforms must be a ({nodes}, {vocab}) float64 tensor (one per token), got "
+                         f"{getattr(uniforms, 'dtype', type(uniforms).__name__)} "
+                         f"{tuple(getattr(uniforms, 'shape', ()))}")
+    if uniforms.device != logits.device:
+        raise ValueError(f"uniforms is on {uniforms.device}, logits on {logits.device}: put them together")
+    if torch.isnan(uniforms).any() or (uniforms < 0).any() or (uniforms >= 1).any():
+        raise ValueError("uniforms must lie in [0, 1)")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab:
+        raise ValueError(f"k must be an int in [1, V = {vocab}] (siblings are distinct tokens), got {k!r}")
+    return nodes, vocab
