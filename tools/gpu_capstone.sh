@@ -4,7 +4,8 @@
 #   tools/gpu_capstone.sh --smoke   about a minute: the graphed decoders capture, replay and emit what
 #                                   the eager ones and plain greedy decoding emit (the committed small pair)
 #   tools/gpu_capstone.sh           train the medium pair if its weights are missing (under 2 minutes),
-#                                   then the side-by-side bench and `python -m course generate`; the whole
+#                                   then the draft-step profile (step_profile.json), the side-by-side
+#                                   bench and `python -m course generate`; the whole
 #                                   run ends within RUN_S seconds (default 540), the bench's budget shrinking
 #                                   to what the training left
 #   tools/gpu_capstone.sh --train   only the training (TRAIN_ARGS passes more, e.g. "--steps 1500"); copy
@@ -40,6 +41,10 @@ if [ "${1:-}" = "--train" ] || [ ! -f "$WEIGHTS/medium_target.safetensors" ] \
     if [ "${1:-}" = "--train" ]; then echo "== trained in $(( $(date +%s) - START )) s"; exit 0; fi
 fi
 
+echo "== draft-step profile ($(date -u +%T), $(( $(date +%s) - START )) s in)"
+timeout 120 "$PYTHON" -m course.capstone.step_profile --out "$OUT" --pair medium --modes greedy 2>&1 \
+    | grep -v "Warning\|_warn_once" | tee "$OUT/step_profile.log"
+
 echo "== bench ($(date -u +%T), $(( $(date +%s) - START )) s in)"
 # The bench stops starting settings 20 s before --until; the timeout is the backstop (its rows so far
 # are already in capstone.json, written after each one).
@@ -52,6 +57,8 @@ if [ "$LEFT" -gt 40 ]; then
     echo "== python -m course generate ($LEFT s left)"
     timeout $(( LEFT - 5 )) "$PYTHON" -m course generate --prompt "The old fox " --prompt "12 + 7 = " \
         --impl solutions --no-progress 2>&1 | tee "$OUT/generate.log"
+    timeout $(( LEFT - 5 )) "$PYTHON" -m course generate --prompt "The old fox " --prompt "12 + 7 = " \
+        --impl solutions --no-progress --mode sample --temperature 0.6 2>&1 | tee -a "$OUT/generate.log"
 else
     echo "== no time left for python -m course generate ($LEFT s)"
 fi

@@ -406,16 +406,12 @@ class Bench:
         return dict(shapes.settings_for(row["tree"], rates, mode, **shape), replacement=row["replacement"])
 
     def run(self) -> list[dict]:
-        """B = 1: every draft, every mode, every method; the timeline of the fastest greedy tree; B = 4:
-        the final draft's plain, fastest chain and fastest tree of each shape."""
+        """B = 1: the final draft, every mode and method; the timeline of the fastest greedy tree; B = 4:
+        the final draft's plain, fastest chain and fastest tree of each shape; then B = 1 again for
+        each weaker draft (last, so that a spent budget loses those first)."""
         final = self.drafts[-1][0]
-        rates = {}
-        for mode, temperature in self.modes:
-            for label, _ in reversed(self.drafts):
-                found = self.sweep(label, mode, temperature)
-                if label == final:
-                    rates[(mode, temperature)] = found["rates"]
-        best = self._best("tree", 1, "greedy", 1.0, final)
+        rates = {(mode, t): self.sweep(final, mode, t)["rates"] for mode, t in self.modes}
+        best = self._best("tree", 1, "greedy", 1.0, final) if ("greedy", 1.0) in rates else None
         if best is not None:
             self.timeline(self._settings_of(best, rates[("greedy", 1.0)], "greedy"))
         for mode, temperature in self.modes:
@@ -426,6 +422,9 @@ class Bench:
                 if row is not None:
                     tree = self._settings_of(row, rates[(mode, temperature)], mode)
                     self.measure(name, 4, mode, tree, shape=shape, **where)
+        for mode, temperature in self.modes:
+            for label, _ in reversed(self.drafts[:-1]):
+                self.sweep(label, mode, temperature)
         return self.rows
 
 
