@@ -356,3 +356,95 @@ def trees_figure(document: dict):
 
 FIGURES = {"capstone": measured_figure, "capstone_timeline": measured_timeline,
            "capstone_trees": trees_figure}
+
+
+# --------------------------------------------------------------------------- notebook 21's reports
+
+
+def _cell(row: dict | None) -> str:
+    return f"{row['tokens_per_s']:7.0f} ({row['tokens_per_call']:4.2f})" if row else f"{'-':>14s}"
+
+
+def best_tree_of(rows: list[dict], mode: str, temperature: float, draft: str) -> dict | None:
+    """The fastest tree of any shape (siblings without replacement) of one draft and mode, B = 1."""
+    found = [fastest(rows, "tree", mode, temperature, draft, shape) for shape in SHAPE_COLORS]
+    found = [row for row in found if row is not None]
+    return max(found, key=lambda r: r["tokens_per_s"]) if found else None
+
+
+def shape_table(document: dict) -> str:
+    """Tokens/s (tokens per call) of plain decoding, the fastest chain and the fastest tree of each
+    shape, per mode and draft at B = 1, with the best tree over the best chain."""
+    rows = document["rows"]
+    lines = [f"{document['device']}, {document['date'][:10]}; tokens/s (tokens per call), B = 1",
+             f"{'mode':12s} {'draft':15s} {'plain':>7s} {'chain':>14s} {'fixed':>14s} {'sequoia':>14s} "
+             f"{'dynamic':>14s}  tree/chain"]
+    for mode, t, draft in conditions(rows):
+        plain = fastest(rows, "autoregressive", mode, t, "final")
+        chain = fastest(rows, "chain", mode, t, draft)
+        trees = [fastest(rows, "tree", mode, t, draft, shape) for shape in ("fixed", "sequoia", "dynamic")]
+        tree = best_tree_of(rows, mode, t, draft)
+        ratio = f"{tree['tokens_per_s'] / chain['tokens_per_s']:5.2f}x" if tree and chain else "  -"
+        label = mode if mode == "greedy" else f"sample T={t:g}"
+        lines.append(f"{label:12s} {draft:15s} {plain['tokens_per_s'] if plain else float('nan'):7.0f} "
+                     f"{_cell(chain)} {' '.join(_cell(r) for r in trees)}  {ratio}")
+    for r in speed_rows(rows, True):
+        if r.get("replacement") and r["B"] == 1:
+            same = fastest(rows, "tree", r["mode"], r["temperature"], r["draft"], "fixed")
+            if same is not None:
+                lines.append(f"fixed tree, {r['mode']} T={r['temperature']:g}, {r['draft']} draft: siblings "
+                             f"with replacement {r['tokens_per_call']:.2f} tokens per call, without "
+                             f"{same['tokens_per_call']:.2f}")
+    return "\n".join(lines)
+
+
+def _formula_line(name: str, row: dict) -> str:
+    t = formula_terms(row)
+    return (f"  {name:5s} {setting_label(row)}: tau {t['tau']:.2f} x T_plain {t['T_plain']:.3f} ms / "
+            f"({t['steps']} x T_draft {t['T_draft']:.3f} + T_verify {t['T_verify']:.3f} + T_commit "
+            f"{t['T_commit']:.3f} + T_wait {t['T_wait']:.3f} ms) = {t['predicted']:.2f} "
+            f"(measured {t['measured']:.2f})")
+
+
+def targets_report(document: dict, target: float = TARGETS["tree_over_chain"]) -> str:
+    """Per mode, the final draft's best tree over its best chain against `target`, both rounds' terms,
+    and how short the tree's draft step would have to be for the target at its measured tau."""
+    rows = document["rows"]
+    lines = []
+    for mode, t, draft in conditions(rows):
+        chain, tree = fastest(rows, "chain", mode, t, draft), best_tree_of(rows, mode, t, draft)
+        plain = fastest(rows, "autoregressive", mode, t, "final")
+        if draft != "final" or chain is None or tree is None or plain is None:
+            continue
+        ratio = tree["tokens_per_s"] / chain["tokens_per_s"]
+        label = mode if mode == "greedy" else f"sampling at T = {t:g}"
+        over_plain = tree["tokens_per_s"] / plain["tokens_per_s"]
+        lines.append(f"{label}: best tree {ratio:.2f}x the best chain (target {target}x: "
+                     f"{'met' if ratio >= target else 'missed'}), {over_plain:.2f}x plain decoding")
+        lines += [_formula_line("chain", chain), _formula_line("tree", tree)]
+        need_ms = tree["tokens_per_call"] * chain["round_ms"] / (target * chain["tokens_per_call"])
+        rest = tree["t_verify_ms"] + tree["t_commit_ms"] + tree["t_wait_ms"]
+        lines.append(f"  for {target}x at this tau the tree's round must take {need_ms:.3f} ms (now "
+                     f"{tree['round_ms']:.3f}): draft steps of {1e3 * (need_ms - rest) / tree['steps']:.0f} "
+                     f"us at today's verification (now {1e3 * tree['t_draft_ms']:.0f} us)")
+    return "\n".join(lines)
+
+
+def step_profile_report(document: dict, top: int = 5) -> str:
+    """The step profile's rows (`course.capstone.step_profile`): each draft step and verification as
+    graphs, and the kernels whose time differs most between the chain's step and the tree's."""
+    by_key = {row["key"]: row for row in document["rows"]}
+    lines = [f"{document['device']}, {document['date'][:10]}, pair {document['rows'][0]['pair']}"]
+    for suffix, how in (("", "torch's kernels"), (" fused", "one Triton kernel each")):
+        chain, tree = by_key.get("chain greedy" + suffix), by_key.get("tree greedy" + suffix)
+        if chain is None or tree is None:
+            continue
+        lines.append(f"RoPE and SwiGLU as {how}: a draft step as a graph, chain "
+                     f"{1e3 * chain['median_ms']:.1f} us, tree of width 4 {1e3 * tree['median_ms']:.1f} us; "
+                     f"verification, chain (9 nodes) "
+                     f"{1e3 * chain['verify_ms']:.0f} us, tree (48 nodes) {1e3 * tree['verify_ms']:.0f} us")
+        a, b = chain["kernels_step1_us"], tree["kernels_step1_us"]
+        for name in sorted(set(a) | set(b), key=lambda n: -abs(b.get(n, 0.0) - a.get(n, 0.0)))[:top]:
+            lines.append(f"    {name[:64]:64s} chain {a.get(name, 0.0):5.2f} us, "
+                         f"tree {b.get(name, 0.0):5.2f} us")
+    return "\n".join(lines)
