@@ -222,6 +222,10 @@ def sample_without_replacement(q: object, k: object, uniforms: object) -> list[i
     The draws come in draw order (the order in which the walk tries them)."""
     weights = validate_distribution(q, "q")
     count = _draw_count(k, weights)
+    if count == 0:  # a leaf: no uniforms to read
+        if as_sequence(uniforms, "uniforms", "a list of k numbers in [0, 1)"):
+            raise ValueError("uniforms must be empty for k = 0")
+        return []
     u = [_uniform(x, f"uniforms[{i}]") for i, x in
          enumerate(real_list(uniforms, "uniforms", expected_len=count))]
     drawn: list[int] = []
@@ -276,15 +280,17 @@ def sibling_distributions(p: object, q: object, tokens: object, *,
         p_{i+1} = max(0, p_i - q_i) / sum_v max(0, p_i(v) - q_i(v)),
         q_{i+1} = q_i                                            (replacement: SpecInfer),
         q_{i+1}(v) = q(v) / S_{i+1} for v not drawn, 0 for drawn (without: Sequoia),
-        S_{i+1} = S_i - q(x_i), S_1 = 1: the draft mass not yet drawn.
+        S_{i+1} = sum of q(v) over the tokens v not drawn: the draft mass left.
+
+(q_1 = q as given, S_1 = 1: q is a distribution. S_{i+1} is summed over what is left rather
+than taken as 1 - q(x_1) - ... - q(x_i): q sums to 1 only within rounding, and S can be tiny.)
 
     Two cases no draft that draws from q produces, each given a rule that needs no new state:
     * an empty residual (p_i <= q_i everywhere: for distributions only p_i = q_i, where only a
       token with p_i = q_i = 0 is rejected): the state is kept, p_{i+1} = p_i, q_{i+1} = q_i
       (x_i counts as not drawn), as SpecInfer's rule keeps p;
-    * no draft mass left (S_i <= 0: every token with q > 0 drawn, or float rounding of a q that
-      sums to 1 within NORMALISATION_TOLERANCE): q_i is all zeros, the sibling cannot have been
-      drawn and is rejected (`sibling_accepts`), and the state is kept.
+    * no draft mass left (S_i = 0: every token with q > 0 drawn): q_i is all zeros, the
+      sibling cannot have been drawn and is rejected (`sibling_accepts`), and the state is kept.
     """
     p_i = validate_distribution(p, "p")
     q_all = validate_distribution(q, "q", len(p_i))
@@ -292,7 +298,7 @@ def sibling_distributions(p: object, q: object, tokens: object, *,
            enumerate(as_sequence(tokens, "tokens", "a list of token ids"))]
     if not replacement:
         _require_distinct(ids, list(range(len(ids))))
-    q_i, left, drawn = list(q_all), 1.0, set()
+    q_i, drawn = list(q_all), set()
     steps = [(p_i, q_i)]
     for x in ids:
         residual_i = [max(0.0, a - b) for a, b in zip(p_i, q_i, strict=True)]
@@ -301,8 +307,9 @@ def sibling_distributions(p: object, q: object, tokens: object, *,
             p_i = [w / total for w in residual_i]
             if not replacement:
                 drawn.add(x)
-                left -= q_all[x]
-                q_i = [q_all[v] / left if left > 0.0 and v not in drawn else 0.0 for v in range(len(p_i))]
+                left = [0.0 if v in drawn else w for v, w in enumerate(q_all)]
+                mass = math.fsum(left)
+                q_i = [w / mass for w in left] if mass > 0.0 else left
         steps.append((p_i, q_i))
     return steps
 

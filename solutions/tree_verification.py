@@ -1,4 +1,4 @@
-"""Notebook 16: token-tree verification in Triton, sampled (SpecInfer) and greedy.
+"""Notebook 16: token-tree verification in Triton, sampled (Sequoia, SpecInfer) and greedy.
 
 A token tree (notebook 01) holds N speculated tokens: node 0 is the last verified token, and
 every other node is a draft token that continues its parent. The target model scores all N
@@ -14,7 +14,7 @@ rejected (or u is a leaf) the next token is drawn from the current p by the inve
 the uniform of node u. Two ways the children may have been drawn:
 * without replacement (the default; Sequoia, Chen et al., 2024, §3.2): siblings carry
   distinct tokens and q_i is q_u with the siblings 1 .. i-1 removed and renormalised,
-  q_i(v) = q_u(v) / S_i with S_i = 1 - sum_{j<i} q_u(x_j) the draft mass not yet drawn;
+  q_i(v) = q_u(v) / S_i with S_i the draft mass not yet drawn;
 * with replacement (`replacement=True`; SpecInfer, Miao et al., 2024, §4.3, Algorithm 2):
   every child an independent draw from q_u, q_i = q_u, S_i = 1.
 
@@ -27,6 +27,13 @@ closed form of the two rows p = p_u and q = q_u,
 
 and the test r q_i(x) < p_i(x), multiplied by S_i Z_i > 0, is r q(x) Z_i < S_i max(0, p(x) -
 C_i q(x)): no division. With replacement S stays 1 and this is C_{i+1} = C_i + Z_i.
+
+One refinement of S: at the first rejection S_2 = Q - q(x_1) with Q = sum_v q(v), summed in
+the same pass as Z_2 (`residual_mass`). S_1 = 1 treats q as normalised, so the first test is
+exactly r q(x) < p(x), as for a chain; but a float32 q sums to 1 only within ~1e-7, and the
+later tests divide by S, which is tiny when the draft put nearly all its mass on the rejected
+tokens (a confident draft at a low temperature): 1 - q(x_1) would then be off by a large
+factor, Q - q(x_1) is the mass the later siblings were really drawn from.
 
 Derivation (induction over i). Suppose p_i = max(0, p - C q)/Z, and every drawn and rejected
 x_j (j < i) with q(x_j) > 0 has p_i(x_j) = 0. Then for a token v not yet drawn,
@@ -130,12 +137,16 @@ def residual_tile(p_row, q_row, c, first, V: tl.constexpr, BLOCK_V: tl.constexpr
 
 @triton.jit
 def residual_mass(p_row, q_row, c, V: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Z(c) = sum_v max(0, p(v) - c q(v)) over one vocabulary row, tile by tile, in float64
-    (the seed paper's partial sums b_k of a = max(0, f), summed by one program)."""
+    """(Z(c), Q): Z(c) = sum_v max(0, p(v) - c q(v)) over one vocabulary row, tile by tile, in
+    float64 (the seed paper's partial sums b_k of a = max(0, f), summed by one program), and
+    Q = sum_v q(v), the draft's total mass, from the same loads."""
     acc = tl.zeros([BLOCK_V], dtype=tl.float64)
+    mass = tl.zeros([BLOCK_V], dtype=tl.float64)
     for first in range(0, V, BLOCK_V):
         acc += residual_tile(p_row, q_row, c, first, V, BLOCK_V)
-    return tl.sum(acc, axis=0)
+        cols = first + tl.arange(0, BLOCK_V)
+        mass += tl.load(q_row + cols, mask=cols < V, other=0.0).to(tl.float64)
+    return tl.sum(acc, axis=0), tl.sum(mass, axis=0)
 
 
 @triton.jit
@@ -208,15 +219,18 @@ def tree_walk_kernel(parents, tokens, q, p, accept_uniforms, path, final_node, f
                 z = tl.zeros_like(z) + 1.0
                 s = tl.zeros_like(s) + 1.0
             elif s > 0.0:  # S <= 0: no draft mass left, the sibling was rejected, nothing changes
-                # p_{i+1} = max_norm(p_i - q_i): C <- C + Z / S, Z <- sum max(0, p - C q); then x is
-                # drawn, so S <- S - q(x). An empty residual (p_i <= q_i everywhere) keeps the state.
+                # p_{i+1} = max_norm(p_i - q_i): C <- C + Z / S, Z <- sum max(0, p - C q). An empty
+                # residual (p_i <= q_i everywhere) keeps the state.
                 c_next = c + z / s
-                z_next = residual_mass(p + row, q + row, c_next, V, BLOCK_V)
+                z_next, q_mass = residual_mass(p + row, q + row, c_next, V, BLOCK_V)
                 keep = z_next > 0.0
+                if not REPLACEMENT:
+                    # x is drawn: S <- S - q(x). At the first rejection (C = 0) S = 1 stood for q's
+                    # total; the mass left is taken from the total Q itself, not from 1, since a
+                    # float32 q sums to 1 only within ~1e-7, which 1 / S would magnify.
+                    s = tl.where(keep, tl.where(c == 0.0, q_mass, s) - q_x, s)
                 c = tl.where(keep, c_next, c)
                 z = tl.where(keep, z_next, z)
-                if not REPLACEMENT:
-                    s = tl.where(keep, s - q_x, s)
             ### END SOLUTION
             last = child  # the next child tried (if any) has a larger id
     tl.store(path + b * N + ids, -1, mask=(ids > depth) & (ids < N))  # pad after the last node

@@ -228,7 +228,9 @@ def reference_walk(parents, tokens, q, p, accept, sample, replacement: bool = Fa
         for rejected, child in enumerate(kids):
             (p_i, q_i), x = steps[rejected], tokens[child]
             lhs, rhs = accept[child] * q_i[x], p_i[x]
-            scale = max(lhs, rhs, q_i[x], p[node][x] / z)
+            # q_i = q / S: the kernel's S (a total minus the drawn mass) is off by rounding of 1
+            left = q[node][x] / q_i[x] if q_i[x] > 0.0 else 1.0
+            scale = max(lhs, rhs, q_i[x], p[node][x] / z) / min(1.0, left)
             if rejected and abs(lhs - rhs) <= rounding_bound(vocabulary, rejected) * scale:
                 walk.near.append(Near(node, f"node {node}, child {child}: r q_i(x) = {lhs:.17g} is within "
                                             f"rounding of p_i(x) = {rhs:.17g} after {rejected} rejections"))
@@ -391,6 +393,7 @@ class Mistake:
     test_has_s: bool = True  # r q(x) Z < S max(0, p(x) - C q(x))
     test_has_z: bool = True
     reset_on_accept: bool = True
+    s_from_total: bool = True  # S_2 = Q - q(x_1), Q = sum of q (False: 1 - q(x_1))
 
 
 MISTAKES = (
@@ -398,6 +401,9 @@ MISTAKES = (
             "with replacement; on a rejection S <- S - q(x)", decrement=False),
     Mistake("S is decremented although the children were drawn with replacement (REPLACEMENT): then q_i "
             "= q and S stays 1", decrement=True),
+    Mistake("S after the first rejection is taken as 1 - q(x) instead of Q - q(x) with Q = sum q (which "
+            "residual_mass returns): q sums to 1 only within rounding and the later tests divide by S",
+            s_from_total=False),
     Mistake("C is advanced by Z instead of Z / S: q_i = q / S, so the residual max(0, p_i - q_i) is "
             "max(0, p - (C + Z / S) q) / Z", c_step_divides=False),
     Mistake("the test leaves out S: q_i(x) = q(x) / S, so r q_i(x) < p_i(x) reads r q(x) Z < S max(0, p(x) "
@@ -433,7 +439,9 @@ def closed_form_walk(parents, tokens, q, p, accept, sample, replacement: bool,
                 c_next = c + (z / s if m.c_step_divides else z)
                 z_next = math.fsum(max(0.0, a - c_next * b) for a, b in zip(p[node], q[node], strict=True))
                 if z_next > 0.0:
-                    c, z, s = c_next, z_next, (s - q_x if decrement else s)
+                    if decrement:  # the first rejection (C = 0) takes the mass left from q's total
+                        s = (math.fsum(q[node]) if c == 0.0 and m.s_from_total else s) - q_x
+                    c, z = c_next, z_next
         if not moved:
             weights = [max(0.0, a - c * b) for a, b in zip(p[node], q[node], strict=True)]
             return path, spec.inverse_cdf(weights, sample[node]) if any(weights) else -1
@@ -534,12 +542,14 @@ def peaked_wrong_draft(q: torch.Tensor, p: torch.Tensor, mass: float = 0.7) -> t
 
 
 def _peaked_case(name: str, vocabulary: int, seed: int, *, replacement: bool) -> SamplingCase:
-    """Stars of 4 nodes whose root draft puts 0.7 on a token the target gives little: the first
+    """Stars of 4 nodes whose root draft puts 0.7 on a token the target gives little (and sums to
+    1 - 9e-4, within NORMALISATION_TOLERANCE: S must come from q's total, not from 1): the first
     child is mostly that token, and r = 0.999 rejects it; in every other tree the second child
     gets r = 0.999 too, so that the third child's test and the draw come after two rejections.
     The later tests and residuals depend on S (the draft mass left) and on C's step Z / S."""
     case = sampling_case(name, [inputs.star(4)] * 8, vocabulary, seed, mismatch=0.5, replacement=replacement)
-    case.q = peaked_wrong_draft(case.q, case.p)
+    # q sums to 1 - 9e-4 (within the tolerance): S after a draw must come from q's total, not 1
+    case.q = (peaked_wrong_draft(case.q, case.p).double() * (1 - 9e-4)).to(torch.float32)
     case.tokens = draft_tokens(inputs.batch_of_trees(case.parents), case.q, seed + 7, replacement)
     case.accept[:, 1] = 0.999
     case.accept[1::2, 2:] = 0.999
