@@ -213,7 +213,7 @@ def test_no_draft_mass_left_rejects_and_keeps_the_state():
 
 def test_duplicate_siblings_are_refused_without_replacement():
     p = q = [0.25] * 4
-    with pytest.raises(ValueError, match="tokens\\[1\\] = tokens\\[2\\] = 3: siblings \\(children of node 0\\)"):
+    with pytest.raises(ValueError, match=r"tokens\[1\] = tokens\[2\] = 3: siblings \(children of node 0\)"):
         S.tree_speculative_sampling([-1, 0, 0], [0, 3, 3], [q] * 3, [p] * 3, [0.0] * 3, [0.5] * 3)
     path, _ = S.tree_speculative_sampling([-1, 0, 0], [0, 3, 3], [q] * 3, [p] * 3, [0.0] * 3, [0.5] * 3,
                                           replacement=True)
@@ -270,7 +270,8 @@ def _walk_exactly(node: int, token, p, q, length: int, replacement: bool):
         reach = probability
         for i, (child, x) in enumerate(zip(kids, draws, strict=True)):
             move = reach * _acceptance(*steps[i], x)
-            rest, more = _walk_exactly(child, x, p, q, length - 1, replacement) if length > 1 else ({(): 1.0}, 0)
+            rest, more = ({(): 1.0}, 0.0) if length == 1 else _walk_exactly(child, x, p, q, length - 1,
+                                                                             replacement)
             for tail, share in rest.items():
                 out[(x, *tail)] += move * share
             accepted += move * (1.0 + more)

@@ -42,38 +42,47 @@ SIGNIFICANCE = 1e-4  # the chi-square tests fail by chance once in 10^4 runs
 
 
 def draft_and_target(batch: int, n: int, vocabulary: int, seed: int, device=None,
-                     mismatch: float = 1.0, sharpness: float = 2.0) -> tuple[torch.Tensor, torch.Tensor]:
+                     mismatch: float = 1.0, sharpness: float = 2.0,
+                     temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, p), float32 (B, N, V): the target's logits are sharpness * z, the draft's the same plus
-    mismatch * z' (z, z' standard normal): mismatch 0 gives q = p, larger values a worse draft."""
+    mismatch * z' (z, z' standard normal): mismatch 0 gives q = p, larger values a worse draft.
+    Both are sampled at `temperature` (softmax of logits / temperature)."""
     shape = (batch, n, vocabulary)
     target = inputs.random_tensor(shape, seed, torch.float64, device) * sharpness
     draft = target + mismatch * inputs.random_tensor(shape, seed + 1, torch.float64, device)
-    return (torch.softmax(draft, dim=-1).to(torch.float32), torch.softmax(target, dim=-1).to(torch.float32))
+    return (torch.softmax(draft / temperature, dim=-1).to(torch.float32),
+            torch.softmax(target / temperature, dim=-1).to(torch.float32))
 
 
 def draft_tokens(parents: torch.Tensor, q: torch.Tensor, seed: int,
                  replacement: bool = False) -> torch.Tensor:
     """(B, N) int32 tokens as a draft model proposes them: node i's token drawn from q at its
-    parent, the root's uniformly. Without replacement (Sequoia §3.2) the children of one node are
-    the top k of log q + Gumbel noise (`pyspec_ref.sampling.gumbel_top_k`), the child with the
-    i-th smallest id taking the i-th largest key (the draw order); with replacement each child is
-    an independent draw."""
+    parent, the root's uniformly. Both ways take the largest keys log q + Gumbel noise (exact for
+    any q, where torch.multinomial on float32 is not, for tiny probabilities): without replacement
+    (Sequoia §3.2) the children of one node share one set of keys and take its top k
+    (`pyspec_ref.sampling.gumbel_top_k`), the child with the i-th smallest id the i-th largest key
+    (the draw order); with replacement every child has keys of its own and takes their argmax."""
     batch, n, vocabulary = q.shape
     generator = torch.Generator(device=q.device).manual_seed(seed)
     tokens = torch.randint(0, vocabulary, (batch, n), generator=generator, device=q.device)
-    if n > 1 and replacement:
-        rows = q[torch.arange(batch, device=q.device)[:, None], parents[:, 1:].long()]
-        drawn = torch.multinomial(rows.reshape(-1, vocabulary), 1, generator=generator)
-        tokens[:, 1:] = drawn.reshape(batch, n - 1)
-    elif n > 1:
-        u = torch.rand(q.shape, generator=generator, dtype=torch.float64, device=q.device)
-        keys = q.double().log() - (-u.clamp(min=1e-300).log()).log()  # q = 0: -inf, never before q > 0
-        ranked = keys.argsort(dim=-1, descending=True, stable=True)
-        for b, tree in enumerate(parents.tolist()):
-            earlier = [0] * n  # siblings of each node already given a token
-            for child in range(1, n):
-                tokens[b, child] = ranked[b, tree[child], earlier[tree[child]]]
-                earlier[tree[child]] += 1
+    if n == 1:
+        return tokens.to(torch.int32)
+    log_q = q.double().log()  # q = 0: -inf, never before a token with q > 0
+
+    def gumbel(shape):
+        u = torch.rand(shape, generator=generator, dtype=torch.float64, device=q.device)
+        return -(-u.clamp(min=1e-300).log()).log()
+
+    if replacement:
+        rows = log_q[torch.arange(batch, device=q.device)[:, None], parents[:, 1:].long()]
+        tokens[:, 1:] = (rows + gumbel(rows.shape)).argmax(dim=-1)
+        return tokens.to(torch.int32)
+    ranked = (log_q + gumbel(q.shape)).argsort(dim=-1, descending=True, stable=True)
+    for b, tree in enumerate(parents.tolist()):
+        earlier = [0] * n  # siblings of each node already given a token
+        for child in range(1, n):
+            tokens[b, child] = ranked[b, tree[child], earlier[tree[child]]]
+            earlier[tree[child]] += 1
     return tokens.to(torch.int32)
 
 
@@ -862,10 +871,14 @@ class DistributionTest:
     first_target: list[float]
     second_counts: list[int]
     second_target: list[float]
+    mean_accepted: float = 0.0  # draft tokens accepted per walk
 
     def p_values(self) -> tuple[float, float]:
-        return (chi_square_p_value(self.first_counts, self.first_target),
-                chi_square_p_value(self.second_counts, self.second_target))
+        """Pearson's test of both positions; tokens expected fewer than 5 times are pooled into one
+        cell, as the chi-square approximation needs (a peaked target at a low temperature has
+        several such tokens)."""
+        return (chi_square_p_value(self.first_counts, self.first_target, pool_below=5.0),
+                chi_square_p_value(self.second_counts, self.second_target, pool_below=5.0))
 
     def smallest_detected_shift(self, shifts=(0.005, 0.01, 0.02, 0.05, 0.1)) -> float | None:
         """The smallest shift of the first position's target (`shifted`) that these counts reject
@@ -876,29 +889,48 @@ class DistributionTest:
         return None
 
 
-def distribution_test(module, samples: int, seed: int = 0, vocabulary: int = 5) -> DistributionTest:
-    """Run the walk on `samples` independent trees of one shape: a root with 3 children, each
-    with 2 children; every depth-1 node shares one target p1, so the second emitted token must
-    follow p1 whenever the first was an accepted draft token, and the first must follow p_root.
-    Children's tokens are drawn from their parent's q, as a draft model draws them."""
-    device = runtime.torch_device()
-    parents = [-1, 0, 0, 0, 1, 1, 2, 2, 3, 3]
-    n = len(parents)
-    shape = (1, 3, vocabulary)
-    q1, p1 = draft_and_target(*shape[:2], vocabulary, seed, mismatch=1.5)  # rows: root, depth 1, leaves
+DISTRIBUTION_TREE = [-1, 0, 0, 0, 1, 1, 2, 2, 3, 3]  # a root with 3 children, each with 2
+
+
+def distribution_inputs(samples: int, seed: int = 0, vocabulary: int = 5, *, temperature: float = 1.0,
+                        peaked: float = 0.0, replacement: bool = False) -> SamplingCase:
+    """`samples` independent walks on DISTRIBUTION_TREE, as one case: every depth-1 node shares
+    one target p1, so the second emitted token must follow p1 whenever the first was an accepted
+    draft token, and the first must follow p_root. Children's tokens are drawn from their
+    parent's q as a draft model draws them (without replacement unless `replacement`); peaked:
+    the share of every draft's mass moved onto the token its target likes least (0: none)."""
+    n = len(DISTRIBUTION_TREE)
+    # rows: the root, depth 1, the leaves
+    q1, p1 = draft_and_target(1, 3, vocabulary, seed, mismatch=1.5, temperature=temperature)
+    if peaked:
+        q1 = peaked_wrong_draft(q1, p1, peaked)
     q = torch.stack([q1[0, 0]] + [q1[0, 1]] * 3 + [q1[0, 2]] * 6).expand(samples, n, vocabulary).contiguous()
     p = torch.stack([p1[0, 0]] + [p1[0, 1]] * 3 + [p1[0, 2]] * 6).expand(samples, n, vocabulary).contiguous()
-    tree = inputs.batch_of_trees([parents] * samples)
-    tokens = draft_tokens(tree, q, seed + 1)
-    path, next_token = module.tree_speculative_sampling(
-        tree.to(device), tokens.to(device), q.to(device), p.to(device),
-        uniforms(samples, n, seed + 2, device), uniforms(samples, n, seed + 3, device))
+    tree = inputs.batch_of_trees([DISTRIBUTION_TREE] * samples)
+    return SamplingCase(f"{samples} walks at T = {temperature}", [list(DISTRIBUTION_TREE)] * samples,
+                        draft_tokens(tree, q, seed + 1, replacement), q, p, uniforms(samples, n, seed + 2),
+                        uniforms(samples, n, seed + 3), replacement=replacement)
+
+
+def tally(case: SamplingCase, path: torch.Tensor, next_token: torch.Tensor) -> DistributionTest:
+    """The first two emitted tokens of the walks of a `distribution_inputs` case, counted."""
     path, next_token = path.cpu(), next_token.cpu()
-    first, second = [0] * vocabulary, [0] * vocabulary
+    samples, vocabulary = case.tokens.shape[0], case.p.shape[-1]
+    first, second, accepted = [0] * vocabulary, [0] * vocabulary, 0
     for b in range(samples):
         nodes = [x for x in path[b].tolist() if x >= 0]
-        emitted = [int(tokens[b, x]) for x in nodes[1:]] + [int(next_token[b])]
+        emitted = [int(case.tokens[b, x]) for x in nodes[1:]] + [int(next_token[b])]
+        accepted += len(nodes) - 1
         first[emitted[0]] += 1
         if len(nodes) > 1:  # the first token was an accepted draft token at a depth-1 node
             second[emitted[1]] += 1
-    return DistributionTest(samples, first, p1[0, 0].double().tolist(), second, p1[0, 1].double().tolist())
+    return DistributionTest(samples, first, case.p[0, 0].double().tolist(), second,
+                            case.p[0, 1].double().tolist(), accepted / samples)
+
+
+def distribution_test(module, samples: int, seed: int = 0, vocabulary: int = 5, *, temperature: float = 1.0,
+                      peaked: float = 0.0, replacement: bool = False) -> DistributionTest:
+    """Run the module's walk on `distribution_inputs` and count what it emits."""
+    case = distribution_inputs(samples, seed, vocabulary, temperature=temperature, peaked=peaked,
+                               replacement=replacement)
+    return tally(case, *case.run(module, runtime.torch_device()))
