@@ -67,22 +67,29 @@ def draft_tokens(parents: torch.Tensor, q: torch.Tensor, seed: int,
     tokens = torch.randint(0, vocabulary, (batch, n), generator=generator, device=q.device)
     if n == 1:
         return tokens.to(torch.int32)
-    log_q = q.double().log()  # q = 0: -inf, never before a token with q > 0
-
-    def gumbel(shape):
-        u = torch.rand(shape, generator=generator, dtype=torch.float64, device=q.device)
-        return -(-u.clamp(min=1e-300).log()).log()
-
-    if replacement:
-        rows = log_q[torch.arange(batch, device=q.device)[:, None], parents[:, 1:].long()]
-        tokens[:, 1:] = (rows + gumbel(rows.shape)).argmax(dim=-1)
-        return tokens.to(torch.int32)
-    ranked = (log_q + gumbel(q.shape)).argsort(dim=-1, descending=True, stable=True)
-    for b, tree in enumerate(parents.tolist()):
-        earlier = [0] * n  # siblings of each node already given a token
+    # The node each child continues, and how many of its siblings were drawn before it (its rank).
+    parent_rows, rank_rows = [], []
+    for tree in parents.tolist():
+        earlier = [0] * n
+        rank_rows.append([])
         for child in range(1, n):
-            tokens[b, child] = ranked[b, tree[child], earlier[tree[child]]]
+            rank_rows[-1].append(earlier[tree[child]])
             earlier[tree[child]] += 1
+        parent_rows.append(tree[1:])
+    parents_of = torch.tensor(parent_rows, device=q.device)
+    ranks_of = torch.tensor(rank_rows, device=q.device)
+
+    def gumbel_keys(log_q):
+        u = torch.rand(log_q.shape, generator=generator, dtype=torch.float64, device=q.device)
+        return log_q - (-u.clamp(min=1e-300).log()).log()
+
+    for b in range(batch):  # one tree at a time: float64 keys of a whole batch would not fit a GPU
+        log_q = q[b].double().log()  # q = 0: -inf, never before a token with q > 0
+        if replacement:  # every child its own keys
+            tokens[b, 1:] = gumbel_keys(log_q[parents_of[b]]).argmax(dim=-1)
+        else:  # one set of keys per node, its children the top k in draw order
+            top = gumbel_keys(log_q).topk(int(ranks_of[b].max()) + 1, dim=-1).indices
+            tokens[b, 1:] = top[parents_of[b], ranks_of[b]]
     return tokens.to(torch.int32)
 
 
