@@ -62,7 +62,6 @@ __all__ = [
     "gumbel_top_k",
     "residual",
     "sample_without_replacement",
-    "sibling_accepts",
     "sibling_distributions",
     "speculative_sampling",
     "speculative_sampling_batch",

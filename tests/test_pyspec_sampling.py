@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 
 from course.measure.stats import chi_square_p_value
+from course.topics.verification.siblings import acceptance, ordered_draws
 from pyspec_ref import sampling as S
 
 P1 = [0.5, 0.25, 0.125, 0.125]
@@ -154,25 +155,10 @@ def test_gumbel_top_k_orders_by_the_perturbed_log_probabilities():
         S.gumbel_top_k(q, 2, [0.5, 1.0, 0.5, 0.5])
 
 
-def _ordered_draws(q: list[float], k: int, replacement: bool):
-    """Every ordered k-tuple of sibling tokens with its probability, exactly enumerated: independent
-    draws from q, or draws without replacement (each from q without the earlier ones, renormalised)."""
-    for draws in itertools.product(range(len(q)), repeat=k):
-        if not replacement and len(set(draws)) < k:
-            continue
-        probability, drawn = 1.0, []
-        for x in draws:
-            probability *= q[x] / math.fsum(w for v, w in enumerate(q) if v not in drawn)
-            if not replacement:
-                drawn.append(x)
-        if probability > 0.0:
-            yield list(draws), probability
-
-
 def test_gumbel_top_k_equals_the_sequential_draws_in_distribution():
     rng = random.Random(5)
     q, k, samples = [0.4, 0.25, 0.2, 0.1, 0.05], 2, 20000
-    exact = dict((tuple(d), w) for d, w in _ordered_draws(q, k, replacement=False))
+    exact = dict((tuple(d), w) for d, w in ordered_draws(q, k, replacement=False))
     counts = Counter(tuple(S.gumbel_top_k(q, k, [rng.random() for _ in q])) for _ in range(samples))
     cells = sorted(exact)
     assert set(counts) <= set(cells)
@@ -252,24 +238,17 @@ def _models(temperature: float, peaked: bool, seed: int = 2, v: int = 6):
     return p, q
 
 
-def _acceptance(p_i: list[float], q_i: list[float], x: int) -> float:
-    """P(r q_i(x) < p_i(x)) for r uniform in [0, 1): min(1, p_i(x) / q_i(x)) (0 with no draft mass)."""
-    if not any(q_i):
-        return 0.0
-    return 1.0 if q_i[x] <= p_i[x] else p_i[x] / q_i[x]
-
-
 def _walk_exactly(node: int, token, p, q, length: int, replacement: bool):
     """({first `length` emitted tokens: probability}, expected accepted draft tokens) of the walk
     from `node`, whose token is `token`."""
     out: dict[tuple, float] = Counter()
     accepted = 0.0
     kids = CHILDREN[node]
-    for draws, probability in _ordered_draws(q[token], len(kids), replacement):
+    for draws, probability in ordered_draws(q[token], len(kids), replacement):
         steps = S.sibling_distributions(p[token], q[token], draws, replacement=replacement)
         reach = probability
         for i, (child, x) in enumerate(zip(kids, draws, strict=True)):
-            move = reach * _acceptance(*steps[i], x)
+            move = reach * acceptance(*steps[i], x)
             rest, more = ({(): 1.0}, 0.0) if length == 1 else _walk_exactly(child, x, p, q, length - 1,
                                                                              replacement)
             for tail, share in rest.items():
