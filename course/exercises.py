@@ -92,7 +92,8 @@ EXERCISES: dict[str, Exercise] = {
                 requires=("spec_sampling.tile_pass_kernel",))]
     + [Exercise("tree_verification.tree_walk_kernel", "16_tree_verification", 4,
                 verification_checks.check_tree_sampling,
-                "SpecInfer's tree walk: test a child, or reject it and update the residual in closed form"),
+                "the tree walk (Sequoia: siblings without replacement; SpecInfer: with): test a child, "
+                "or reject it and update (C, Z, S) in closed form"),
        Exercise("tree_verification.greedy_walk_kernel", "16_tree_verification", 2,
                 verification_checks.check_greedy_verification,
                 "greedy verification: follow the child whose token is the target's argmax")]

@@ -1,6 +1,6 @@
 # Student copy, generated from solutions/tree_verification.py by `python -m course release`.
 # Write your code where a todo(...) line stands; everything else matches the solution.
-"""Notebook 16: token-tree verification in Triton, sampled (SpecInfer) and greedy.
+"""Notebook 16: token-tree verification in Triton, sampled (Sequoia, SpecInfer) and greedy.
 
 A token tree (notebook 01) holds N speculated tokens: node 0 is the last verified token, and
 every other node is a draft token that continues its parent. The target model scores all N
@@ -8,29 +8,56 @@ nodes in one pass, giving p[i], its distribution of the token after node i; the 
 q[i]. Verification walks the tree from the root and returns the accepted path and one more
 token, so that the emitted tokens follow the target distribution exactly.
 
-Sampled verification, SpecInfer's multi-step speculative sampling (Miao et al., 2024, §4.3,
-Algorithm 2; `pyspec_ref.sampling.tree_speculative_sampling` is the specification): at node
-u the children s are tried in increasing id; s is accepted when r_s * q_u(x_s) < p_u(x_s),
-and the walk moves to s; on a rejection p_u becomes max_norm(p_u - q_u) and the next child
-is tried; when every child is rejected (or u is a leaf) the next token is drawn from the
-current p_u by the inverse CDF with the uniform of node u.
+Sampled verification (`pyspec_ref.sampling.tree_speculative_sampling` is the specification):
+at node u the children are tried in increasing id, the order they were drawn in; child i,
+token x_i, is accepted when r_i * q_i(x_i) < p_i(x_i), and the walk moves to it; on a
+rejection p_{i+1} = max_norm(p_i - q_i) and the next child is tried; when every child is
+rejected (or u is a leaf) the next token is drawn from the current p by the inverse CDF with
+the uniform of node u. Two ways the children may have been drawn:
+* without replacement (the default; Sequoia, Chen et al., 2024, §3.2): siblings carry
+  distinct tokens and q_i is q_u with the siblings 1 .. i-1 removed and renormalised,
+  q_i(v) = q_u(v) / S_i with S_i the draft mass not yet drawn;
+* with replacement (`replacement=True`; SpecInfer, Miao et al., 2024, §4.3, Algorithm 2):
+  every child an independent draw from q_u, q_i = q_u, S_i = 1.
 
-The residual needs no scratch copy of p: because every child of u was drawn from the same
-q_u, after k rejections the current distribution is a closed form of the two rows,
+The residual needs no scratch copy of p: after i - 1 rejections the current distribution is a
+closed form of the two rows p = p_u and q = q_u,
 
-    p_u^(k) = max(0, p_u - C_k q_u) / Z_k,    C_0 = 0, Z_0 = 1,
-    C_{k+1} = C_k + Z_k,    Z_{k+1} = sum_v max(0, p_u(v) - C_{k+1} q_u(v)),
+    p_i = max(0, p - C_i q) / Z_i,    C_1 = 0, Z_1 = 1, S_1 = 1,
+    on a rejection of x_i:  C_{i+1} = C_i + Z_i / S_i,    S_{i+1} = S_i - q(x_i),
+                            Z_{i+1} = sum_v max(0, p(v) - C_{i+1} q(v)),
 
-(induction: max(0, max(0, p - C q) - Z q) = max(0, p - (C + Z) q) since q >= 0; dividing
-by Z_k is the renormalisation). So a rejection costs one pass over the two rows for Z_{k+1}
-(`residual_mass`), the test of the next child is r q(x) Z_k <= max(0, p(x) - C_k q(x)), and
-the state at a node is two numbers. When the residual is empty (p <= q everywhere,
-Z_{k+1} = 0) the state is kept: the specification then keeps p.
+and the test r q_i(x) < p_i(x), multiplied by S_i Z_i > 0, is r q(x) Z_i < S_i max(0, p(x) -
+C_i q(x)): no division. With replacement S stays 1 and this is C_{i+1} = C_i + Z_i.
+
+One refinement of S: at the first rejection S_2 = Q - q(x_1) with Q = sum_v q(v), summed in
+the same pass as Z_2 (`residual_mass`). S_1 = 1 treats q as normalised, so the first test is
+exactly r q(x) < p(x), as for a chain; but a float32 q sums to 1 only within ~1e-7, and the
+later tests divide by S, which is tiny when the draft put nearly all its mass on the rejected
+tokens (a confident draft at a low temperature): 1 - q(x_1) would then be off by a large
+factor, Q - q(x_1) is the mass the later siblings were really drawn from.
+
+Derivation (induction over i). Suppose p_i = max(0, p - C q)/Z, and every drawn and rejected
+x_j (j < i) with q(x_j) > 0 has p_i(x_j) = 0. Then for a token v not yet drawn,
+max(0, p_i - q_i)(v) = max(0, max(0, p - C q)/Z - q/S)(v) = max(0, p - (C + Z/S) q)(v) / Z,
+because q >= 0 (if p - C q <= 0 both sides are 0). For a drawn x_j, q_i(x_j) = 0 and p_i(x_j) =
+0 so the residual is 0 there, and so is max(0, p - (C + Z/S) q)(x_j) <= max(0, p - C q)(x_j) = 0.
+Renormalising divides by the sum, so p_{i+1} = max(0, p - C_{i+1} q) / Z_{i+1}. The rejected x_i
+itself falls to zero in this residual by itself: it was rejected, so r q_i(x_i) >= p_i(x_i)
+with r < 1, hence p_i(x_i) <= q_i(x_i) (equality only at p_i(x_i) = q_i(x_i) = 0), and
+p_{i+1}(x_i) = max(0, p_i - q_i)(x_i) / (...) = 0: the invariant holds for i + 1. Nothing needs
+to mark the drawn tokens: the closed form removes them.
+
+Edge cases, as the specification defines them (`pyspec_ref.sampling.sibling_distributions`):
+an empty residual (Z_{i+1} = 0: p_i <= q_i everywhere) keeps the whole state (C, Z, S); no
+draft mass left (S_i <= 0, every token with q > 0 drawn) rejects the sibling, since r q(x) Z
+>= 0 >= S max(...), and keeps the state (the update would divide by S).
 
 Kernels (Triton):
 1. `tree_walk_kernel`, one program per tree: the walk, a sequential loop of scalar tests,
-   with a vocabulary pass after each rejection. It writes the path and the final state
-   (node, C, Z).
+   with a vocabulary pass after each rejection; the state is (C, Z, S), and REPLACEMENT (a
+   constexpr) keeps S at 1. It writes the path and the final state (node, C, Z): the draw
+   needs no S, since its distribution max(0, p - C q) / Z is p_{k+1} either way.
 2. `residual_tile_sums_kernel`, grid (B, T): the mass of each vocabulary tile of the final
    node's residual max(0, p - C q) (T = cdiv(V, DRAW_BLOCK_V) programs per tree, in parallel).
 3. `inverse_cdf_kernel`, one program per tree: finds the tile where the cumulative mass
@@ -112,12 +139,16 @@ def residual_tile(p_row, q_row, c, first, V: tl.constexpr, BLOCK_V: tl.constexpr
 
 @triton.jit
 def residual_mass(p_row, q_row, c, V: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Z(c) = sum_v max(0, p(v) - c q(v)) over one vocabulary row, tile by tile, in float64
-    (the seed paper's partial sums b_k of a = max(0, f), summed by one program)."""
+    """(Z(c), Q): Z(c) = sum_v max(0, p(v) - c q(v)) over one vocabulary row, tile by tile, in
+    float64 (the seed paper's partial sums b_k of a = max(0, f), summed by one program), and
+    Q = sum_v q(v), the draft's total mass, from the same loads."""
     acc = tl.zeros([BLOCK_V], dtype=tl.float64)
+    mass = tl.zeros([BLOCK_V], dtype=tl.float64)
     for first in range(0, V, BLOCK_V):
         acc += residual_tile(p_row, q_row, c, first, V, BLOCK_V)
-    return tl.sum(acc, axis=0)
+        cols = first + tl.arange(0, BLOCK_V)
+        mass += tl.load(q_row + cols, mask=cols < V, other=0.0).to(tl.float64)
+    return tl.sum(acc, axis=0), tl.sum(mass, axis=0)
 
 
 @triton.jit
@@ -151,10 +182,12 @@ def inverse_cdf_by_tiles(p_row, q_row, c, tile_sums, u, V: tl.constexpr, BLOCK_V
 
 @triton.jit
 def tree_walk_kernel(parents, tokens, q, p, accept_uniforms, path, final_node, final_c, final_z, N,
-                     V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
-    """One program per tree: SpecInfer's walk. path[b, :depth + 1] gets the accepted node ids
-    (path[b, 0] = 0, then -1); final_node/c/z[b] the node where the walk stopped and
-    its state (C, Z): the next token is drawn from max(0, p - C q) there."""
+                     V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+                     REPLACEMENT: tl.constexpr):
+    """One program per tree: the walk (Sequoia's rule; SpecInfer's with REPLACEMENT).
+    path[b, :depth + 1] gets the accepted node ids (path[b, 0] = 0, then -1); final_node/c/z[b]
+    the node where the walk stopped and its state (C, Z): the next token is drawn from
+    max(0, p - C q) there."""
     b = tl.program_id(0)
     ids = tl.arange(0, BLOCK_N)
     par = tl.load(parents + b * N + ids, mask=ids < N, other=-2)  # -2: padding is nobody's child
@@ -162,8 +195,9 @@ def tree_walk_kernel(parents, tokens, q, p, accept_uniforms, path, final_node, f
     node = b * 0  # int32 scalars (a literal 0 would be a constant, not a loop variable)
     last = b * 0  # the last child of `node` tried; its next child has a larger id
     depth = b * 0
-    c = tl.zeros([], dtype=tl.float64)  # C_k
-    z = tl.zeros([], dtype=tl.float64) + 1.0  # Z_k
+    c = tl.zeros([], dtype=tl.float64)  # C_i
+    z = tl.zeros([], dtype=tl.float64) + 1.0  # Z_i
+    s = tl.zeros([], dtype=tl.float64) + 1.0  # S_i, the draft mass not yet drawn (1 with replacement)
     searching = b >= 0
     while searching:
         child = tl.min(tl.where((par == node) & (ids > last), ids, BLOCK_N), axis=0)
@@ -175,7 +209,7 @@ def tree_walk_kernel(parents, tokens, q, p, accept_uniforms, path, final_node, f
             p_x = tl.load(p + row + x).to(tl.float64)
             q_x = tl.load(q + row + x).to(tl.float64)
             # YOUR CODE HERE: exercise tree_verification.tree_walk_kernel, region 1 (delete the todo line when you start)
-            todo("tree_verification.tree_walk_kernel", region=1, lines=13, defines="depth, node, c, z")
+            todo("tree_verification.tree_walk_kernel", region=1, lines=16, defines="depth, node, c, z")
             last = child  # the next child tried (if any) has a larger id
     tl.store(path + b * N + ids, -1, mask=(ids > depth) & (ids < N))  # pad after the last node
     tl.store(final_node + b, node)
@@ -324,13 +358,15 @@ def _tree(tree, name: str = "tree") -> torch.Tensor:
 
 
 def prepare_sampling(tree, tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-                     accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor) -> Callable:
+                     accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor, *,
+                     replacement: bool = False) -> Callable:
     """Check the inputs once and return a function that runs the three kernels into preallocated
     outputs and returns (path, next_token): what `tree_speculative_sampling` does, minus the
     checks (for timing the kernels alone)."""
     require_written(tree_walk_kernel)
     parents = _tree(tree)
-    batch, n, vocabulary = check.sampling_inputs(parents, tokens, q, p, accept_uniforms, sample_uniforms)
+    batch, n, vocabulary = check.sampling_inputs(parents, tokens, q, p, accept_uniforms, sample_uniforms,
+                                                 replacement)
     device = p.device
     path = poisoned_empty((batch, n), dtype=torch.int32, device=device)
     final_node = poisoned_empty(batch, dtype=torch.int32, device=device)
@@ -343,7 +379,7 @@ def prepare_sampling(tree, tokens: torch.Tensor, q: torch.Tensor, p: torch.Tenso
     def run():
         tree_walk_kernel[(batch,)](parents, tokens, q, p, accept_uniforms, path, final_node, final_c,
                                    final_z, n, V=vocabulary, BLOCK_N=_block_nodes(n),
-                                   BLOCK_V=WALK_BLOCK_V, num_warps=WALK_WARPS)
+                                   BLOCK_V=WALK_BLOCK_V, REPLACEMENT=replacement, num_warps=WALK_WARPS)
         residual_tile_sums_kernel[(batch, tiles)](q, p, final_node, final_c, tile_sums, n, tiles,
                                                   V=vocabulary, BLOCK_V=DRAW_BLOCK_V)
         inverse_cdf_kernel[(batch,)](q, p, final_node, final_c, tile_sums, sample_uniforms, next_token,
@@ -355,8 +391,11 @@ def prepare_sampling(tree, tokens: torch.Tensor, q: torch.Tensor, p: torch.Tenso
 
 
 def tree_speculative_sampling(tree, tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-                              accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor):
-    """SpecInfer's multi-step speculative sampling over B token trees of N nodes.
+                              accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor, *,
+                              replacement: bool = False):
+    """Multi-step speculative sampling over B token trees of N nodes: Sequoia's rule for children
+    drawn without replacement (replacement=False, the default: siblings must carry distinct
+    tokens), SpecInfer's for children drawn independently (replacement=True).
 
     tree: (B, N) int32 parents (node 0 the root, parents before children) or a (start, end) pair
     of (B, N) int32 DFS times; tokens: (B, N) int32 token of each node (the root's is the last
@@ -365,9 +404,10 @@ def tree_speculative_sampling(tree, tokens: torch.Tensor, q: torch.Tensor, p: to
     (entry 0 unused); sample_uniforms: (B, N), entry [b, i] draws the next token if the walk
     stops at node i. Returns (path, next_token): path (B, N) int32, the accepted node ids from
     the root (path[b, 0] = 0) padded with -1; next_token (B,) int32. Equals
-    `pyspec_ref.sampling.tree_speculative_sampling` on each tree (see the module docstring).
+    `pyspec_ref.sampling.tree_speculative_sampling` on each tree, with the same `replacement`
+    (see the module docstring).
     """
-    return prepare_sampling(tree, tokens, q, p, accept_uniforms, sample_uniforms)()
+    return prepare_sampling(tree, tokens, q, p, accept_uniforms, sample_uniforms, replacement=replacement)()
 
 
 def target_argmax(target: torch.Tensor) -> torch.Tensor:

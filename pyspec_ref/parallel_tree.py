@@ -364,8 +364,9 @@ class _Target:
             n = len(parents)
             accept = [self.rng.random() for _ in range(n)]
             draw = [self.rng.random() for _ in range(n)]
+            # the candidates are independent draws from q (with replacement): SpecInfer's rule
             path, nxt = tree_speculative_sampling(list(parents), list(msg.tokens), [list(r) for r in msg.q],
-                                                  p, accept, draw)
+                                                  p, accept, draw, replacement=True)
         moves = [(P + j, P + i) for i, j in enumerate(path) if i != j]
         self.cache = apply_moves(self.cache, moves)
         self.prefix += [msg.tokens[j] for j in path]

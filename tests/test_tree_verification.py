@@ -37,18 +37,31 @@ def _random_case(seed: int, n: int = 8, vocabulary: int = 11, batch: int = 3) ->
     return checks.sampling_case(f"random {seed}", trees, vocabulary, seed)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_the_references_agree_with_pyspec(seed):
-    case = _random_case(seed)
+@pytest.mark.parametrize("replacement", [False, True], ids=["without", "with"])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_references_agree_with_pyspec(seed, replacement):
+    rng = random.Random(seed)
+    trees = [inputs.random_tree(8, rng, max_children=3) for _ in range(3)]
+    case = checks.sampling_case(f"random {seed}", trees, 11, seed, replacement=replacement)
     path, token = sampling_oracle.tree_speculative_sampling(inputs.batch_of_trees(case.parents), case.tokens,
-                                                            case.q, case.p, case.accept, case.sample)
+                                                            case.q, case.p, case.accept, case.sample,
+                                                            replacement=replacement)
     for b in range(len(case.parents)):
-        args = (case.parents[b], case.tokens[b].tolist(), case.q[b].tolist(), case.p[b].tolist(),
-                case.accept[b].tolist(), case.sample[b].tolist())
-        want = spec.tree_speculative_sampling(*args)
-        walk = checks.reference_walk(*args)
+        args = case.tree_args(b)
+        want = spec.tree_speculative_sampling(*args, replacement=replacement)
+        walk = checks.reference_walk(*args, replacement=replacement)
         assert (walk.path, walk.token) == want
+        assert checks.closed_form_walk(*args, replacement) == want  # the kernel's closed form, in Python
         assert ([x for x in path[b].tolist() if x >= 0], int(token[b])) == want
+
+
+def test_siblings_are_drawn_without_replacement_unless_asked():
+    parents = inputs.batch_of_trees([inputs.star(6)] * 20)
+    q, _ = checks.draft_and_target(20, 6, 7, seed=1)
+    without = checks.draft_tokens(parents, q, seed=2)
+    assert all(len(set(row[1:])) == 5 for row in without.tolist())
+    repeated = checks.draft_tokens(parents, checks.peaked_wrong_draft(q, q), seed=2, replacement=True)
+    assert any(len(set(row[1:])) < 5 for row in repeated.tolist())
 
 
 def test_differences_are_excused_only_by_a_near_decision():
@@ -135,12 +148,33 @@ def _change(name, index, value):
      "start/end are not the DFS times of a tree"),
     (lambda a: a.update(tree=torch.full((1, tv.MAX_NODES + 1), 0, dtype=torch.int32, device=DEVICE)),
      f"at most {tv.MAX_NODES} nodes"),
+    (_change("tokens", (1, 3), -7), r"tokens\[1, 3\] = -7 is not a token id"),
+    (lambda a: a["tokens"].__setitem__((1, 3), int(a["tokens"][1, 1])),
+     r"tokens\[1, 1\] = tokens\[1, 3\] = \d+: siblings \(children of node 0\) drawn without replacement"),
+    (_change("q", (0, 2, 4), float("nan")), "q contains NaN"),
+    (lambda a: a.update(accept_uniforms=a["accept_uniforms"].to(torch.int32)),
+     "accept_uniforms must have dtype float32, float64"),
+    (lambda a: a.update(q=a["q"].reshape(2, 4, 2, 3)), "q must have 3 dimensions"),
+    (lambda a: a.update(replacement=1), "replacement must be True or False, got 1"),
 ])
 def test_bad_sampling_input_is_named(change, message):
     arguments = _good_inputs()
     change(arguments)
+    before = {name: t.clone() for name, t in arguments.items() if isinstance(t, torch.Tensor)}
     with pytest.raises((ValueError, TypeError), match=message):
         tv.tree_speculative_sampling(**arguments)
+    for name, tensor in before.items():  # the caller's tensors are unchanged
+        torch.testing.assert_close(arguments[name], tensor, rtol=0, atol=0, equal_nan=True)
+
+
+def test_duplicate_siblings_are_fine_with_replacement():
+    arguments = _good_inputs()
+    arguments["tokens"][:, 2:] = arguments["tokens"][:, 1:2]
+    path, token = tv.tree_speculative_sampling(**arguments, replacement=True)
+    case = checks.SamplingCase("same tokens", [inputs.star(4)] * 2, arguments["tokens"].cpu(),
+                               arguments["q"].cpu(), arguments["p"].cpu(), arguments["accept_uniforms"].cpu(),
+                               arguments["sample_uniforms"].cpu(), replacement=True)
+    assert not checks.compare_sampling(case, path, token).problem()
 
 
 @pytest.mark.parametrize("change, message", [
@@ -179,6 +213,25 @@ def test_emitted_tokens_follow_the_target_distribution():
     if runtime.on_gpu():
         assert result.smallest_detected_shift() is not None
         assert result.smallest_detected_shift() <= 0.01
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6, 0.2])
+def test_a_peaked_wrong_draft_stays_exact_and_accepts_more_without_replacement(temperature):
+    """A draft that puts 0.9 on the token the target likes least: drawn with replacement, most
+    siblings repeat that token and are rejected for certain; without, the second sibling is
+    another token. Both walks (the kernel, equal to pyspec_ref on every tree) follow the target.
+    (tests/test_pyspec_sampling.py computes the acceptance of both rules exactly.)"""
+    walks = runtime.pick(sim=60, gpu=20000)
+    results = {}
+    for replacement in (False, True):
+        case = checks.distribution_inputs(walks, seed=4, vocabulary=6, temperature=temperature, peaked=0.9,
+                                          replacement=replacement)
+        got = case.run(tv, DEVICE)
+        assert not checks.compare_sampling(case, *got).problem()
+        results[replacement] = checks.tally(case, *got)
+        first, second = results[replacement].p_values()
+        assert first > checks.SIGNIFICANCE and second > checks.SIGNIFICANCE, results[replacement]
+    assert results[False].mean_accepted > results[True].mean_accepted, results
 
 
 def test_the_bench_times_only_on_a_gpu():

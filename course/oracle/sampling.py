@@ -61,11 +61,13 @@ def speculative_sampling(draft_tokens, q, p, accept_uniforms, sample_uniforms, *
 
 
 def tree_speculative_sampling(parents: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-                              accept: torch.Tensor, sample: torch.Tensor
+                              accept: torch.Tensor, sample: torch.Tensor, *, replacement: bool = False
                               ) -> tuple[torch.Tensor, torch.Tensor]:
     """The specification's walk with float64 torch vectors on the inputs' device, for vocabularies
     too large for pure Python (the benchmarks): (path (B, N) int32 padded with -1, next token (B,)).
-    It normalises the residual at each rejection as the specification does, and draws with a
+    Siblings drawn without replacement (Sequoia; the default) or with (SpecInfer), as in
+    `pyspec_ref.sampling.tree_speculative_sampling`. It normalises the residual and the draft
+    left at each rejection as the specification does (`sibling_distributions`), and draws with a
     float64 cumsum: it agrees with pyspec_ref up to float64 rounding, like the kernels."""
     batch, n = tokens.shape
     path = torch.full((batch, n), -1, dtype=torch.int32)
@@ -79,18 +81,24 @@ def tree_speculative_sampling(parents: torch.Tensor, tokens: torch.Tensor, q: to
             children[rows_parents[b][child]].append(child)
         nodes, node = [0], 0
         while True:
-            p_node, q_node = p[b, node].double(), q[b, node].double()
+            p_node, q_all = p[b, node].double(), q[b, node].double()
+            q_node, left = q_all, torch.ones_like(q_all, dtype=torch.bool)  # left: tokens not drawn
             moved = False
             for child in children[node]:
                 x = rows_tokens[b][child]
-                if rows_accept[b][child] * float(q_node[x]) < float(p_node[x]):
+                if bool(q_node.any()) and rows_accept[b][child] * float(q_node[x]) < float(p_node[x]):
                     nodes.append(child)
                     node, moved = child, True
                     break
                 weights = (p_node - q_node).clamp(min=0.0)
                 total = float(weights.sum())
-                if total > 0.0:
+                if total > 0.0 and bool(q_node.any()):
                     p_node = weights / total
+                    if not replacement:
+                        left[x] = False
+                        mass = float(q_all[left].sum())
+                        q_node = (torch.where(left, q_all / mass, 0.0) if mass > 0.0
+                                  else torch.zeros_like(q_all))
             if not moved:
                 cumulative = torch.cumsum(p_node, dim=0)
                 threshold = rows_sample[b][node] * float(cumulative[-1])

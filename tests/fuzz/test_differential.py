@@ -185,9 +185,12 @@ def test_tree_verification_equals_the_specification(n, vocab, seed):
     r, u = torch.rand((1, n), generator=g), torch.rand((1, n), generator=g)
     r = torch.where(torch.rand((1, n), generator=g) < 0.5, 0.0, r)  # r = 0 often: the edge case
     tree = inputs.batch_of_trees([parents], DEVICE)
-    path, token = VERIFY.tree_speculative_sampling(tree, *(t.to(DEVICE) for t in (tokens, q, p, r, u)))
+    # random tokens may repeat among siblings: verified as independent draws (SpecInfer's rule)
+    path, token = VERIFY.tree_speculative_sampling(tree, *(t.to(DEVICE) for t in (tokens, q, p, r, u)),
+                                                   replacement=True)
     want_path, want_token = spec_sampling.tree_speculative_sampling(
-        parents, tokens[0].tolist(), q[0].tolist(), p[0].tolist(), r[0].tolist(), u[0].tolist()
+        parents, tokens[0].tolist(), q[0].tolist(), p[0].tolist(), r[0].tolist(), u[0].tolist(),
+        replacement=True,
     )
     assert [x for x in path[0].tolist() if x >= 0] == want_path and int(token[0]) == want_token
     path, token = VERIFY.greedy_tree_verification(tree, tokens.to(DEVICE), p.to(DEVICE))

@@ -330,6 +330,7 @@ def build(target: str, draw) -> Call:
                 "p": _probs((batch, n, vocab), seed + 1),
                 "accept_uniforms": _uniforms((batch, n), seed),
                 "sample_uniforms": _uniforms((batch, n), seed + 1),
+                "replacement": True,  # random tokens may repeat among siblings: independent draws
             },
             {
                 "tree": "parents",

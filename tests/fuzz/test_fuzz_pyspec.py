@@ -288,6 +288,13 @@ TABLE = [
             "sample_uniforms": "uniforms",
         },
     ),
+    (S.sibling_distributions, (PROBS2, PROBS, [1, 2]), {"p": "probs", "q": "probs", "tokens": "tokens"}),
+    (
+        S.sample_without_replacement,
+        (PROBS, 2, [0.25, 0.75]),
+        {"q": "probs", "k": "nonneg", "uniforms": "uniforms"},
+    ),
+    (S.gumbel_top_k, (PROBS, 2, [0.5] * len(PROBS)), {"q": "probs", "k": "nonneg", "uniforms": "uniforms"}),
     (S.validate_distribution, (PROBS, "p"), {"p": "probs"}),
     (S.residual, (PROBS2, PROBS), {"p": "probs", "q": "probs"}),
     (S.inverse_cdf, (PROBS, 0.5), {"weights": "weights", "u": "uniform"}),

@@ -4,8 +4,11 @@
 probabilities (the target and the draft as softmaxes of random logits with a controlled
 mismatch, the draft tokens drawn from the draft):
 
-- ``tree_sampling``: SpecInfer's sampled verification of a 64-node tree (the three kernels of
+- ``tree_sampling``: sampled verification of a 64-node tree whose siblings were drawn without
+  replacement (Sequoia's rule, the launchers' default; the three kernels of
   solutions/tree_verification.py: the walk, the residual's tile sums, the draw);
+- ``tree_sampling_with_replacement``: the same tree with siblings drawn independently
+  (SpecInfer's rule, `replacement=True`): repeated siblings, fewer tokens accepted;
 - ``chain_sampling``: the same kernels on a chain of gamma = 8 draft tokens (9 nodes), the
   course's reference point: the tree should cost at most 2x the chain;
 - ``chain_spec_sampling``: notebook 15's tiled kernel on the same chain (when
@@ -36,8 +39,8 @@ from course.core import impl, inputs, runtime
 from course.measure import results, timing
 from course.oracle import sampling as sampling_oracle
 
-ROW_NAMES = ("tree_sampling", "chain_sampling", "chain_spec_sampling", "tree_greedy", "chain_greedy",
-             "tree_greedy_all_argmax")
+ROW_NAMES = ("tree_sampling", "tree_sampling_with_replacement", "chain_sampling", "chain_spec_sampling",
+             "tree_greedy", "chain_greedy", "tree_greedy_all_argmax")
 SUITE = "sampling"
 BATCHES = (1, 8, 64)
 VOCABULARY = 128256
@@ -54,8 +57,10 @@ def bench_tree(seed: int = 0) -> list[int]:
     return inputs.random_tree(TREE_NODES, random.Random(seed), max_children=MAX_CHILDREN)
 
 
-def bench_inputs(parents: list[int], batch: int, vocabulary: int, seed: int, device):
-    """Tensors on the device for one measurement: (parents, tokens, q, p, accept, sample).
+def bench_inputs(parents: list[int], batch: int, vocabulary: int, seed: int, device,
+                 replacement: bool = False):
+    """Tensors on the device for one measurement: (parents, tokens, q, p, accept, sample), the
+    siblings drawn without replacement (or with).
 
     Generated on the device in float32 (the float64 CPU generator of the checks would take
     minutes at B = 64, V = 128256)."""
@@ -72,16 +77,16 @@ def bench_inputs(parents: list[int], batch: int, vocabulary: int, seed: int, dev
     q = torch.softmax(draft, dim=-1)
     del draft
     tree = torch.tensor([parents] * batch, dtype=torch.int32, device=device)
-    tokens = draft_tokens(tree, q, seed + 1)
+    tokens = draft_tokens(tree, q, seed + 1, replacement)
     accept = torch.rand((batch, n), generator=generator, device=device)
     sample = torch.rand((batch, n), generator=generator, device=device)
     return tree, tokens, q, p, accept, sample
 
 
-def _disagreement_sampling(module, tree, tokens, q, p, accept, sample, path, next_token) -> float:
-
+def _disagreement_sampling(tree, tokens, q, p, accept, sample, path, next_token, replacement=False) -> float:
     want_path, want_token = sampling_oracle.tree_speculative_sampling(tree.cpu(), tokens.cpu(), q, p,
-                                                                      accept.cpu(), sample.cpu())
+                                                                      accept.cpu(), sample.cpu(),
+                                                                      replacement=replacement)
     differs = (path.cpu() != want_path).any(dim=1) | (next_token.cpu() != want_token)
     return float(differs.double().mean())
 
@@ -127,10 +132,13 @@ def verification_rows(batches=BATCHES, vocabulary: int = VOCABULARY, seed: int =
             sampled = module.prepare_sampling(tree, tokens, q, p, accept, sample)
             path, next_token = sampled()
             path_chain = (path.clone(), next_token.clone())
-            error = _disagreement_sampling(module, tree, tokens, q, p, accept, sample, path, next_token)
+            error = _disagreement_sampling(tree, tokens, q, p, accept, sample, path, next_token)
             accepted = float(module.accepted_counts(path).double().mean())
             rows.append(_row(f"{kind}_sampling", batch, parents, vocabulary, timing.bench(sampled), error,
-                             tree=words, accepted_mean=accepted, **extra))
+                             tree=words, accepted_mean=accepted, siblings="without replacement", **extra))
+            if kind == "tree":
+                rows.append(_with_replacement_row(module, parents, batch, vocabulary, seed + batch, device,
+                                                  words))
             greedy = module.prepare_greedy(tree, tokens, p)
             path, next_token = greedy()
             error = _disagreement_greedy(tree, tokens, p, path, next_token)
@@ -148,6 +156,19 @@ def verification_rows(batches=BATCHES, vocabulary: int = VOCABULARY, seed: int =
             del tensors, tree, tokens, q, p, accept, sample, sampled, greedy
             torch.cuda.empty_cache()
     return rows
+
+
+def _with_replacement_row(module, parents, batch, vocabulary, seed, device, words) -> dict:
+    """Row "tree_sampling_with_replacement": the tree's draft and target as in "tree_sampling", its
+    siblings drawn independently and verified by SpecInfer's rule."""
+    tree, tokens, q, p, accept, sample = bench_inputs(parents, batch, vocabulary, seed, device,
+                                                      replacement=True)
+    run = module.prepare_sampling(tree, tokens, q, p, accept, sample, replacement=True)
+    path, next_token = run()
+    error = _disagreement_sampling(tree, tokens, q, p, accept, sample, path, next_token, replacement=True)
+    return _row("tree_sampling_with_replacement", batch, parents, vocabulary, timing.bench(run), error,
+                tree=words, accepted_mean=float(module.accepted_counts(path).double().mean()),
+                siblings="with replacement")
 
 
 def _notebook15_chain_row(batch, parents, vocabulary, tensors, tree_result) -> list[dict]:

@@ -1,9 +1,11 @@
-"""Checks for notebook 16: token-tree verification, sampled (SpecInfer) and greedy.
+"""Checks for notebook 16: token-tree verification, sampled (Sequoia, SpecInfer) and greedy.
 
 A module exposes `tree_speculative_sampling(tree, tokens, q, p, accept_uniforms,
-sample_uniforms) -> (path, next_token)` and `greedy_tree_verification(tree, tokens, target)`
-(see solutions/tree_verification.py). Every tree of a batch is compared with
-`pyspec_ref.sampling` on the same random numbers.
+sample_uniforms, *, replacement=False) -> (path, next_token)` and
+`greedy_tree_verification(tree, tokens, target)` (see solutions/tree_verification.py). Every
+tree of a batch is compared with `pyspec_ref.sampling` on the same random numbers; where a
+batch differs, `diagnose` replays the closed-form walk with one known mistake at a time and
+names the mistake that reproduces the kernel's results.
 
 Exactness. The kernels take float32 probabilities and compute in float64; the specification
 sums the vocabulary exactly. The first test at a node, r * q(x) < p(x), is a product of two
@@ -40,25 +42,54 @@ SIGNIFICANCE = 1e-4  # the chi-square tests fail by chance once in 10^4 runs
 
 
 def draft_and_target(batch: int, n: int, vocabulary: int, seed: int, device=None,
-                     mismatch: float = 1.0, sharpness: float = 2.0) -> tuple[torch.Tensor, torch.Tensor]:
+                     mismatch: float = 1.0, sharpness: float = 2.0,
+                     temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, p), float32 (B, N, V): the target's logits are sharpness * z, the draft's the same plus
-    mismatch * z' (z, z' standard normal): mismatch 0 gives q = p, larger values a worse draft."""
+    mismatch * z' (z, z' standard normal): mismatch 0 gives q = p, larger values a worse draft.
+    Both are sampled at `temperature` (softmax of logits / temperature)."""
     shape = (batch, n, vocabulary)
     target = inputs.random_tensor(shape, seed, torch.float64, device) * sharpness
     draft = target + mismatch * inputs.random_tensor(shape, seed + 1, torch.float64, device)
-    return (torch.softmax(draft, dim=-1).to(torch.float32), torch.softmax(target, dim=-1).to(torch.float32))
+    return (torch.softmax(draft / temperature, dim=-1).to(torch.float32),
+            torch.softmax(target / temperature, dim=-1).to(torch.float32))
 
 
-def draft_tokens(parents: torch.Tensor, q: torch.Tensor, seed: int) -> torch.Tensor:
+def draft_tokens(parents: torch.Tensor, q: torch.Tensor, seed: int,
+                 replacement: bool = False) -> torch.Tensor:
     """(B, N) int32 tokens as a draft model proposes them: node i's token drawn from q at its
-    parent (children of one node independently); the root's token drawn uniformly."""
+    parent, the root's uniformly. Both ways take the largest keys log q + Gumbel noise (exact for
+    any q, where torch.multinomial on float32 is not, for tiny probabilities): without replacement
+    (Sequoia §3.2) the children of one node share one set of keys and take its top k
+    (`pyspec_ref.sampling.gumbel_top_k`), the child with the i-th smallest id the i-th largest key
+    (the draw order); with replacement every child has keys of its own and takes their argmax."""
     batch, n, vocabulary = q.shape
     generator = torch.Generator(device=q.device).manual_seed(seed)
     tokens = torch.randint(0, vocabulary, (batch, n), generator=generator, device=q.device)
-    if n > 1:
-        rows = q[torch.arange(batch, device=q.device)[:, None], parents[:, 1:].long()]
-        drawn = torch.multinomial(rows.reshape(-1, vocabulary), 1, generator=generator)
-        tokens[:, 1:] = drawn.reshape(batch, n - 1)
+    if n == 1:
+        return tokens.to(torch.int32)
+    # The node each child continues, and how many of its siblings were drawn before it (its rank).
+    parent_rows, rank_rows = [], []
+    for tree in parents.tolist():
+        earlier = [0] * n
+        rank_rows.append([])
+        for child in range(1, n):
+            rank_rows[-1].append(earlier[tree[child]])
+            earlier[tree[child]] += 1
+        parent_rows.append(tree[1:])
+    parents_of = torch.tensor(parent_rows, device=q.device)
+    ranks_of = torch.tensor(rank_rows, device=q.device)
+
+    def gumbel_keys(log_q):
+        u = torch.rand(log_q.shape, generator=generator, dtype=torch.float64, device=q.device)
+        return log_q - (-u.clamp(min=1e-300).log()).log()
+
+    for b in range(batch):  # one tree at a time: float64 keys of a whole batch would not fit a GPU
+        log_q = q[b].double().log()  # q = 0: -inf, never before a token with q > 0
+        if replacement:  # every child its own keys
+            tokens[b, 1:] = gumbel_keys(log_q[parents_of[b]]).argmax(dim=-1)
+        else:  # one set of keys per node, its children the top k in draw order
+            top = gumbel_keys(log_q).topk(int(ranks_of[b].max()) + 1, dim=-1).indices
+            tokens[b, 1:] = top[parents_of[b], ranks_of[b]]
     return tokens.to(torch.int32)
 
 
@@ -81,6 +112,12 @@ class SamplingCase:
     sample: torch.Tensor
     as_times: bool = False  # hand the kernel DFS times instead of parents
     exact: bool = False  # every sum is exact in float64 (dyadic inputs): no rounding excuse
+    replacement: bool = False  # children drawn independently (SpecInfer), not without replacement
+
+    def tree_args(self, b: int) -> tuple:
+        """Tree b's arguments of `pyspec_ref.sampling.tree_speculative_sampling`, as lists."""
+        return (self.parents[b], self.tokens[b].tolist(), self.q[b].tolist(), self.p[b].tolist(),
+                self.accept[b].tolist(), self.sample[b].tolist())
 
     def tree(self, device):
         if self.as_times:
@@ -90,20 +127,23 @@ class SamplingCase:
     def run(self, module, device):
         return module.tree_speculative_sampling(
             self.tree(device), self.tokens.to(device), self.q.to(device), self.p.to(device),
-            self.accept.to(device), self.sample.to(device))
+            self.accept.to(device), self.sample.to(device), replacement=self.replacement)
 
 
 def sampling_case(name: str, trees, vocabulary: int, seed: int, *, as_times: bool = False,
-                  zero_fraction: float = 0.1, mismatch: float = 1.0) -> SamplingCase:
-    """Random distributions at every node, tokens drawn from the parents' q, random uniforms."""
+                  zero_fraction: float = 0.1, mismatch: float = 1.0,
+                  replacement: bool = False) -> SamplingCase:
+    """Random distributions at every node, tokens drawn from the parents' q (without replacement
+    unless `replacement`), random uniforms."""
     parents = inputs.batch_of_trees(trees)
     batch, n = parents.shape
     q, p = draft_and_target(batch, n, vocabulary, seed, mismatch=mismatch)
     if zero_fraction:
         q = _with_zeros(q, zero_fraction, seed + 2)
-    tokens = draft_tokens(parents, q, seed + 3)
+    tokens = draft_tokens(parents, q, seed + 3, replacement)
     return SamplingCase(name, [list(t) for t in parents.tolist()], tokens, q, p,
-                        uniforms(batch, n, seed + 4), uniforms(batch, n, seed + 5), as_times)
+                        uniforms(batch, n, seed + 4), uniforms(batch, n, seed + 5), as_times,
+                        replacement=replacement)
 
 
 def _with_zeros(q: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
@@ -175,74 +215,90 @@ def _draw_near(weights: list[float], u: float, bound: float) -> tuple[str, froze
     return (what, frozenset(sides)) if sides else None
 
 
-def reference_walk(parents, tokens, q, p, accept, sample) -> ReferenceWalk:
-    """`pyspec_ref.sampling.tree_speculative_sampling` replayed step by step (lists of floats, the
-    same double arithmetic), listing every decision the kernel's float64 sums could flip:
+def _children(parents) -> list[list[int]]:
+    kids: list[list[int]] = [[] for _ in parents]
+    for node in range(1, len(parents)):
+        kids[parents[node]].append(node)
+    return kids
+
+
+def _residual_total(p_i: list[float], q_i: list[float]) -> float:
+    return math.fsum(max(0.0, a - b) for a, b in zip(p_i, q_i, strict=True))
+
+
+def reference_walk(parents, tokens, q, p, accept, sample, replacement: bool = False) -> ReferenceWalk:
+    """`pyspec_ref.sampling.tree_speculative_sampling` replayed step by step (the same
+    `sibling_distributions`), listing every decision the kernel's float64 sums could flip:
     a test after a rejection at the node, an empty-or-not residual after an earlier rejection,
-    and the final draw. The first test at a node is exact and never listed."""
-    n, vocabulary = len(parents), len(p[0])
-    children = [[] for _ in range(n)]
-    for node in range(1, n):
-        children[parents[node]].append(node)
+    and the final draw. The first test at a node is exact and never listed. Tolerances are
+    relative to p's scale: p_i = max(0, p - C q) / Z, so an error in p of a given size is 1/Z
+    times larger in p_i (z below tracks Z_i as the product of the residuals' masses)."""
+    vocabulary, children = len(p[0]), _children(parents)
     walk = ReferenceWalk([0], -1)
     node = 0
     while True:
-        p_node, rejected, moved = p[node], 0, False
-        for child in children[node]:
-            x = tokens[child]
-            lhs, rhs = accept[child] * q[node][x], p_node[x]
-            scale = max(lhs, rhs, q[node][x], p[node][x])
+        kids = children[node]
+        steps = spec.sibling_distributions(p[node], q[node], [tokens[c] for c in kids],
+                                           replacement=replacement)
+        z, moved = 1.0, False
+        for rejected, child in enumerate(kids):
+            (p_i, q_i), x = steps[rejected], tokens[child]
+            lhs, rhs = accept[child] * q_i[x], p_i[x]
+            # q_i = q / S: the kernel's S (a total minus the drawn mass) is off by rounding of 1
+            left = q[node][x] / q_i[x] if q_i[x] > 0.0 else 1.0
+            scale = max(lhs, rhs, q_i[x], p[node][x] / z) / min(1.0, left)
             if rejected and abs(lhs - rhs) <= rounding_bound(vocabulary, rejected) * scale:
-                walk.near.append(Near(node, f"node {node}, child {child}: r q(x) = {lhs:.17g} is within "
-                                            f"rounding of p'(x) = {rhs:.17g} after {rejected} rejections"))
-            if lhs < rhs:  # strict, as pyspec_ref.sampling.accepts
+                walk.near.append(Near(node, f"node {node}, child {child}: r q_i(x) = {lhs:.17g} is within "
+                                            f"rounding of p_i(x) = {rhs:.17g} after {rejected} rejections"))
+            if spec.sibling_accepts(accept[child], p_i, q_i, x):
                 walk.path.append(child)
                 node, moved = child, True
                 break
-            weights = spec.residual(p_node, q[node])
-            total = math.fsum(weights)
-            if rejected and total <= rounding_bound(vocabulary, rejected):
+            total = _residual_total(p_i, q_i)
+            if rejected and total * z <= rounding_bound(vocabulary, rejected):
                 walk.near.append(Near(node, f"node {node}: the residual after {rejected + 1} rejections "
-                                            f"has mass {total:.3g}, within rounding of empty"))
-            if any(weights):
-                p_node = [w / total for w in weights]
-            rejected += 1
+                                            f"has mass {total * z:.3g}, within rounding of empty"))
+            if steps[rejected + 1][0] is not p_i:  # the residual replaced p_i (not kept)
+                z *= total
         if not moved:
-            walk.token = spec.inverse_cdf(p_node, sample[node])
-            near = _draw_near(p_node, sample[node], rounding_bound(vocabulary, rejected))
+            final = steps[len(kids)][0]
+            walk.token = spec.inverse_cdf(final, sample[node])
+            bound = rounding_bound(vocabulary, len(kids)) / min(1.0, z)
+            near = _draw_near(final, sample[node], bound)
             if near:
                 walk.near.append(Near(node, f"node {node}: {near[0]}", near[1]))
             return walk
 
 
-def explain_walk(parents, tokens, q, p, accept, sample) -> list[str]:
+def explain_walk(parents, tokens, q, p, accept, sample, replacement: bool = False) -> list[str]:
     """The specification's walk on one tree in words, one line per decision (for notebook 16):
-    each child's test r * q(x) < p'(x) with its numbers, each residual, and the draw."""
-    lines, node, n = [], 0, len(parents)
-    children = [[c for c in range(n) if parents[c] == u] for u in range(n)]
+    each child's test r * q_i(x) < p_i(x) with its numbers, each residual, and the draw."""
+    lines, node, children = [], 0, _children(parents)
     while True:
-        p_node, rejected, moved = p[node], 0, False
-        for child in children[node]:
-            x = tokens[child]
-            lhs, rhs = accept[child] * q[node][x], p_node[x]
-            mark = "p(x)" if not rejected else "p'(x)"
-            verdict = "accept" if lhs < rhs else "reject"
-            lines.append(f"node {node}: child {child} (token {x}): r q(x) = {accept[child]:.3f} x "
-                         f"{q[node][x]:.3f} = {lhs:.3f} vs {mark} = {rhs:.3f} -> {verdict}")
-            if lhs < rhs:
+        kids = children[node]
+        steps = spec.sibling_distributions(p[node], q[node], [tokens[c] for c in kids],
+                                           replacement=replacement)
+        moved = False
+        for i, child in enumerate(kids):
+            (p_i, q_i), x = steps[i], tokens[child]
+            lhs, rhs = accept[child] * q_i[x], p_i[x]
+            accepted = spec.sibling_accepts(accept[child], p_i, q_i, x)
+            lines.append(f"node {node}: child {child} (token {x}): r q_{i + 1}(x) = {accept[child]:.3f} x "
+                         f"{q_i[x]:.3f} = {lhs:.3f} vs p_{i + 1}(x) = {rhs:.3f} -> "
+                         f"{'accept' if accepted else 'reject'}")
+            if accepted:
                 node, moved = child, True
                 break
-            weights = spec.residual(p_node, q[node])
-            if any(weights):
-                total = math.fsum(weights)
-                p_node = [w / total for w in weights]
-                lines.append(f"node {node}: p' = max(0, p' - q) / {total:.3f} (the residual, renormalised)")
+            if steps[i + 1][0] is p_i:
+                lines.append(f"node {node}: max(0, p_{i + 1} - q_{i + 1}) is empty (or no draft mass is "
+                             "left): the state is kept")
             else:
-                lines.append(f"node {node}: max(0, p' - q) is empty (p' <= q): p' is kept")
-            rejected += 1
+                removed = "" if replacement else f", q_{i + 2} = q without the drawn tokens, renormalised"
+                lines.append(f"node {node}: p_{i + 2} = max(0, p_{i + 1} - q_{i + 1}) / "
+                             f"{_residual_total(p_i, q_i):.3f}{removed}")
         if not moved:
-            why = "a leaf" if not children[node] else "every child rejected"
-            token = spec.inverse_cdf(p_node, sample[node])
+            why = "a leaf" if not kids else "every child rejected"
+            token = spec.inverse_cdf(steps[len(kids)][0], sample[node])
             lines.append(f"node {node} ({why}): draw with u = {sample[node]:.3f} -> token {token}")
             return lines
 
@@ -258,6 +314,7 @@ class SamplingComparison:
     exact: int = 0
     within_rounding: list[str] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
+    diagnosis: str = ""  # the known mistake that reproduces the kernel's results, if one does
 
     @property
     def allowed_within_rounding(self) -> int:
@@ -267,7 +324,7 @@ class SamplingComparison:
         """'' when every tree is exact or within rounding (and those are few)."""
         if self.wrong:
             more = f" (and {len(self.wrong) - 1} more trees)" if len(self.wrong) > 1 else ""
-            return self.wrong[0] + more
+            return self.wrong[0] + more + (f". {self.diagnosis}" if self.diagnosis else "")
         if len(self.within_rounding) > self.allowed_within_rounding:
             return (f"{len(self.within_rounding)} of {self.trees} trees differ within rounding, more "
                     f"than the {self.allowed_within_rounding} allowed: {self.within_rounding[0]}")
@@ -313,9 +370,8 @@ def compare_sampling(case: SamplingCase, path: torch.Tensor, next_token: torch.T
         return result
     for b in range(batch):
         result.trees += 1
-        args = (case.parents[b], case.tokens[b].tolist(), case.q[b].tolist(), case.p[b].tolist(),
-                case.accept[b].tolist(), case.sample[b].tolist())
-        want_path, want_token = spec.tree_speculative_sampling(*args)
+        args = case.tree_args(b)
+        want_path, want_token = spec.tree_speculative_sampling(*args, replacement=case.replacement)
         row = path[b].tolist()
         got_path = [x for x in row if x >= 0]
         got_token = int(next_token[b])
@@ -325,7 +381,7 @@ def compare_sampling(case: SamplingCase, path: torch.Tensor, next_token: torch.T
         if (got_path, got_token) == (want_path, want_token):
             result.exact += 1
             continue
-        walk = reference_walk(*args)
+        walk = reference_walk(*args, replacement=case.replacement)
         if (walk.path, walk.token) != (want_path, want_token):
             raise AssertionError("reference_walk disagrees with pyspec_ref: a bug in the check")
         near = None if case.exact else walk.explains(got_path, got_token)
@@ -335,7 +391,95 @@ def compare_sampling(case: SamplingCase, path: torch.Tensor, next_token: torch.T
             result.wrong.append(
                 f"tree {b}: path {got_path}, next token {got_token}; expected path {want_path}, next "
                 f"token {want_token}: " + _divergence(got_path, got_token, want_path, want_token, *args[:5]))
+    if result.wrong:
+        result.diagnosis = diagnose(case, path, next_token)
     return result
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A known way to get the walk's closed form wrong: what the kernel then does, and the fix."""
+
+    says: str
+    decrement: bool | None = None  # S <- S - q(x) on a rejection; None: as the mode says
+    c_step_divides: bool = True  # C <- C + Z / S (False: C <- C + Z)
+    test_has_s: bool = True  # r q(x) Z < S max(0, p(x) - C q(x))
+    test_has_z: bool = True
+    reset_on_accept: bool = True
+    s_from_total: bool = True  # S_2 = Q - q(x_1), Q = sum of q (False: 1 - q(x_1))
+
+
+MISTAKES = (
+    Mistake("S (the draft mass not yet drawn) is never decremented: the siblings are tested as if drawn "
+            "with replacement; on a rejection S <- S - q(x)", decrement=False),
+    Mistake("S is decremented although the children were drawn with replacement (REPLACEMENT): then q_i "
+            "= q and S stays 1", decrement=True),
+    Mistake("S after the first rejection is taken as 1 - q(x) instead of Q - q(x) with Q = sum q (which "
+            "residual_mass returns): q sums to 1 only within rounding and the later tests divide by S",
+            s_from_total=False),
+    Mistake("C is advanced by Z instead of Z / S: q_i = q / S, so the residual max(0, p_i - q_i) is "
+            "max(0, p - (C + Z / S) q) / Z", c_step_divides=False),
+    Mistake("the test leaves out S: q_i(x) = q(x) / S, so r q_i(x) < p_i(x) reads r q(x) Z < S max(0, p(x) "
+            "- C q(x))", test_has_s=False),
+    Mistake("the test leaves out Z, the residual's normalisation: p_i = max(0, p - C q) / Z",
+            test_has_z=False),
+    Mistake("the state (C, Z, S) is not reset after an accepted child: the child's own p and q start "
+            "afresh, C = 0, Z = S = 1", reset_on_accept=False),
+)
+
+
+def closed_form_walk(parents, tokens, q, p, accept, sample, replacement: bool,
+                     mistake: Mistake | None = None) -> tuple[list[int], int]:
+    """The kernel's walk in Python floats (the closed form of solutions/tree_verification.py), or
+    with one known mistake: (path, next token), the token -1 if the mistake leaves nothing to draw."""
+    m = mistake or Mistake("")
+    decrement = (not replacement) if m.decrement is None else m.decrement
+    children, path, node = _children(parents), [0], 0
+    c, z, s = 0.0, 1.0, 1.0
+    while True:
+        moved = False
+        for child in children[node]:
+            x = tokens[child]
+            q_x, p_x = q[node][x], p[node][x]
+            if accept[child] * q_x * (z if m.test_has_z else 1.0) < (s if m.test_has_s else 1.0) * max(
+                    p_x - c * q_x, 0.0):
+                path.append(child)
+                node, moved = child, True
+                if m.reset_on_accept:
+                    c, z, s = 0.0, 1.0, 1.0
+                break
+            if s > 0.0:
+                c_next = c + (z / s if m.c_step_divides else z)
+                z_next = math.fsum(max(0.0, a - c_next * b) for a, b in zip(p[node], q[node], strict=True))
+                if z_next > 0.0:
+                    if decrement:  # the first rejection (C = 0) takes the mass left from q's total
+                        s = (math.fsum(q[node]) if c == 0.0 and m.s_from_total else s) - q_x
+                    c, z = c_next, z_next
+        if not moved:
+            weights = [max(0.0, a - c * b) for a, b in zip(p[node], q[node], strict=True)]
+            return path, spec.inverse_cdf(weights, sample[node]) if any(weights) else -1
+
+
+def diagnose(case: SamplingCase, path: torch.Tensor, next_token: torch.Tensor) -> str:
+    """'Every tree ... comes out as the walk gives it when <mistake>' for the known mistakes that
+    reproduce the kernel's (path, next token) on every tree of the case (several when this case
+    cannot tell them apart), or ''."""
+    got = [([x for x in path[b].tolist() if x >= 0], int(next_token[b])) for b in range(len(case.parents))]
+    matching = []
+    for mistake in MISTAKES:
+        if mistake.decrement is not None and mistake.decrement == (not case.replacement):
+            continue  # the mode's own rule, not a mistake
+        if all(closed_form_walk(*case.tree_args(b), case.replacement, mistake) == got[b]
+               for b in range(len(case.parents))):
+            matching.append(mistake.says)
+    if not matching:
+        return ""
+    mode = "with" if case.replacement else "without"
+    return (f"Every tree of this case ({mode} replacement) comes out as the walk gives it when "
+            + "; or when ".join(matching))
 
 
 # --------------------------------------------------------------------------- the cases
@@ -351,7 +495,7 @@ def _special_cases(vocabulary: int, seed: int) -> list[SamplingCase]:
         ratio = case.q[b, 0].double() / case.p[b, 0].double().clamp(min=1e-30)
         over = torch.nonzero(ratio > 1.01).flatten()
         for i in range(1, 6):
-            case.tokens[b, i] = int(over[(i * 7 + b) % len(over)])
+            case.tokens[b, i] = int(over[(i - 1 + 3 * b) % len(over)])  # distinct siblings
     case.accept.fill_(0.9999)
     cases.append(case)
     # r = 0 accepts every first child: the walk reaches a leaf and draws from its p.
@@ -382,9 +526,10 @@ def _special_cases(vocabulary: int, seed: int) -> list[SamplingCase]:
                          [inputs.star(5)] * 2, vocabulary, seed + 14)
     case.q[:, 0] = case.p[:, 0]
     cases.append(case)
-    # Siblings with the same token: after rejecting x, p'(x) = max(0, p(x) - q(x)) / Z = 0 when
-    # q(x) >= p(x), so the duplicate is rejected too.
-    case = sampling_case("star N=5, all children the same token", [inputs.star(5)] * 2, vocabulary, seed + 15)
+    # Siblings with the same token (drawn with replacement): after rejecting x, p'(x) =
+    # max(0, p(x) - q(x)) / Z = 0 when    # q(x) >= p(x), so the duplicate is rejected too.
+    case = sampling_case("star N=5 drawn with replacement, all children the same token", [inputs.star(5)] * 2,
+                         vocabulary, seed + 15, replacement=True)
     case.tokens[:, 2:] = case.tokens[:, 1:2]
     cases.append(case)
     # Ties in the draw: dyadic probabilities with zeros between them, u * total exactly on a CDF
@@ -399,7 +544,67 @@ def _special_cases(vocabulary: int, seed: int) -> list[SamplingCase]:
                               torch.zeros((4, 1)), sample, exact=True))
     cases.append(_second_child_case(vocabulary, seed + 16))
     cases.append(_exact_test_case(vocabulary))
+    cases.append(_no_mass_left_case(vocabulary))
     return cases
+
+
+def peaked_wrong_draft(q: torch.Tensor, p: torch.Tensor, mass: float = 0.7) -> torch.Tensor:
+    """q with `mass` of its probability moved onto the token the target likes least: a draft that
+    is confidently wrong, where siblings drawn with replacement mostly repeat that token."""
+    wrong = p.double().argmin(dim=-1, keepdim=True)
+    q = q.double() * (1.0 - mass)
+    q.scatter_add_(-1, wrong, torch.full_like(q[..., :1], mass))
+    return q.to(torch.float32)
+
+
+def _peaked_case(name: str, vocabulary: int, seed: int, *, replacement: bool) -> SamplingCase:
+    """Stars of 4 nodes whose root draft puts 0.7 on a token the target gives little (and sums to
+    1 - 9e-4, within NORMALISATION_TOLERANCE: S must come from q's total, not from 1): the first
+    child is mostly that token, and r = 0.999 rejects it; in every other tree the second child
+    gets r = 0.999 too, so that the third child's test and the draw come after two rejections.
+    The later tests and residuals depend on S (the draft mass left) and on C's step Z / S."""
+    case = sampling_case(name, [inputs.star(4)] * 8, vocabulary, seed, mismatch=0.5, replacement=replacement)
+    # q sums to 1 - 9e-4 (within the tolerance): S after a draw must come from q's total, not 1
+    case.q = (peaked_wrong_draft(case.q, case.p).double() * (1 - 9e-4)).to(torch.float32)
+    case.tokens = draft_tokens(inputs.batch_of_trees(case.parents), case.q, seed + 7, replacement)
+    case.accept[:, 1] = 0.999
+    case.accept[1::2, 2:] = 0.999
+    for b in range(1, len(case.parents), 2):  # where every child is rejected, the draw on a knife edge
+        path, _ = spec.tree_speculative_sampling(*case.tree_args(b), replacement=replacement)
+        if path == [0]:
+            case.sample[b, 0] = _near_a_boundary(case, b, replacement, below=b % 4 == 1)
+    return case
+
+
+def _near_a_boundary(case: SamplingCase, b: int, replacement: bool, below: bool) -> float:
+    """A uniform 10^-6 below (or above) the CDF boundary after the middle token with mass of the
+    root's final distribution in tree b: a draw whose weights are off by more than that (a wrong
+    C or Z) takes the token on the other side."""
+    kids = [c for c in range(1, len(case.parents[b])) if case.parents[b][c] == 0]
+    steps = spec.sibling_distributions(case.p[b, 0].tolist(), case.q[b, 0].tolist(),
+                                       [int(case.tokens[b, c]) for c in kids], replacement=replacement)
+    final = steps[-1][0]
+    support = [v for v, w in enumerate(final) if w > 0.0]
+    if len(support) < 2:  # one token: no boundary inside (0, 1)
+        return float(case.sample[b, 0])
+    boundary = math.fsum(final[: support[len(support) // 2 - 1] + 1]) / math.fsum(final)
+    return boundary - 1e-6 if below else boundary + 1e-6
+
+
+def _no_mass_left_case(vocabulary: int) -> SamplingCase:
+    """A root draft on two tokens (3/4, 1/4, dyadic: S is exactly 0 after both) that the target
+    forbids, and a third sibling with q(x) = 0: r = 0 rejects the first two (p(x) = 0), leaving
+    p; the third finds S = 0, no draft mass left, and is rejected (the walk keeps C, Z: a
+    division by S = 0 would make C infinite and the draw NaN); the next token is drawn from p."""
+    q = torch.zeros((2, 4, vocabulary), dtype=torch.float64)
+    q[:, :, 0], q[:, :, 1] = 0.75, 0.25
+    p = torch.zeros((2, 4, vocabulary), dtype=torch.float64)
+    p[:, :, 2:10] = 1 / 8
+    tokens = torch.tensor([[0, 0, 1, 5], [0, 1, 0, 9]], dtype=torch.int32)
+    sample = torch.tensor([[0.3] * 4, [0.9] * 4], dtype=torch.float32)
+    return SamplingCase("star N=4, S = 0 at the third sibling: no draft mass left, rejected",
+                        [inputs.star(4)] * 2, tokens, q.to(torch.float32), p.to(torch.float32),
+                        torch.zeros((2, 4)), sample, exact=True)
 
 
 def _exact_test_case(vocabulary: int) -> SamplingCase:
@@ -424,8 +629,9 @@ def _exact_test_case(vocabulary: int) -> SamplingCase:
 def _second_child_case(vocabulary: int, seed: int) -> SamplingCase:
     """A root with two children: the first is rejected; the second's token y has p(y) > q(y),
     and its r lies between the unnormalised and the renormalised residual's acceptance ratio,
-    w(y)/q(y) < r < w(y)/(q(y) Z) with w = max(0, p - q), Z = sum(w): accepted only if the test
-    uses the renormalised residual p' = w / Z (tree 0); tree 1 takes r above both (rejected)."""
+    S w(y)/q(y) < r < S w(y)/(q(y) Z) with w = max(0, p - q), Z = sum(w), S = 1 - q(first
+    token): accepted only if the test uses the renormalised residual p_2 = w / Z (tree 0); tree
+    1 takes r above both (rejected)."""
     case = sampling_case("star N=3: the second child is tested against the renormalised residual",
                          [inputs.star(3)] * 2, vocabulary, seed)
     for b in range(2):
@@ -434,8 +640,11 @@ def _second_child_case(vocabulary: int, seed: int) -> SamplingCase:
         case.tokens[b, 1] = int(torch.argmax(ratio))  # the most over-proposed token: rejected
         w = (p - q).clamp(min=0.0)
         z = float(w.sum())
-        # the token whose acceptance ratio changes most between w/q and w/(q Z), below 1
-        low, high = (w / q.clamp(min=1e-30)), (w / (q.clamp(min=1e-30) * z)).clamp(max=1.0)
+        # without replacement the second child is tested against q / S, S = 1 - q(first token)
+        left = 1.0 - float(q[case.tokens[b, 1]])
+        # the token whose acceptance ratio changes most between S w/q and S w/(q Z), below 1
+        low = left * w / q.clamp(min=1e-30)
+        high = (left * w / (q.clamp(min=1e-30) * z)).clamp(max=1.0)
         if b == 0:
             y = int(torch.argmax(torch.where(q > 0, high - low, torch.zeros_like(low))))
             r = (float(low[y]) + float(high[y])) / 2
@@ -463,6 +672,10 @@ def sampling_cases(seed: int) -> list[SamplingCase]:
                       [inputs.random_tree(10, rng, max_children=3, order=o) for o in ("bfs", "dfs")],
                       ragged, seed + 5, as_times=True),
         *_special_cases(ragged, seed),
+        _peaked_case("star N=4 without replacement, a draft peaked on a wrong token", ragged, seed + 7,
+                     replacement=False),
+        _peaked_case("star N=4 with replacement, a draft peaked on a wrong token", ragged, seed + 8,
+                     replacement=True),
     ]
     big = runtime.pick(sim=100, gpu=32000)
     cases.append(sampling_case(f"random trees N=16, V={big} (seed {seed})",
@@ -665,10 +878,14 @@ class DistributionTest:
     first_target: list[float]
     second_counts: list[int]
     second_target: list[float]
+    mean_accepted: float = 0.0  # draft tokens accepted per walk
 
     def p_values(self) -> tuple[float, float]:
-        return (chi_square_p_value(self.first_counts, self.first_target),
-                chi_square_p_value(self.second_counts, self.second_target))
+        """Pearson's test of both positions; tokens expected fewer than 5 times are pooled into one
+        cell, as the chi-square approximation needs (a peaked target at a low temperature has
+        several such tokens)."""
+        return (chi_square_p_value(self.first_counts, self.first_target, pool_below=5.0),
+                chi_square_p_value(self.second_counts, self.second_target, pool_below=5.0))
 
     def smallest_detected_shift(self, shifts=(0.005, 0.01, 0.02, 0.05, 0.1)) -> float | None:
         """The smallest shift of the first position's target (`shifted`) that these counts reject
@@ -679,29 +896,48 @@ class DistributionTest:
         return None
 
 
-def distribution_test(module, samples: int, seed: int = 0, vocabulary: int = 5) -> DistributionTest:
-    """Run the walk on `samples` independent trees of one shape: a root with 3 children, each
-    with 2 children; every depth-1 node shares one target p1, so the second emitted token must
-    follow p1 whenever the first was an accepted draft token, and the first must follow p_root.
-    Children's tokens are drawn from their parent's q, as a draft model draws them."""
-    device = runtime.torch_device()
-    parents = [-1, 0, 0, 0, 1, 1, 2, 2, 3, 3]
-    n = len(parents)
-    shape = (1, 3, vocabulary)
-    q1, p1 = draft_and_target(*shape[:2], vocabulary, seed, mismatch=1.5)  # rows: root, depth 1, leaves
+DISTRIBUTION_TREE = [-1, 0, 0, 0, 1, 1, 2, 2, 3, 3]  # a root with 3 children, each with 2
+
+
+def distribution_inputs(samples: int, seed: int = 0, vocabulary: int = 5, *, temperature: float = 1.0,
+                        peaked: float = 0.0, replacement: bool = False) -> SamplingCase:
+    """`samples` independent walks on DISTRIBUTION_TREE, as one case: every depth-1 node shares
+    one target p1, so the second emitted token must follow p1 whenever the first was an accepted
+    draft token, and the first must follow p_root. Children's tokens are drawn from their
+    parent's q as a draft model draws them (without replacement unless `replacement`); peaked:
+    the share of every draft's mass moved onto the token its target likes least (0: none)."""
+    n = len(DISTRIBUTION_TREE)
+    # rows: the root, depth 1, the leaves
+    q1, p1 = draft_and_target(1, 3, vocabulary, seed, mismatch=1.5, temperature=temperature)
+    if peaked:
+        q1 = peaked_wrong_draft(q1, p1, peaked)
     q = torch.stack([q1[0, 0]] + [q1[0, 1]] * 3 + [q1[0, 2]] * 6).expand(samples, n, vocabulary).contiguous()
     p = torch.stack([p1[0, 0]] + [p1[0, 1]] * 3 + [p1[0, 2]] * 6).expand(samples, n, vocabulary).contiguous()
-    tree = inputs.batch_of_trees([parents] * samples)
-    tokens = draft_tokens(tree, q, seed + 1)
-    path, next_token = module.tree_speculative_sampling(
-        tree.to(device), tokens.to(device), q.to(device), p.to(device),
-        uniforms(samples, n, seed + 2, device), uniforms(samples, n, seed + 3, device))
+    tree = inputs.batch_of_trees([DISTRIBUTION_TREE] * samples)
+    return SamplingCase(f"{samples} walks at T = {temperature}", [list(DISTRIBUTION_TREE)] * samples,
+                        draft_tokens(tree, q, seed + 1, replacement), q, p, uniforms(samples, n, seed + 2),
+                        uniforms(samples, n, seed + 3), replacement=replacement)
+
+
+def tally(case: SamplingCase, path: torch.Tensor, next_token: torch.Tensor) -> DistributionTest:
+    """The first two emitted tokens of the walks of a `distribution_inputs` case, counted."""
     path, next_token = path.cpu(), next_token.cpu()
-    first, second = [0] * vocabulary, [0] * vocabulary
+    samples, vocabulary = case.tokens.shape[0], case.p.shape[-1]
+    first, second, accepted = [0] * vocabulary, [0] * vocabulary, 0
     for b in range(samples):
         nodes = [x for x in path[b].tolist() if x >= 0]
-        emitted = [int(tokens[b, x]) for x in nodes[1:]] + [int(next_token[b])]
+        emitted = [int(case.tokens[b, x]) for x in nodes[1:]] + [int(next_token[b])]
+        accepted += len(nodes) - 1
         first[emitted[0]] += 1
         if len(nodes) > 1:  # the first token was an accepted draft token at a depth-1 node
             second[emitted[1]] += 1
-    return DistributionTest(samples, first, p1[0, 0].double().tolist(), second, p1[0, 1].double().tolist())
+    return DistributionTest(samples, first, case.p[0, 0].double().tolist(), second,
+                            case.p[0, 1].double().tolist(), accepted / samples)
+
+
+def distribution_test(module, samples: int, seed: int = 0, vocabulary: int = 5, *, temperature: float = 1.0,
+                      peaked: float = 0.0, replacement: bool = False) -> DistributionTest:
+    """Run the module's walk on `distribution_inputs` and count what it emits."""
+    case = distribution_inputs(samples, seed, vocabulary, temperature=temperature, peaked=peaked,
+                               replacement=replacement)
+    return tally(case, *case.run(module, runtime.torch_device()))

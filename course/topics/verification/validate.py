@@ -103,9 +103,28 @@ def _require_uniforms(u: torch.Tensor, name: str, shape: tuple[int, int], first:
         raise ValueError(f"{name}[{b}, {i}] = {float(u[b, i])} must lie in [0, 1)")
 
 
-def sampling_inputs(parents, tokens, q, p, accept_uniforms, sample_uniforms) -> tuple[int, int, int]:
+def _require_distinct_siblings(parents: torch.Tensor, tokens: torch.Tensor, vocabulary: int) -> None:
+    """Children drawn without replacement carry distinct tokens: no two nodes with one parent
+    hold the same token (sorting the (parent, token) keys of each tree puts such pairs side by side)."""
+    if parents.shape[1] < 3:
+        return
+    keys = parents[:, 1:].long() * vocabulary + tokens[:, 1:].long()
+    ordered, order = keys.sort(dim=1)
+    same = torch.nonzero(ordered[:, 1:] == ordered[:, :-1])
+    if len(same):
+        b, j = (int(t) for t in same[0])
+        first, second = sorted((int(order[b, j]) + 1, int(order[b, j + 1]) + 1))
+        raise ValueError(f"tokens[{b}, {first}] = tokens[{b}, {second}] = {int(tokens[b, first])}: siblings "
+                         f"(children of node {int(parents[b, first])}) drawn without replacement cannot "
+                         "repeat a token (pass replacement=True for independent draws)")
+
+
+def sampling_inputs(parents, tokens, q, p, accept_uniforms, sample_uniforms,
+                    replacement: bool = False) -> tuple[int, int, int]:
     """Check `prepare_sampling`'s arguments against the tree's checked (B, N) parents; return
     (B, N, V)."""
+    if not isinstance(replacement, bool):
+        raise TypeError(f"replacement must be True or False, got {replacement!r}")
     batch, n = parents.shape
     require_tensor(p, "p", ndim=3, dtypes=PROBABILITY_DTYPES)
     require_tensor(q, "q", ndim=3, dtypes=PROBABILITY_DTYPES)
@@ -123,6 +142,8 @@ def sampling_inputs(parents, tokens, q, p, accept_uniforms, sample_uniforms) -> 
                          ("sample_uniforms", sample_uniforms), ("tree", parents)):
         if tensor.device != p.device:
             raise ValueError(f"{name} must be on p's device {p.device}, got {tensor.device}")
+    if not replacement:
+        _require_distinct_siblings(parents, tokens, vocabulary)
     return batch, n, vocabulary
 
 
