@@ -318,8 +318,6 @@ def trees_figure(document: dict):
                 ax.scatter(rates[0], tree["tokens_per_s"] / chain["tokens_per_s"], color=SHAPE_COLORS[shape],
                            marker=SHAPE_MARKERS[shape], s=36, zorder=3,
                            facecolors="none" if mode == "sample" else SHAPE_COLORS[shape])
-        ax.annotate(f"{mode}{'' if mode == 'greedy' else f' T={temperature:g}'}, {draft}", (rates[0], 1.0),
-                    fontsize=6, rotation=90, xytext=(0, 4), textcoords="offset points", color=GREY)
     ax.axhline(1.0, color=GREY, lw=1, ls="--")
     ax.axhline(TARGETS["tree_over_chain"], color=VERMILLION, lw=1, ls=":")
     from matplotlib.lines import Line2D
