@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from course.__main__ import main
-from course.checks import run_cases
-from course.checks.diagnose import NAN_CAUSES, compare_floats
+from course.checks import CaseResult, run_cases
+from course.checks.diagnose import NAN_CAUSES, TRITON_NAN_CAUSES, compare_floats, speaking_of
 from course.core import impl as implementations
 from course.core import runtime
 from course.core.launch import never_written, poisoned_empty
@@ -124,6 +124,32 @@ def test_nan_message_names_uninitialised_memory_barriers_and_unwritten_outputs()
     assert text.startswith("row 1, column 2: out is NaN (1 NaN values of 6)")
     for words in ("never wrote", "shared or local memory", "cuda.syncthreads()", "0/0"):
         assert words in text
+
+
+@pytest.mark.parametrize("language, words, absent", [
+    ("triton", ("tl.store", "tl.program_id", "tl.load"), ("cuda.syncthreads", "shared or local memory")),
+    ("torch", ("torch.empty",), ("cuda.syncthreads", "tl.store")),
+    ("numba", ("cuda.syncthreads()", "shared or local memory"), ("tl.store",)),
+])
+def test_the_nan_message_speaks_the_exercises_language(language, words, absent):
+    got = torch.full((2, 3), float("nan"))
+    with speaking_of(language):
+        text = compare_floats(got, torch.zeros(2, 3), "out", ("row", "column"), 1e-5, 1e-5)
+    assert all(word in text for word in words) and not any(word in text for word in absent), text
+
+
+def test_a_triton_exercise_is_checked_in_triton_terms():
+    assert get("triton_attention.online_softmax_step").language == "triton"
+    assert get("ladder_k1.tree_attention_kernel").language == "numba"
+    assert get("attention.flash_attention").language == "torch"
+
+    def nan_case():
+        got = torch.full((1, 2), float("nan"))
+        problem = compare_floats(got, torch.zeros(1, 2), "out", ("row", "column"), 0, 0)
+        return CaseResult("nan", False, problem)
+
+    text = run_cases("deft.deft_node_kernel", [("nan", nan_case)]).text()
+    assert TRITON_NAN_CAUSES[0] in text and NAN_CAUSES[2] not in text, text
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64,

@@ -4,30 +4,47 @@ A kernel of the ladder returns only its output, so the diagnosis replays attenti
 under the hypotheses a wrong kernel most often obeys, on the first few failing rows whose
 output is finite (a NaN row has its own causes, listed by compare_floats):
 
-1. The loop stops at a tile edge: every examined row equals attention over its visible keys
-   below one common key index c, a multiple of the tile: key tile c / tile onward is skipped
+Each hypothesis tests one cause (KEY_BOUND, SKIP_TEST, ...), and a check declares the causes its
+exercise's code can have, so a kernel with no skip test never hears of one. In this order:
+
+1. The loop stops at a tile edge (KEY_BOUND): every examined row equals attention over its visible
+   keys below one common key index c, a multiple of the tile: key tile c / tile onward is skipped
    (the largest such c: keys a row does not see fit any smaller one as well).
-2. One key's visibility is flipped: each examined row equals attention with exactly one key
-   shown or hidden wrongly; the first such (query, key) pair is named as the mask checks name it.
-3. The mask follows another rule: every examined row equals attention under one of MASK_SLIPS
-   (query and key swapped, one of the two interval tests left out, an off-by-one on either);
-   the first (query, key) pair where that rule departs from the tree's is named.
-4. The loop stops inside a tile: as 1, for any c. It comes after 2, since a row that misses
-   only itself also "stops" below itself when its ancestors come first.
-5. One key tile is skipped: every examined row equals attention over its visible keys outside
-   one key tile that it sees (a tile-skipping test that reads the wrong tile's entry).
-6. A rescale is missing: the online softmax (FlashAttention, Dao et al. 2022, Alg. 1) must
-   multiply the running sum and output by exp(m_old - m_new) when a key tile raises the running
-   max. Each examined row is replayed tile by tile in float64 with the accumulator's rescale, the
-   sum's, or both left out; if one of these replays matches every row, the check says which
-   rescale is missing and names the first key tile that raises the running max of the first
+2. One key tile is skipped (SKIP_TEST): every examined row equals attention over its visible keys
+   outside one key tile that it sees (a tile-skipping test that reads the wrong tile's entry).
+3. The running state is not carried (CARRIED_STATE): every examined row equals attention over the
+   keys of the last key tile where it sees one, and every NaN row sees no key in the last key tile
+   (there it divided 0 by 0): each key tile started afresh.
+4. The probabilities ignore the mask (PROBABILITY_MASK): every examined row equals attention over
+   every key of the key tiles from its first visible key on, padding keys past the end included
+   or not: the mask decided the max, but p = exp(s - m) was not set to 0 for hidden keys. It
+   comes before 5 and 6, whose rules can coincide with "every key" on a chain.
+5. One key's visibility is flipped (MASK_TEST): each examined row equals attention with exactly one
+   key shown or hidden wrongly; the first such (query, key) pair is named as the mask checks name it.
+6. The mask follows another rule (MASK_TEST): every examined row equals attention under one of
+   MASK_SLIPS (query and key swapped, one of the two interval tests left out, an off-by-one on
+   either); the first (query, key) pair where that rule departs from the tree's is named.
+7. The loop stops inside a tile (KEY_BOUND): as 1, for any c. It comes after 5, since a row that
+   misses only itself also "stops" below itself when its ancestors come first.
+8. A rescale is missing (RESCALE): the online softmax (FlashAttention, Dao et al. 2022, Alg. 1)
+   must multiply the running sum and output by exp(m_old - m_new) when a key tile raises the
+   running max. Each examined row is replayed tile by tile in float64 with the accumulator's
+   rescale, the sum's, or both left out; if one of these replays matches every row, the check says
+   which rescale is missing and names the first key tile that raises the running max of the first
    failing row: there the kernel first goes wrong (rows whose max never rises are right).
-7. The scores are not scaled: every examined row equals softmax(QK^T) V without the 1/sqrt(d).
-8. The final division is wrong: every examined row is the right output times a constant of its
-   own, so P and P.V are right and the row was divided by the wrong sum.
+9. The scores are not scaled (SCALE): every examined row equals softmax(QK^T) V without 1/sqrt(d).
+10. Padding keys are seen (PADDING_KEYS): every examined row equals attention over its visible keys
+   and the zero keys past the end of the last key tile (score 0). It comes before 12, which it
+   also fits: such a row is the right one times a factor.
+11. A tile is laid out wrong (TILE_LAYOUT): every examined row equals attention with the score tile
+   of each (query tile, key tile) pair transposed, or with V's rows taken from K, or K's from V.
+12. The final division is wrong (FINAL_SUM): every examined row is the right output times a
+   constant of its own, so P and P.V are right and the row was divided by the wrong sum.
 
 Rows that are NaN get one hypothesis of their own: each sees no key in the first key tile, so a
 tile where it has seen nothing yet gave exp(-inf - (-inf)) = NaN (the shift by 0 is missing).
+Where most values are wrong and nothing fits (nor a race), `most_values_wrong` says so: whole tiles
+moved, not one row or key.
 
 A hypothesis is accepted only when it reproduces every examined row within the check's
 tolerance, so a kernel wrong in some other way (a race, say) gets no diagnosis rather than a
@@ -145,7 +162,6 @@ def explain_attention(got, q, k, v, visible, tile: int, atol: float, rtol: float
         (PADDING_KEYS, lambda: _padding_keys_seen(rows, visible, matches, padding, place)),
         (TILE_LAYOUT, lambda: _tiles_mixed_up(rows, visible, q, k, v, scale, tile, close, place)),
         (FINAL_SUM, lambda: _rows_scaled(rows, got, want, close, place)),
-        (TILE_LAYOUT, lambda: _most_values_wrong(got, want, atol, rtol, tile)),
     )
     for cause, hypothesis in hypotheses:
         found = hypothesis() if cause in causes else ""
@@ -319,9 +335,11 @@ def _transposed_scores_row(q, k, v, keys: torch.Tensor, r: int, scale: float, ti
     return torch.softmax(scores[keys], dim=0) @ v[keys]
 
 
-def _most_values_wrong(got, want, atol: float, rtol: float, tile: int) -> str:
-    """More than half the values wrong, in every query tile, with no hypothesis above fitting: a slip
-    that moves whole tiles rather than one row, key or rescale."""
+def most_values_wrong(got, want, atol: float, rtol: float, tile: int) -> str:
+    """More than half the values wrong, and no hypothesis of `explain_attention` fitting (nor a race,
+    which a check tests first): a slip that moves whole tiles rather than one row, key or rescale.
+    got, want: (..., N, d), rows in query tiles of `tile`."""
+    got, want = got.detach().cpu().double(), want.detach().cpu().double()
     bad = ((got - want).abs() > atol + rtol * want.abs()) | got.isnan()
     if float(bad.double().mean()) <= MOSTLY_WRONG:
         return ""
