@@ -14,6 +14,7 @@ import torch
 from course.__main__ import main
 from course.checks import CaseResult, run_cases
 from course.checks.diagnose import NAN_CAUSES, TRITON_NAN_CAUSES, compare_floats, speaking_of
+from course.checks.diagnose_attention import most_values_wrong
 from course.core import impl as implementations
 from course.core import runtime
 from course.core.launch import never_written, poisoned_empty
@@ -162,3 +163,13 @@ def test_poisoned_empty_holds_the_never_written_value(dtype):
     else:
         assert (tensor == never_written(dtype)).all()
     assert poisoned_empty(4, dtype=dtype, device="cpu").shape == (4,)
+
+
+def test_most_values_wrong_names_whole_tiles_not_one_row():
+    want = torch.randn(1, 1, 40, 8, generator=torch.Generator().manual_seed(0))
+    wrong = want.flip(-1)  # every row's columns in reverse: nearly every value wrong
+    text = most_values_wrong(wrong, want, 1e-5, 1e-5, tile=32)
+    assert "in 2 of 2 query tiles" in text and "whole tiles" in text, text
+    one_row = want.clone()
+    one_row[0, 0, 3] += 1
+    assert most_values_wrong(one_row, want, 1e-5, 1e-5, tile=32) == ""
