@@ -9,8 +9,8 @@ from course.core import impl as implementations
 from course.topics.attention import check as attention_checks
 from course.topics.deft import check as deft_checks
 from course.topics.kvcache import check as kvcache_checks
-from course.topics.ladder.check import check_tile_visibility, check_tree_attention
-from course.topics.ladder.rungs import RUNGS
+from course.topics.ladder.check import check_tile_visibility, rung_check
+from course.topics.ladder.rungs import BY_MODULE, FIND_THE_BUG, RUNGS
 from course.topics.sampling import check as sampling_checks
 from course.topics.trees import check as tree_checks
 from course.topics.triton_attention.check import check_triton_tree_attention
@@ -18,6 +18,10 @@ from course.topics.verification import check as verification_checks
 
 from .checks import Report, run_cases
 from .grading import speed
+
+# The modules not written in Numba CUDA: notebook 02 is plain PyTorch, notebooks 12 onward Triton.
+LANGUAGES = {"attention": "torch"} | {module: "triton" for module in (
+    "triton_attention", "deft", "spec_sampling", "tree_verification", "emssd", "swiftspec")}
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,11 @@ class Exercise:
     @property
     def module(self) -> str:
         return self.id.split(".")[0]
+
+    @property
+    def language(self) -> str:
+        """What the exercise is written in: its check's messages speak of that language's terms."""
+        return LANGUAGES.get(self.module, "numba")
 
     def run(self, impl: str | None = None, seed: int = 0) -> Report:
         module = implementations.load(self.module, impl)
@@ -56,12 +65,14 @@ EXERCISES: dict[str, Exercise] = {
                  attention_checks.check_flash_attention, "tiled attention returning the LSE"),
         Exercise("attention.merge_attention", "02_attention", 2,
                  attention_checks.check_merge_attention, "merging partial results by their LSE"),
-        Exercise("ladder_bug.tree_attention_kernel", "05_times_in_shared", 3, check_tree_attention,
+        Exercise("ladder_bug.tree_attention_kernel", "05_times_in_shared", 3,
+                 rung_check(BY_MODULE[FIND_THE_BUG["ladder_bug"]]),
                  "find the bug: rung 3 with one realistic defect"),
         Exercise("ladder_k10.tile_visibility_kernel", "11b_tile_mask", 3, check_tile_visibility,
                  "the tile mask of a tree: which key tiles each query tile sees"),
     ]
-    + [Exercise(f"{rung.module}.tree_attention_kernel", rung.notebook, 4, check_tree_attention,
+    + [Exercise(f"{rung.module}.tree_attention_kernel", rung.notebook, 4,
+                rung_check(rung),
                 f"rung {rung.name}: {rung.change}",
                 requires=("ladder_k10.tile_visibility_kernel",) if rung.module == "ladder_k10" else (),
                 bench=speed.rung_bench(rung.name))

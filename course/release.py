@@ -257,7 +257,7 @@ def _inherited_holes(module: str, sources, tree, is_open, own: list[Hole]) -> li
         return []
     base = _together(sources[builds_on()[module]].splitlines())
     inside_own = {i for hole in own for i in range(hole.first, hole.last + 1)}
-    spans: list[list] = []  # [first, last, owner]
+    spans: list[list] = []  # [first, last, owner, indent]
     for statement, owner in _inherited_statements(tree.body, lines, answers, is_open, base):
         span = _statement_lines(statement)
         first, last = span.start, span.stop - 1
@@ -266,14 +266,14 @@ def _inherited_holes(module: str, sources, tree, is_open, own: list[Hole]) -> li
                 and _together(lines[first - 1 : last + 1]) in base:
             first -= 1
         between = range(spans[-1][1] + 1, first) if spans else range(0)
-        if spans and spans[-1][2] == owner and all(not _is_code(lines[i]) and i not in inside_own
-                                                     for i in between) \
+        if spans and spans[-1][2] == owner and spans[-1][3] == statement.col_offset \
+                and all(not _is_code(lines[i]) and i not in inside_own for i in between) \
                 and _together(lines[spans[-1][0] : last + 1]) in base:
             spans[-1][1] = last
         else:
-            spans.append([first, last, owner])
+            spans.append([first, last, owner, statement.col_offset])  # one hole stands at one depth
     return [Hole(first, last, owner[1], owner[0], sum(_is_code(line) for line in lines[first : last + 1]),
-                 _defines(tree, first, last)) for first, last, owner in spans]
+                 _defines(tree, first, last)) for first, last, owner, _ in spans]
 
 
 def lesson_holes(module: str, sources: Mapping[str, str],

@@ -73,7 +73,9 @@ def tree_attention_kernel(q, k, v, start, end, out):
                 # COPY FROM YOUR lessons/ladder_k3.py: the lines of region 4 of ladder_k3.tree_attention_kernel that stand here
                 todo("ladder_k3.tree_attention_kernel", region=4, lines=5, defines="score")
                 # COPY FROM YOUR lessons/ladder_k3.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
-                todo("ladder_k2.tree_attention_kernel", region=3, lines=16, defines="l_prev")
+                todo("ladder_k2.tree_attention_kernel", region=3, lines=2, defines="m_new")
+            # COPY FROM YOUR lessons/ladder_k3.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+            todo("ladder_k2.tree_attention_kernel", region=3, lines=15, defines="l_prev")
     # COPY FROM YOUR lessons/ladder_k3.py: the lines of region 4 of ladder_k2.tree_attention_kernel that stand here
     todo("ladder_k2.tree_attention_kernel", region=4, lines=3)
 

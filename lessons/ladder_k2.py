@@ -59,7 +59,7 @@ def tree_attention_kernel(q, k, v, start, end, out):
             v_tile[t, x] = v[b, h, key, x] if key < n else ZERO
         cuda.syncthreads()
         # YOUR CODE HERE: exercise ladder_k2.tree_attention_kernel, region 3 (delete the todo line when you start)
-        todo("ladder_k2.tree_attention_kernel", region=3, lines=26, defines="l_prev")
+        todo("ladder_k2.tree_attention_kernel", region=3, lines=27, defines="l_prev")
         cuda.syncthreads()  # every thread is done with this key tile before it is overwritten
     # YOUR CODE HERE: exercise ladder_k2.tree_attention_kernel, region 4 (delete the todo line when you start)
     todo("ladder_k2.tree_attention_kernel", region=4, lines=3)

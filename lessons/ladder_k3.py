@@ -75,7 +75,9 @@ def tree_attention_kernel(q, k, v, start, end, out):
                 # YOUR CODE HERE: exercise ladder_k3.tree_attention_kernel, region 4 (delete the todo line when you start)
                 todo("ladder_k3.tree_attention_kernel", region=4, lines=5, defines="score")
                 # COPY FROM YOUR lessons/ladder_k2.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
-                todo("ladder_k2.tree_attention_kernel", region=3, lines=16, defines="l_prev")
+                todo("ladder_k2.tree_attention_kernel", region=3, lines=2, defines="m_new")
+            # COPY FROM YOUR lessons/ladder_k2.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+            todo("ladder_k2.tree_attention_kernel", region=3, lines=15, defines="l_prev")
         cuda.syncthreads()  # every thread is done with this key tile before it is overwritten
     # COPY FROM YOUR lessons/ladder_k2.py: the lines of region 4 of ladder_k2.tree_attention_kernel that stand here
     todo("ladder_k2.tree_attention_kernel", region=4, lines=3)

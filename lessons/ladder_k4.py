@@ -82,14 +82,18 @@ def tree_attention_kernel(q, k, v, start, end, out):
                 todo("ladder_k4.tree_attention_kernel", region=5, lines=6, defines="score")
                 # COPY FROM YOUR lessons/ladder_k3.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
                 todo("ladder_k2.tree_attention_kernel", region=3, lines=1, defines="m_new")
-            if m_new != NEG_INF:  # otherwise no key seen yet: nothing to add
+            # COPY FROM YOUR lessons/ladder_k3.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+            todo("ladder_k2.tree_attention_kernel", region=3, lines=1, defines="seen_a_key")
+            if seen_a_key:
                 # COPY FROM YOUR lessons/ladder_k3.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
                 todo("ladder_k2.tree_attention_kernel", region=3, lines=1)
                 for c in range(TILE):
                     # YOUR CODE HERE: exercise ladder_k4.tree_attention_kernel, region 6 (delete the todo line when you start)
                     todo("ladder_k4.tree_attention_kernel", region=6, lines=2, defines="p")
                     # COPY FROM YOUR lessons/ladder_k3.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
-                    todo("ladder_k2.tree_attention_kernel", region=3, lines=2, defines="l_tile, alpha")
+                    todo("ladder_k2.tree_attention_kernel", region=3, lines=1, defines="l_tile")
+                # COPY FROM YOUR lessons/ladder_k3.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+                todo("ladder_k2.tree_attention_kernel", region=3, lines=1, defines="alpha")
                 for x in range(D):
                     # COPY FROM YOUR lessons/ladder_k3.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
                     todo("ladder_k2.tree_attention_kernel", region=3, lines=1)
@@ -97,7 +101,9 @@ def tree_attention_kernel(q, k, v, start, end, out):
                         # YOUR CODE HERE: exercise ladder_k4.tree_attention_kernel, region 7 (delete the todo line when you start)
                         todo("ladder_k4.tree_attention_kernel", region=7, lines=1, defines="pv")
                     # COPY FROM YOUR lessons/ladder_k3.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
-                    todo("ladder_k2.tree_attention_kernel", region=3, lines=3, defines="l_prev")
+                    todo("ladder_k2.tree_attention_kernel", region=3, lines=1)
+                # COPY FROM YOUR lessons/ladder_k3.py: the lines of region 3 of ladder_k2.tree_attention_kernel that stand here
+                todo("ladder_k2.tree_attention_kernel", region=3, lines=2, defines="l_prev")
         cuda.syncthreads()  # every thread is done with this key tile before it is overwritten
     # COPY FROM YOUR lessons/ladder_k3.py: the lines of region 4 of ladder_k2.tree_attention_kernel that stand here
     todo("ladder_k2.tree_attention_kernel", region=4, lines=3)

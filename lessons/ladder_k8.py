@@ -88,7 +88,9 @@ def tree_attention_kernel(q, k, v, start, end, out):
                 # YOUR CODE HERE: exercise ladder_k8.tree_attention_kernel, region 4 (delete the todo line when you start)
                 todo("ladder_k8.tree_attention_kernel", region=4, lines=1)
                 # COPY FROM YOUR lessons/ladder_k7.py: the lines of region 4 of ladder_k4.tree_attention_kernel that stand here
-                todo("ladder_k4.tree_attention_kernel", region=4, lines=2, defines="key")
+                todo("ladder_k4.tree_attention_kernel", region=4, lines=1)
+        # COPY FROM YOUR lessons/ladder_k7.py: the lines of region 4 of ladder_k4.tree_attention_kernel that stand here
+        todo("ladder_k4.tree_attention_kernel", region=4, lines=1, defines="key")
         # COPY FROM YOUR lessons/ladder_k7.py: the lines of region 3 of ladder_k3.tree_attention_kernel that stand here
         todo("ladder_k3.tree_attention_kernel", region=3, lines=2)
         cuda.syncthreads()

@@ -89,7 +89,8 @@ def tree_attention_kernel(q, k, v, start, end, out):
                 ### END SOLUTION
                 s[t, c] = score
                 m_new = max(m_new, score)
-            if m_new != NEG_INF:  # otherwise no key seen yet: nothing to add
+            seen_a_key = m_new != NEG_INF  # otherwise no key seen yet: nothing to add
+            if seen_a_key:
                 l_tile = ZERO
                 for c in range(TILE):
                     p = math.exp(s[t, c] - m_new)

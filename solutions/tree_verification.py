@@ -79,8 +79,7 @@ they can differ only where a comparison lies within float64 rounding of its thre
 Trees come as parent arrays (B, N) int32, numbered parent-before-child, or as DFS times
 (start, end) (notebook 01), from which `parents_from_times_kernel` rebuilds the parents.
 
-Relation to notebook 15 (solutions/spec_sampling.py): its `first_crossing` is the same two-level
-inverse-CDF search in float32, and its `tile_pass_kernel` the residual's partial sums of a chain.
+Relation to notebook 15: its kernels draw from the residual of a chain in float32, by tiles too.
 This module keeps its own float64 helpers (`residual_tile`, `residual_mass`,
 `inverse_cdf_by_tiles`): the closed-form residual max(0, p - C q) with a float64 C, and no
 dependency on notebook 15's exercises (a student can do notebook 16 first).
@@ -100,6 +99,7 @@ from course.core import interpreter, runtime
 from course.core.launch import poisoned_empty
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.verification import validate as check
+from course.topics.verification.times import parents_from_times_kernel
 
 MAX_NODES = 1024  # the walk keeps a tree's parent array in one block of registers
 # One program walks a tree, so a residual pass is as fast as one SM can pull two rows in: the
@@ -160,19 +160,21 @@ def inverse_cdf_by_tiles(p_row, q_row, c, tile_sums, u, V: tl.constexpr, BLOCK_V
     total, or a tile's cumsum ending a hair below its tile sum): then the last token with mass
     is taken, which is where the exact search ends in those cases.
     """
+    # The prefix sums never decrease (the weights are >= 0), so the tiles whose prefix stays at or
+    # below the threshold come first, and there are as many of them as the crossing tile's index:
+    # counting them finds it. The same inside the tile.
     tiles = tl.arange(0, BLOCK_T)
     inclusive = tl.cumsum(tile_sums, axis=0)
-    total = tl.max(inclusive, axis=0)  # the prefix never decreases: weights are >= 0
-    threshold = u * total
-    crossing = tl.min(tl.where(inclusive > threshold, tiles, BLOCK_T), axis=0)
-    last_with_mass = tl.max(tl.where(tile_sums > 0.0, tiles, -1), axis=0)
-    crossing = tl.where(crossing < BLOCK_T, crossing, last_with_mass)
+    threshold = u * tl.max(inclusive, axis=0)
+    crossing = tl.sum((inclusive <= threshold).to(tl.int32), axis=0)
+    if crossing == BLOCK_T:  # no crossing after rounding: the last tile that has mass
+        crossing = tl.max(tl.where(tile_sums > 0.0, tiles, -1), axis=0)
     before = tl.max(tl.where(tiles < crossing, inclusive, 0.0), axis=0)  # mass of earlier tiles
     w = residual_tile(p_row, q_row, c, crossing * BLOCK_V, V, BLOCK_V)
-    offsets = tl.arange(0, BLOCK_V)
-    found = tl.min(tl.where(before + tl.cumsum(w, axis=0) > threshold, offsets, BLOCK_V), axis=0)
-    last_positive = tl.max(tl.where(w > 0.0, offsets, -1), axis=0)
-    return crossing * BLOCK_V + tl.where(found < BLOCK_V, found, last_positive)
+    token = tl.sum((before + tl.cumsum(w, axis=0) <= threshold).to(tl.int32), axis=0)
+    if token == BLOCK_V:
+        token = tl.max(tl.where(w > 0.0, tl.arange(0, BLOCK_V), -1), axis=0)
+    return crossing * BLOCK_V + token
 
 
 # --------------------------------------------------------------------------- sampled verification
@@ -324,25 +326,8 @@ def greedy_walk_kernel(parents, tokens, best, target, path, next_token, N, V: tl
 
 
 # --------------------------------------------------------------------------- trees as DFS times
-
-
-@triton.jit
-def parents_from_times_kernel(start, end, parents, N, BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid (B, cdiv(N, BLOCK_ROWS)): parents[b, v] = the node with the tightest interval that
-    strictly contains v's (FlashSpecInfer §5.1), i.e. v's proper ancestor with the largest start;
-    -1 for the root."""
-    b = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    cols = tl.arange(0, BLOCK_N)
-    row_start = tl.load(start + b * N + rows, mask=rows < N, other=-1)
-    row_end = tl.load(end + b * N + rows, mask=rows < N, other=-1)
-    col_start = tl.load(start + b * N + cols, mask=cols < N, other=N)  # padding contains nothing
-    col_end = tl.load(end + b * N + cols, mask=cols < N, other=-1)
-    above = (col_start[None, :] < row_start[:, None]) & (row_end[:, None] <= col_end[None, :])
-    nearest = tl.max(tl.where(above, col_start[None, :], -1), axis=1)
-    is_parent = above & (col_start[None, :] == nearest[:, None])
-    tl.store(parents + b * N + rows, tl.max(tl.where(is_parent, cols[None, :], -1), axis=1),
-             mask=rows < N)
+# `parents_from_times_kernel` is given, in course/topics/verification/times.py: the test it makes
+# is notebook 12's mask, an exercise of its own.
 
 
 interpreter.prepare(residual_tile, residual_mass, inverse_cdf_by_tiles, tree_walk_kernel,

@@ -12,7 +12,8 @@ two blocks' DFS times by one broadcast comparison.
 
 Two kernels, as in the ladder's rung 10:
 1. `visible_blocks_kernel`, once per tree (shared by the heads): for each query block, the
-   list of the key blocks that some query of the block sees, and its length;
+   list of the key blocks that some query of the block sees, and its length (given, in
+   course/topics/triton_attention/blocks.py: it tests the same pairs as your mask);
 2. `tree_attention_kernel`, grid (cdiv(N, BLOCK_M), B * H): each program walks only its
    query block's list, so an invisible key block costs nothing, not even a branch.
 
@@ -45,6 +46,7 @@ from course.core.launch import poisoned_empty
 from course.core.validate import require_dot_block, require_tree_times
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.triton_attention import validate as check
+from course.topics.triton_attention.blocks import visible_blocks_kernel
 from course.topics.triton_attention.validate import DTYPES, HEAD_DIMS
 
 LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the kernels' scores are in log2 units
@@ -80,34 +82,6 @@ def config_for(d: int, dtype: torch.dtype) -> Config:
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype}")
     return (CONFIGS_FP32 if dtype == torch.float32 else CONFIGS_16BIT)[d]
-
-
-@triton.jit
-def visible_blocks_kernel(start, end, kv_count, kv_list, N, TM, TN,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """kv_list[b, i, :kv_count[b, i]] = the key blocks that some query of query block i sees.
-
-    One program per (query block, tree). Key block j is visible when the BLOCK_M x BLOCK_N
-    comparison of the two blocks' DFS intervals has any true entry: exact, not a bound.
-    """
-    i = tl.program_id(0)
-    b = tl.program_id(1)
-    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
-    # A row past N gets the interval [-1, -1]: no key's interval contains it.
-    row_start = tl.load(start + b * N + rows, mask=rows < N, other=-1)
-    row_end = tl.load(end + b * N + rows, mask=rows < N, other=-1)
-    out = (b * TM + i) * TN
-    count = 0
-    for j in range(0, TN):
-        keys = j * BLOCK_N + tl.arange(0, BLOCK_N)
-        # A key past N gets the empty interval [N, -1], which contains no row.
-        key_start = tl.load(start + b * N + keys, mask=keys < N, other=N)
-        key_end = tl.load(end + b * N + keys, mask=keys < N, other=-1)
-        sees = (key_start[None, :] <= row_start[:, None]) & (row_end[:, None] <= key_end[None, :])
-        seen = tl.max(tl.max(sees.to(tl.int32), axis=1), axis=0)
-        tl.store(kv_list + out + count, j, mask=seen > 0)
-        count += seen
-    tl.store(kv_count + b * TM + i, count)
 
 
 @triton.jit
@@ -189,7 +163,7 @@ def tree_attention_kernel(Q, K, V, start, end, kv_count, kv_list, Out, Lse, N, H
         tl.store(Lse + bh.to(tl.int64) * N + rows, lse, mask=row_in)
 
 
-interpreter.prepare(visible_blocks_kernel, online_softmax_step, tree_attention_kernel)
+interpreter.prepare(online_softmax_step, tree_attention_kernel)
 
 
 def visible_blocks(start: torch.Tensor, end: torch.Tensor, block_m: int = 64,

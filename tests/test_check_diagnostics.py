@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from course.__main__ import main
-from course.checks import run_cases
-from course.checks.diagnose import NAN_CAUSES, compare_floats
+from course.checks import CaseResult, run_cases
+from course.checks.diagnose import NAN_CAUSES, TRITON_NAN_CAUSES, compare_floats, speaking_of
+from course.checks.diagnose_attention import most_values_wrong
 from course.core import impl as implementations
 from course.core import runtime
 from course.core.launch import never_written, poisoned_empty
@@ -126,6 +127,32 @@ def test_nan_message_names_uninitialised_memory_barriers_and_unwritten_outputs()
         assert words in text
 
 
+@pytest.mark.parametrize("language, words, absent", [
+    ("triton", ("tl.store", "tl.program_id", "tl.load"), ("cuda.syncthreads", "shared or local memory")),
+    ("torch", ("torch.empty",), ("cuda.syncthreads", "tl.store")),
+    ("numba", ("cuda.syncthreads()", "shared or local memory"), ("tl.store",)),
+])
+def test_the_nan_message_speaks_the_exercises_language(language, words, absent):
+    got = torch.full((2, 3), float("nan"))
+    with speaking_of(language):
+        text = compare_floats(got, torch.zeros(2, 3), "out", ("row", "column"), 1e-5, 1e-5)
+    assert all(word in text for word in words) and not any(word in text for word in absent), text
+
+
+def test_a_triton_exercise_is_checked_in_triton_terms():
+    assert get("triton_attention.online_softmax_step").language == "triton"
+    assert get("ladder_k1.tree_attention_kernel").language == "numba"
+    assert get("attention.flash_attention").language == "torch"
+
+    def nan_case():
+        got = torch.full((1, 2), float("nan"))
+        problem = compare_floats(got, torch.zeros(1, 2), "out", ("row", "column"), 0, 0)
+        return CaseResult("nan", False, problem)
+
+    text = run_cases("deft.deft_node_kernel", [("nan", nan_case)]).text()
+    assert TRITON_NAN_CAUSES[0] in text and NAN_CAUSES[2] not in text, text
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64,
                                    torch.int8, torch.uint8, torch.bool])
 def test_poisoned_empty_holds_the_never_written_value(dtype):
@@ -136,3 +163,13 @@ def test_poisoned_empty_holds_the_never_written_value(dtype):
     else:
         assert (tensor == never_written(dtype)).all()
     assert poisoned_empty(4, dtype=dtype, device="cpu").shape == (4,)
+
+
+def test_most_values_wrong_names_whole_tiles_not_one_row():
+    want = torch.randn(1, 1, 40, 8, generator=torch.Generator().manual_seed(0))
+    wrong = want.flip(-1)  # every row's columns in reverse: nearly every value wrong
+    text = most_values_wrong(wrong, want, 1e-5, 1e-5, tile=32)
+    assert "in 2 of 2 query tiles" in text and "whole tiles" in text, text
+    one_row = want.clone()
+    one_row[0, 0, 3] += 1
+    assert most_values_wrong(one_row, want, 1e-5, 1e-5, tile=32) == ""

@@ -39,6 +39,7 @@ class Planted:
     planted: str  # what the student wrote instead
     case: str  # the check's first case whose name contains this is run
     names: tuple[str | re.Pattern, ...]  # what the report must contain
+    absent: tuple[str, ...] = ()  # causes the report must not name: the exercise cannot have them here
 
     @property
     def module(self) -> str:
@@ -60,6 +61,9 @@ PLANTED: tuple[Planted, ...] = (
     Planted("trees.dfs_times_kernel", "the end time off by one",
             "end[b, i] = start[b, i] + end[b, i] - 1", "end[b, i] = start[b, i] + end[b, i]", "two nodes",
             ("batch 0, node 0: end = 2, expected 1",)),
+    Planted("trees.dfs_times_kernel", "the root's cursor never set",
+            "    cursor[b, 0] = 1\n", "\n", "chain",
+            ("31 start values were computed from cursor", "start was written"), ("never written",)),
     Planted("trees.tree_mask_kernel", "the ragged tile's bound past N",
             "if q < n and k < n:", "if q < n + 1 and k < n + 1:", "single node",
             ("at lessons/trees.py:{line+1} in tree_mask_kernel", "but start has shape (1, 1)")),
@@ -137,6 +141,12 @@ PLANTED: tuple[Planted, ...] = (
             "if col < n and start[b, col] <= start[b, row]", "if start[b, col] <= start[b, row]",
             "single node",
             ("at lessons/ladder_k1.py:{line}", "start[b, col] is start[0, 1]")),
+    Planted("ladder_k1.tree_attention_kernel", "the running sum never written back",
+            "                    row_sum[b, h, row] = l_new\n", "", "chain",
+            ("equals attention over the keys of the last key tile where it sees a key only",
+             "every NaN row checked (8) sees no key in the last key tile",
+             "not carried from one key tile to the next"),
+            ("skip", "descendants")),
     Planted("ladder_k2.tree_attention_kernel", "a strict < in the start test",
             "start[b, col] <= start[b, row] and end[b, row] <= end[b, col]",
             "start[b, col] < start[b, row] and end[b, row] <= end[b, col]", "two nodes",
@@ -240,6 +250,24 @@ PLANTED: tuple[Planted, ...] = (
             "k_t[x0 + t, r] = k[b, h, key_r, x0 + t] if key_r < n else ZERO",
             "k_t[x0 + t, r] = k[b, h, key_r, x0 + t] if key_r <= n else ZERO", "single node",
             ("at lessons/ladder_k8.py:{line}", "k[b, h, key_r, x0 + t] is k[0, 0, 1,")),
+    Planted("ladder_k8.tree_attention_kernel", "the probabilities not masked (a tree of two nodes)",
+            "p = math.exp(s_t[c, t] - m_new) if (visible >> c) & 1 else ZERO",
+            "p = math.exp(s_t[c, t] - m_new)",
+            "two nodes",
+            ("the probabilities ignore the mask",
+             "and over the padding keys past the end of the last key tile"),
+            ("wrong sum", "skip")),
+    Planted("ladder_k8.tree_attention_kernel", "the probabilities not masked (a chain)",
+            "p = math.exp(s_t[c, t] - m_new) if (visible >> c) & 1 else ZERO",
+            "p = math.exp(s_t[c, t] - m_new)",
+            "chain",
+            ("the probabilities ignore the mask", "row 0 sees 1 keys and takes 64"),
+            ("the start test left out", "wrong sum", "skip")),
+    Planted("ladder_k8.tree_attention_kernel", "the score tile stored untransposed",
+            "s_t[tx + COL_STRIDE * cc, ROWS * ty + rr] = s_reg[rr, cc] * SCALE",
+            "s_t[ROWS * ty + rr, tx + COL_STRIDE * cc] = s_reg[rr, cc] * SCALE", "two nodes",
+            ("with the score tile of every (query tile, key tile) pair transposed",
+             "row 1's score for key c of a key tile is that of row 0 + c against key 1 of the tile")),
     Planted("ladder_dense.tree_attention_kernel", "the mask read transposed",
             "mask[b, row, j * TILE + c]", "mask[b, j * TILE + c, row]", "binary-ish",
             ("the mask of descendants (query and key swapped)", "the mask let query 0 see key 1")),
@@ -294,6 +322,10 @@ PLANTED: tuple[Planted, ...] = (
             "    for r0 in range(0, TILE - STAGE, STAGE):\n        for s in range(STAGE):\n            for "
             "x in range(CHUNKS):", "binary-ish",
             ("row 16, column 0: out is NaN", "only in row 16 to 30")),
+    Planted("ladder_k11.tree_attention_kernel", "the value tile filled from the keys' staging",
+            "v_tile[r0 + s, x * TILE + t] = staged_v[s, x] if inside else ZERO",
+            "v_tile[r0 + s, x * TILE + t] = staged_k[s, x] if inside else ZERO", "two nodes",
+            ("equals attention over its visible keys where the value rows are the key rows",)),
     Planted("ladder_bug.tree_attention_kernel", "the missing barrier left out (the lesson as handed out)",
             "        cuda.syncthreads()  # every thread is done with this key tile before it is "
             "overwritten\n", "", "chain",
@@ -470,6 +502,9 @@ PLANTED: tuple[Planted, ...] = (
     Planted("emssd.unpadded_attention_kernel", "the midpoint rounded down",
             "mid = (lo + hi + 1) // 2", "mid = (lo + hi) // 2", "very different lengths",
             ("token 10 (new token 0 of sample 2) must see KV rows 89 to 92",)),
+    Planted("emssd.unpadded_attention_kernel", "the midpoint rounded down (a sample with no new token)",
+            "mid = (lo + hi + 1) // 2", "mid = (lo + hi) // 2", "a sample with 0 new tokens",
+            ("token 4 (new token 0 of sample 2) must see KV rows 20 to 29",), ("skip", "key tile")),
     Planted("emssd.unpadded_attention_kernel", "a token does not see itself",
             "visible = mine[:, None] & (cols_kv[None, :] <= kv_len + position[:, None])",
             "visible = mine[:, None] & (cols_kv[None, :] < kv_len + position[:, None])", "one sample",
@@ -577,6 +612,8 @@ def test_the_check_catches_the_planted_bug_and_names_its_place(bug, tmp_path):
     text, line = report_of(bug, tmp_path)
     for name in bug.names:
         assert expected_in(name, text, line), f"the report does not say {name!r}:\n{text}"
+    for cause in bug.absent:
+        assert cause not in text, f"the report names {cause!r}, which this bug is not:\n{text}"
 
 
 def test_every_exercise_has_three_planted_bugs():

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..exercise import ExerciseNotImplemented
 from .crash import Crash, describe
+from .diagnose import speaking_of
 
 PUBLIC_SEED = 0
 
@@ -117,7 +118,20 @@ CaseRunner = Callable[[], "CaseResult | None"]
 
 
 def run_cases(exercise: str, cases: Iterable[tuple[str, CaseRunner]]) -> Report:
-    """Run each case, turning exceptions into failed cases (a stub stops everything)."""
+    """Run each case, turning exceptions into failed cases (a stub stops everything); the messages
+    speak of the language the exercise is written in (`course.exercises.Exercise.language`)."""
+    with speaking_of(_language(exercise)):
+        return _run_cases(exercise, cases)
+
+
+def _language(exercise: str) -> str:
+    from ..exercises import EXERCISES  # the table imports the checks: look it up when it is there
+
+    known = EXERCISES.get(exercise)
+    return known.language if known is not None else "numba"
+
+
+def _run_cases(exercise: str, cases: Iterable[tuple[str, CaseRunner]]) -> Report:
     report = Report(exercise)
     for name, run in cases:
         try:

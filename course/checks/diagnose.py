@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import numpy as np
 import torch
 
 from course.core.launch import never_written
 
-# Why a float output holds NaN: launchers fill outputs with NaN before the launch, and the
-# simulator fills every shared and local array with NaN, so each likely cause leaves one.
-NAN_CAUSES = (
+# Why a float output holds NaN, in the terms of the exercise's language: launchers fill outputs
+# with NaN before the launch, and the simulator fills every shared and local array of a Numba
+# kernel with NaN, so each likely cause leaves one.
+NAN_CAUSES = (  # a Numba CUDA kernel
     "an output element the kernel never wrote (outputs start as NaN)",
     "a read of shared or local memory before anything was stored there: an accumulator "
     "not initialised (the simulator fills them with NaN)",
@@ -17,6 +21,40 @@ NAN_CAUSES = (
     "or a thread that returns before the barrier so its part of the tile is never stored",
     "0/0 or inf - inf in the arithmetic, e.g. a softmax over a row with every key masked",
 )
+TRITON_NAN_CAUSES = (
+    "an output element no program stored (outputs start as NaN): a tl.store whose mask leaves "
+    "rows or columns out, or a grid whose program ids (tl.program_id) do not cover the output",
+    "a tl.load whose mask leaves elements out with other=... giving NaN or -inf where they are "
+    "used, or a block read at the wrong offsets",
+    "0/0 or inf - inf in the arithmetic, e.g. exp2(-inf - (-inf)) for a row whose every key is "
+    "masked so far, or a division by a running sum that is still 0",
+)
+TORCH_NAN_CAUSES = (
+    "an output element the function never set (a tensor from torch.empty, or a slice the loop "
+    "does not reach)",
+    "0/0 or inf - inf in the arithmetic, e.g. exp(-inf - (-inf)) for a row whose every key is "
+    "masked so far, or a division by a running sum that is still 0",
+)
+CAUSES_IN = {"numba": NAN_CAUSES, "triton": TRITON_NAN_CAUSES, "torch": TORCH_NAN_CAUSES}
+# The language of the exercise being checked (set by `speaking_of`): messages name its terms.
+_LANGUAGE: contextvars.ContextVar[str] = contextvars.ContextVar("language", default="numba")
+
+
+@contextlib.contextmanager
+def speaking_of(language: str):
+    """Within the block, diagnoses speak of `language`'s terms: "numba", "triton" or "torch"."""
+    if language not in CAUSES_IN:
+        raise ValueError(f"language must be one of {', '.join(CAUSES_IN)}, got {language!r}")
+    token = _LANGUAGE.set(language)
+    try:
+        yield
+    finally:
+        _LANGUAGE.reset(token)
+
+
+def nan_causes() -> tuple[str, ...]:
+    """The likely causes of a NaN output in the language of the exercise being checked."""
+    return CAUSES_IN[_LANGUAGE.get()]
 
 
 def simulator_poison(dtype: torch.dtype) -> int:
@@ -54,7 +92,7 @@ def poison_hint(got: torch.Tensor, wrong: torch.Tensor, what: str) -> str:
                 f"{never_written(got.dtype)}, what the launcher fills outputs with (a thread that "
                 "returned early, a loop that stops short, or a kernel that assumed zeros)")
     unset = wrong & (got == simulator_poison(got.dtype))
-    if unset.any():
+    if unset.any() and _LANGUAGE.get() == "numba":
         return (f"\n{int(unset.sum())} {what} values are {simulator_poison(got.dtype)}, the value "
                 "the simulator fills shared and local arrays with: they were copied from "
                 "memory that was read before anything was stored there (a missing "
@@ -71,7 +109,7 @@ def compare_floats(got: torch.Tensor, expected: torch.Tensor, what: str, labels:
     if torch.isnan(got).any():
         where = first_index(torch.isnan(got))
         place = ", ".join(f"{label} {i}" for label, i in zip(labels, where, strict=True))
-        causes = "\n".join(f"  - {cause}" for cause in NAN_CAUSES)
+        causes = "\n".join(f"  - {cause}" for cause in nan_causes())
         return (f"{place}: {what} is NaN ({int(torch.isnan(got).sum())} NaN values of "
                 f"{got.numel()}){nan_extent(torch.isnan(got), labels)}. Likely causes:\n{causes}")
     error = (got - expected).abs()

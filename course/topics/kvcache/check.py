@@ -45,7 +45,7 @@ import pyspec_ref
 import pyspec_ref.kvcache as spec
 from course.checks import CaseResult, rerun_problem
 from course.checks.diagnose import compare_floats
-from course.checks.diagnose_attention import MASK_SLIPS, explain_attention
+from course.checks.diagnose_attention import MASK_SLIPS, MASK_TEST, explain_attention
 from course.core import inputs, runtime
 from course.oracle import attention_with_lse
 from course.oracle import kvcache as kv_oracle
@@ -396,6 +396,10 @@ def _attention_case(module, samples, heads, heads_kv, width, d, dtype, seed, opt
             or rerun_problem((out, lse), again))
 
 
+# What the student writes in SwiftSpec's attention and EMS-SD's: the mask (from DFS intervals, or from the
+# sample that a binary search restores); the loop over key blocks, its skipping and the online softmax
+# are given or another exercise's, so a diagnosis names only a (query, row) pair or a mask rule.
+STUDENT_WRITES_THE_MASK = frozenset({MASK_TEST})
 NONSQUARE_RULE = "kv_start[row] <= q_start[query] and q_end[query] <= kv_end[row]"
 
 
@@ -430,7 +434,7 @@ def _explain_nonsquare(out, kwargs, samples, tolerance) -> str:
         return f"the kernel hid {held} from {asked}, but it is an ancestor-or-self"
 
     return explain_attention(out, kwargs["q"], k, v, visible, slots, *tolerance, pair=pair,
-                             rule=NONSQUARE_RULE, slips=slips, batch="sample")
+                             rule=NONSQUARE_RULE, slips=slips, batch="sample", causes=STUDENT_WRITES_THE_MASK)
 
 
 def reroot_problem(module, prefix_len: int, parents, path, width: int, heads: int, heads_kv: int, d: int,
@@ -615,7 +619,8 @@ def _explain_unpadded(out, q, k, v, counts, starts, kv_lengths, tolerance) -> st
         return f"the kernel hid KV row {j} ({row_of(j)}) from {token(t)}, which it must see"
 
     return (explain_attention(*heads_first, visible.unsqueeze(0), slots, *tolerance, pair=pair,
-                              rule="the rows of its own sample up to itself", batch=None)
+                              rule="the rows of its own sample up to itself", batch=None,
+                              causes=STUDENT_WRITES_THE_MASK)
             or _wrong_tokens(*heads_first, counts, starts, kv_lengths, visible, tolerance, token))
 
 

@@ -17,8 +17,16 @@ import pyspec_ref
 from course import oracle
 from course.checks import CaseResult, rerun_problem
 from course.checks.diagnose import compare_floats, compare_ints, first_index
-from course.checks.diagnose_attention import explain_tree_attention
+from course.checks.diagnose_attention import (
+    EVERY_CAUSE,
+    PROBABILITY_MASK,
+    SKIP_TEST,
+    TILE_LAYOUT,
+    explain_tree_attention,
+    most_values_wrong,
+)
 from course.core import inputs, runtime
+from course.topics.ladder.rungs import Rung
 
 ATOL, RTOL = 2e-5, 1e-4  # float32 accumulation over up to a few thousand keys
 SAMPLED_ROWS = 4
@@ -55,8 +63,34 @@ def _sampled_rows_problem(out, q, k, v, batch, start, end, seed) -> str:
     return ""
 
 
-def check_tree_attention(module, seed: int, heads: int | None = None):
-    """module.tree_attention must equal softmax(QK^T/sqrt(d) masked by the tree) V."""
+# From rung 8 on the whole score tile is computed before the mask is read, so the probabilities
+# themselves must be masked; before it a hidden key never gets a score.
+MASKS_PROBABILITIES = ("k8", "k8_dense", "k9", "k10", "k11")
+
+
+def rung_causes(rung: Rung) -> frozenset[str]:
+    """What a rung's student code can get wrong (course.checks.diagnose_attention): a skip test only
+    in the rungs that skip key tiles, a mask on the probabilities only where they are masked."""
+    causes = EVERY_CAUSE
+    if not rung.skips_tiles:
+        causes -= {SKIP_TEST}
+    if rung.name not in MASKS_PROBABILITIES:
+        causes -= {PROBABILITY_MASK}
+    return causes
+
+
+def rung_check(rung: Rung):
+    """The check of a rung's tree_attention_kernel: `check_tree_attention` with the rung's causes."""
+    causes = rung_causes(rung)
+
+    def check(module, seed: int, heads: int | None = None):
+        return check_tree_attention(module, seed, heads, causes)
+    return check
+
+
+def check_tree_attention(module, seed: int, heads: int | None = None, causes: frozenset[str] = EVERY_CAUSE):
+    """module.tree_attention must equal softmax(QK^T/sqrt(d) masked by the tree) V; a wrong output is
+    explained by those of the `causes` that fit (`rung_causes`)."""
     device = runtime.torch_device()
     heads = heads or runtime.pick(sim=1, gpu=4)  # the simulator runs a block in ~1 s: keep few
     tile = getattr(module, "TILE", 32)
@@ -71,7 +105,9 @@ def check_tree_attention(module, seed: int, heads: int | None = None):
             want, _ = oracle.tree_attention(q, k, v, start, end)
             problem = compare_floats(out, want, "out", LABELS, ATOL, RTOL)
             if problem:
-                why = explain_tree_attention(out, q, k, v, start, end, tile, ATOL, RTOL) or race(out, again)
+                why = (explain_tree_attention(out, q, k, v, start, end, tile, ATOL, RTOL, causes)
+                       or race(out, again)
+                       or (most_values_wrong(out, want, ATOL, RTOL, tile) if TILE_LAYOUT in causes else ""))
                 problem += f"\n{why}" if why else ""
             problem = (problem
                        or _sampled_rows_problem(out.cpu(), q.cpu(), k.cpu(), v.cpu(), batch,

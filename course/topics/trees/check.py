@@ -11,6 +11,7 @@ from course import oracle
 from course.checks import CaseResult, rerun_problem
 from course.checks.diagnose import compare_ints, compare_mask, explain_pair, first_index
 from course.core import inputs, runtime
+from course.core.launch import launch, never_written, poisoned_empty
 
 SAMPLED_ROWS = 16  # rows per tree compared with pyspec_ref when the output is large
 WORD_BITS = 64  # keys per bitmask word
@@ -39,10 +40,45 @@ def check_dfs_times(module, seed: int):
             for what, value, want in (("start", got[0], start), ("end", got[1], end)):
                 problem = compare_ints(value, want, what, ("batch", "node"))
                 if problem:
+                    origin = scratch_origin(module, parents, got, what)
+                    problem = f"{problem.splitlines()[0]}\n{origin}" if origin else problem
                     return CaseResult(name, False, problem)
             problem = rerun_problem(got, again)
             return CaseResult(name, False, problem) if problem else None
         yield name, run
+
+
+# The scratch array the launcher gives dfs_times_kernel beside its outputs, and a value no DFS time
+# or sum of them comes near: where the outputs move with it, they were computed from unset scratch.
+SCRATCH = "cursor"
+SCRATCH_MARK = -(2**30)
+
+
+def scratch_origin(module, parents, got, what: str) -> str:
+    """'' unless the wrong values of `what` come from the scratch array: then how many, and why.
+
+    The launcher fills outputs and scratch alike with the sentinel of never-written values, so a
+    start time copied from an unset cursor looks never written. Launching the kernel again with the
+    scratch filled with SCRATCH_MARK tells the two apart: values copied from it move with it."""
+    outputs = (poisoned_empty(parents.shape, dtype=parents.dtype, device=parents.device) for _ in range(2))
+    start, end = outputs
+    cursor = torch.full_like(parents, SCRATCH_MARK)
+    per_block = module.TREES_PER_BLOCK
+    try:
+        launch(module.dfs_times_kernel, (parents.shape[0] + per_block - 1) // per_block, per_block, parents,
+               start, end, cursor, names=("parents", "start", "end", SCRATCH))
+    except Exception:  # the case's own run went through: a second one that fails only says less
+        return ""
+    first, marked = dict(start=got[0], end=got[1])[what].cpu(), dict(start=start, end=end)[what].cpu()
+    moved = first != marked
+    if not moved.any():
+        return ""
+    b, node = first_index(moved)
+    return (f"{int(moved.sum())} {what} values were computed from {SCRATCH}, not from the tree: run again "
+            f"with {SCRATCH} filled with {SCRATCH_MARK} instead of {never_written(parents.dtype)}, batch "
+            f"{b}, node {node} holds {int(marked[b, node])} instead of {int(first[b, node])}. {what} was "
+            f"written, but from an entry of {SCRATCH} that nothing had stored yet ({SCRATCH} of the root, "
+            "or of a node, not initialised before it is read?)")
 
 
 def reference_rows(batch, rows_per_tree: int, seed: int):

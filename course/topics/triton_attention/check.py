@@ -28,9 +28,20 @@ import pyspec_ref
 from course import oracle
 from course.checks import CaseResult, rerun_problem
 from course.checks.diagnose import compare_floats, compare_out_and_lse
-from course.checks.diagnose_attention import explain_tree_attention
+from course.checks.diagnose_attention import (
+    CARRIED_STATE,
+    MASK_TEST,
+    PADDING_KEYS,
+    PROBABILITY_MASK,
+    RESCALE,
+    SCALE,
+    explain_tree_attention,
+)
 from course.core import inputs, runtime
 
+# What the student's code of notebook 12 holds: the mask of a pair of blocks (tree_attention_kernel) and
+# the online-softmax step (online_softmax_step). The list of key blocks and the final division are given.
+CAUSES = frozenset({MASK_TEST, PROBABILITY_MASK, PADDING_KEYS, CARRIED_STATE, RESCALE, SCALE})
 TOLERANCES = {torch.float32: (2e-5, 1e-4), torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 8e-3)}
 LSE_TOLERANCE = (1e-4, 1e-5)
 SAMPLED_ROWS = 4
@@ -137,7 +148,7 @@ def check_triton_tree_attention(module, seed: int, heads: int | None = None):
                        or rerun_problem((out, lse), again))
             if problem:
                 why = explain_tree_attention(out, q, k, v, start, end, module.config_for(d, dtype).block_n,
-                                             *tolerance)
+                                             *tolerance, causes=CAUSES)
                 problem += f"\n{why}" if why else ""
             return CaseResult(name, False, problem) if problem else None
         yield name, run
