@@ -21,7 +21,7 @@ from .grading import speed
 
 # The modules not written in Numba CUDA: notebook 02 is plain PyTorch, notebooks 12 onward Triton.
 LANGUAGES = {"attention": "torch"} | {module: "triton" for module in (
-    "triton_attention", "deft", "spec_sampling", "tree_verification", "emssd", "swiftspec")}
+    "triton_attention", "deft", "spec_sampling", "tree_verification", "emssd", "swiftspec", "tree_shape")}
 
 
 @dataclass(frozen=True)
