@@ -63,8 +63,8 @@ def scratch_origin(module, parents, got, what: str) -> str:
     outputs = (poisoned_empty(parents.shape, dtype=parents.dtype, device=parents.device) for _ in range(2))
     start, end = outputs
     cursor = torch.full_like(parents, SCRATCH_MARK)
-    per_block = module.TREES_PER_BLOCK
-    try:
+    try:  # a module without the kernel (a stand-in launcher) has no scratch to blame
+        per_block = module.TREES_PER_BLOCK
         launch(module.dfs_times_kernel, (parents.shape[0] + per_block - 1) // per_block, per_block, parents,
                start, end, cursor, names=("parents", "start", "end", SCRATCH))
     except Exception:  # the case's own run went through: a second one that fails only says less
