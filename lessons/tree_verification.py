@@ -51,7 +51,10 @@ to mark the drawn tokens: the closed form removes them.
 Edge cases, as the specification defines them (`pyspec_ref.sampling.sibling_distributions`):
 an empty residual (Z_{i+1} = 0: p_i <= q_i everywhere) keeps the whole state (C, Z, S); no
 draft mass left (S_i <= 0, every token with q > 0 drawn) rejects the sibling, since r q(x) Z
->= 0 >= S max(...), and keeps the state (the update would divide by S).
+>= 0 >= S max(...), and keeps the state (the update would divide by S). The kernel's S is a
+float64 difference, so after every token with mass is drawn it may be a rounding residue
+instead of 0; only a tree with more siblings than q has tokens with mass gets there, which no
+draft that draws from q builds.
 
 Kernels (Triton):
 1. `tree_walk_kernel`, one program per tree: the walk, a sequential loop of scalar tests,
