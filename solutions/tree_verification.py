@@ -142,13 +142,16 @@ def residual_tile(p_row, q_row, c, first, V: tl.constexpr, BLOCK_V: tl.constexpr
 def residual_mass(p_row, q_row, c, V: tl.constexpr, BLOCK_V: tl.constexpr):
     """(Z(c), Q): Z(c) = sum_v max(0, p(v) - c q(v)) over one vocabulary row, tile by tile, in
     float64 (the seed paper's partial sums b_k of a = max(0, f), summed by one program), and
-    Q = sum_v q(v), the draft's total mass, from the same loads."""
+    Q = sum_v q(v), the draft's total mass, from the same loads (`residual_tile`'s arithmetic,
+    with q's tile kept: the walk's passes are bound by the bytes they read)."""
     acc = tl.zeros([BLOCK_V], dtype=tl.float64)
     mass = tl.zeros([BLOCK_V], dtype=tl.float64)
     for first in range(0, V, BLOCK_V):
-        acc += residual_tile(p_row, q_row, c, first, V, BLOCK_V)
         cols = first + tl.arange(0, BLOCK_V)
-        mass += tl.load(q_row + cols, mask=cols < V, other=0.0).to(tl.float64)
+        p_v = tl.load(p_row + cols, mask=cols < V, other=0.0).to(tl.float64)
+        q_v = tl.load(q_row + cols, mask=cols < V, other=0.0).to(tl.float64)
+        acc += tl.maximum(p_v - c * q_v, 0.0)
+        mass += q_v
     return tl.sum(acc, axis=0), tl.sum(mass, axis=0)
 
 
