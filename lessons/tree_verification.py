@@ -51,7 +51,10 @@ to mark the drawn tokens: the closed form removes them.
 Edge cases, as the specification defines them (`pyspec_ref.sampling.sibling_distributions`):
 an empty residual (Z_{i+1} = 0: p_i <= q_i everywhere) keeps the whole state (C, Z, S); no
 draft mass left (S_i <= 0, every token with q > 0 drawn) rejects the sibling, since r q(x) Z
->= 0 >= S max(...), and keeps the state (the update would divide by S).
+>= 0 >= S max(...), and keeps the state (the update would divide by S). The kernel's S is a
+float64 difference, so after every token with mass is drawn it may be a rounding residue
+instead of 0; only a tree with more siblings than q has tokens with mass gets there, which no
+draft that draws from q builds.
 
 Kernels (Triton):
 1. `tree_walk_kernel`, one program per tree: the walk, a sequential loop of scalar tests,
@@ -141,13 +144,16 @@ def residual_tile(p_row, q_row, c, first, V: tl.constexpr, BLOCK_V: tl.constexpr
 def residual_mass(p_row, q_row, c, V: tl.constexpr, BLOCK_V: tl.constexpr):
     """(Z(c), Q): Z(c) = sum_v max(0, p(v) - c q(v)) over one vocabulary row, tile by tile, in
     float64 (the seed paper's partial sums b_k of a = max(0, f), summed by one program), and
-    Q = sum_v q(v), the draft's total mass, from the same loads."""
+    Q = sum_v q(v), the draft's total mass, from the same loads (`residual_tile`'s arithmetic,
+    with q's tile kept: the walk's passes are bound by the bytes they read)."""
     acc = tl.zeros([BLOCK_V], dtype=tl.float64)
     mass = tl.zeros([BLOCK_V], dtype=tl.float64)
     for first in range(0, V, BLOCK_V):
-        acc += residual_tile(p_row, q_row, c, first, V, BLOCK_V)
         cols = first + tl.arange(0, BLOCK_V)
-        mass += tl.load(q_row + cols, mask=cols < V, other=0.0).to(tl.float64)
+        p_v = tl.load(p_row + cols, mask=cols < V, other=0.0).to(tl.float64)
+        q_v = tl.load(q_row + cols, mask=cols < V, other=0.0).to(tl.float64)
+        acc += tl.maximum(p_v - c * q_v, 0.0)
+        mass += q_v
     return tl.sum(acc, axis=0), tl.sum(mass, axis=0)
 
 

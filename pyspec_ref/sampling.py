@@ -244,7 +244,8 @@ def gumbel_top_k(q: object, k: object, uniforms: object) -> list[int]:
     that, the other keys are independent Gumbels conditioned to lie below it, so the next largest
     is v' with probability q(v') / (1 - q(v)), and so on: the sequential draws without
     replacement. It is NOT equal draw by draw: the two take different uniforms (k against V).
-    A GPU draws a node's children this way with one topk over the vocabulary (no k-step loop).
+    A GPU draws a node's children this way (Sequoia's siblings, Chen et al., 2024, §3.2) with one
+    topk over the vocabulary, no k-step loop.
     Tokens with q(v) = 0 (or u_v = 0) get the key -inf and are never among the k."""
     weights = validate_distribution(q, "q")
     count = _draw_count(k, weights)

@@ -685,9 +685,11 @@ def sampling_cases(seed: int) -> list[SamplingCase]:
 
 
 def check_tree_sampling(module, seed: int):
-    """module.tree_speculative_sampling must equal pyspec_ref on every tree (or differ only
-    within rounding, rarely), run twice with the same result; a chain must give
-    pyspec_ref.speculative_sampling's result."""
+    """module.tree_speculative_sampling must equal pyspec_ref on every tree, with the case's
+    `replacement` (siblings drawn without replacement, or with in the cases that say so), or
+    differ only within rounding, rarely; run twice with the same result; a chain must give
+    pyspec_ref.speculative_sampling's result. A failing case names the known mistake that
+    reproduces it, if one does (`diagnose`)."""
     device = runtime.torch_device()
     for case in sampling_cases(seed):
         def run(case=case):
