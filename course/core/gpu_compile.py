@@ -312,17 +312,25 @@ def run(record_path: Path = RECORD, modules: list[str] | None = None, timeout_s:
     return subprocess.run(command, cwd=ROOT, env=variables, capture_output=True, text=True, timeout=timeout_s)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course.core.gpu_compile",
-                                     description=__doc__.splitlines()[0])
+def arguments(prog: str, description: str, record_path: Path, argv: list[str] | None) -> argparse.Namespace:
+    """The command line this module and course.core.ptx_compile share."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--record", action="store_true", help="rerun the launches and rewrite the record")
-    parser.add_argument("--launches", type=Path, default=RECORD, help="the record of launches to compile")
+    parser.add_argument("--launches", type=Path, default=record_path,
+                        help="the record of launches to compile")
     parser.add_argument("--modules", nargs="+", help="only these modules (importable names)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def say_recorded(kernels: dict, path: Path) -> None:
+    print(f"recorded {sum(len(k['launches']) for k in kernels.values())} launches of {len(kernels)} "
+          f"kernels in {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments("python -m course.core.gpu_compile", __doc__.splitlines()[0], RECORD, argv)
     if args.record:
-        kernels = record(args.launches)
-        print(f"recorded {sum(len(k['launches']) for k in kernels.values())} launches of {len(kernels)} "
-              f"kernels in {args.launches}")
+        say_recorded(record(args.launches), args.launches)
         return 0
     return compile_all(json.loads(args.launches.read_text()), args.modules)
 
