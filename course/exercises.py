@@ -46,7 +46,7 @@ class Exercise:
             if problems:
                 report.results.append(CaseResult("barriers", False, "\n".join(problems)))
             if SIMULATOR and barriers.is_triton(self.id, module):
-                report.note = barriers.RACE_NOTE.format(exercise=self.id)
+                report.note = barriers.race_note(self.id)
         return report
 
 

@@ -115,7 +115,9 @@ def test_a_passing_triton_check_says_what_the_interpreter_cannot_show(monkeypatc
         assert report.note == ""
     else:
         assert "no check on the CPU can show a race" in report.text()
+        assert "compared your kernel's barriers with the solution's" in report.text()
         assert "python -m course check swiftspec.compact_kernel --racecheck" in report.text()
+        assert "compared" not in barriers.race_note("triton_attention.tree_attention_kernel")
 
 
 @pytest.mark.skipif(course.on_gpu(), reason="without a GPU, --racecheck explains itself")

@@ -273,10 +273,13 @@ def rendered(solutions: Path) -> str:
 
 # ------------------------------------------------------------------------------------ in a check
 
-RACE_NOTE = ("(Triton's interpreter runs a block's threads in step, so no check on the CPU can show a race "
-             "between them: the check compared your barriers with the solution's instead. On a GPU, "
-             "`python -m course check {exercise} --racecheck` runs compute-sanitizer's racecheck, which "
-             "sees races through shared memory.)")
+def race_note(exercise: str) -> str:
+    """What a passing Triton check says it cannot show, and how the course checks it instead."""
+    compared = (": the check compared your kernel's barriers with the solution's instead"
+                if exercise in read() else "")
+    return (f"(Triton's interpreter runs a block's threads in step, so no check on the CPU can show a race "
+            f"between them{compared}. On a GPU, `python -m course check {exercise} --racecheck` runs "
+            "compute-sanitizer's racecheck, which sees races through shared memory.)")
 
 
 def kernel_problems(exercise: str, module) -> list[str]:
