@@ -27,7 +27,9 @@ lab: $(STAMP)
 # Notebooks run with the reference solutions (students' lessons/ are stubs until they write them).
 # The tests run in a shuffled order (pytest-randomly; a notebook's cells keep theirs): the seed is
 # printed first, and `make test TEST_SEED=<seed>` replays that order.
-TEST_SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+ifndef TEST_SEED
+TEST_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m course release --check
