@@ -25,10 +25,17 @@ lab: $(STAMP)
 		--LabApp.default_url=/lab/tree/notebooks/00_setup_and_tour.ipynb $(LAB_ARGS)
 
 # Notebooks run with the reference solutions (students' lessons/ are stubs until they write them).
+# The tests run in a shuffled order (pytest-randomly; a notebook's cells keep theirs): the seed is
+# printed first, and `make test TEST_SEED=<seed>` replays that order.
+ifndef TEST_SEED
+TEST_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m course release --check
-	COURSE_IMPL=solutions $(BIN)/python -m pytest -n 2 --dist loadfile --nbval-lax tests notebooks
+	@echo "test order: shuffled with seed $(TEST_SEED); replay it with: make test TEST_SEED=$(TEST_SEED)"
+	COURSE_IMPL=solutions $(BIN)/python -m pytest -n 2 --dist loadfile -p randomly --randomly-seed=$(TEST_SEED) \
+		--nbval-lax tests notebooks
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

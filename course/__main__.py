@@ -30,6 +30,11 @@ def _check(args) -> int:
     from .checks import check
     from .exercises import select
 
+    if args.racecheck:
+        from .core.impl import impl_name
+        from .sanitize import racecheck
+
+        return racecheck(args.exercise, args.impl or impl_name())
     failed = 0
     for exercise in select(args.exercise):
         report = check(exercise.id, impl=args.impl, seed=args.seed, raise_on_failure=False,
@@ -140,6 +145,9 @@ def main(argv=None) -> int:
     check.add_argument("--seed", type=int, default=0, help="seed of the random cases (default 0)")
     check.add_argument("--verbose", action="store_true",
                        help="show the whole traceback of a kernel or launcher that raised")
+    check.add_argument("--racecheck", action="store_true",
+                       help="on a GPU: run the check under compute-sanitizer's racecheck, which sees the "
+                            "races between a block's threads that the CPU cannot show")
     check.set_defaults(run=_check)
     reveal = commands.add_parser("reveal", help="show our reference answer to an exercise, passed or not")
     reveal.add_argument("target", help="an exercise id or a lesson module (e.g. ladder_k4)")

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from course.core import impl as implementations
+from course.core.runtime import SIMULATOR
 from course.topics.attention import check as attention_checks
 from course.topics.deft import check as deft_checks
 from course.topics.kvcache import check as kvcache_checks
@@ -16,7 +17,7 @@ from course.topics.trees import check as tree_checks
 from course.topics.triton_attention.check import check_triton_tree_attention
 from course.topics.verification import check as verification_checks
 
-from .checks import Report, run_cases
+from .checks import CaseResult, Report, barriers, run_cases
 from .grading import speed
 
 # The modules not written in Numba CUDA: notebook 02 is plain PyTorch, notebooks 12 onward Triton.
@@ -47,7 +48,15 @@ class Exercise:
 
     def run(self, impl: str | None = None, seed: int = 0) -> Report:
         module = implementations.load(self.module, impl)
-        return run_cases(self.id, self.cases(module, seed))
+        report = run_cases(self.id, self.cases(module, seed))
+        if report.results and not report.not_implemented:
+            # The CPU cannot show a missing barrier's race: the source must still hold the solution's.
+            problems = barriers.kernel_problems(self.id, module)
+            if problems:
+                report.results.append(CaseResult("barriers", False, "\n".join(problems)))
+            if SIMULATOR and barriers.is_triton(self.id, module):
+                report.note = barriers.race_note(self.id)
+        return report
 
 
 EXERCISES: dict[str, Exercise] = {

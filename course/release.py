@@ -440,6 +440,10 @@ def differences(solutions: Path = ROOT / "solutions", lessons: Path = ROOT / "le
         for p in sorted(set(expected) & present)
         if (lessons / p).read_bytes() != expected[p]
     ]
+    from course.checks import barriers
+
+    if lessons == ROOT / "lessons" and barriers.DATA.read_text() != barriers.rendered(solutions):
+        problems.append(f"differs: {barriers.DATA.relative_to(ROOT).as_posix()} (the solutions' barriers)")
     return problems
 
 
@@ -452,6 +456,10 @@ def release(solutions: Path = ROOT / "solutions", lessons: Path = ROOT / "lesson
         target = lessons / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
+    from course.checks import barriers
+
+    if lessons == ROOT / "lessons":  # where the solutions' barriers stand, for checks without solutions/
+        barriers.DATA.write_text(barriers.rendered(solutions))
     return sorted(files)
 
 

@@ -42,11 +42,14 @@ CLEAN = {"memcheck": re.compile(r"ERROR SUMMARY: 0 errors"),
          "racecheck": re.compile(r"RACECHECK SUMMARY: 0 hazards displayed \(0 errors, 0 warnings\)")}
 
 
-def command(sanitizer: Path, tool: str, notebook: str) -> list[str]:
+def command(sanitizer: Path, tool: str, notebook: str, target: str | None = None,
+            impl: str = "solutions") -> list[str]:
+    """The sanitizer over `python -m course check` of a notebook's exercises (or of `target`, one
+    exercise of that notebook), in `impl`'s copy."""
     # Triton compiles in the checked process (ptxas runs beside it): follow every process.
     follow = ["--target-processes", "all"] if notebook in TRITON_NOTEBOOKS else []
     return [str(sanitizer), "--tool", tool, *TOOL_FLAGS[tool], *follow, "--error-exitcode", "1",
-            sys.executable, "-m", "course", "check", notebook, "--impl", "solutions"]
+            sys.executable, "-m", "course", "check", target or notebook, "--impl", impl]
 
 
 def environment(notebook: str, triton_sizes: str = "full") -> dict[str, str]:
@@ -58,8 +61,11 @@ def environment(notebook: str, triton_sizes: str = "full") -> dict[str, str]:
 def run_one(sanitizer: Path, tool: str, notebook: str, timeout_s: float,
             triton_sizes: str = "full") -> tuple[bool, str]:
     """(clean, report) of one sanitizer run: its command, the checks' verdicts and its summary."""
-    argv = command(sanitizer, tool, notebook)
-    variables = environment(notebook, triton_sizes)
+    return sanitized(command(sanitizer, tool, notebook), environment(notebook, triton_sizes), tool, timeout_s)
+
+
+def sanitized(argv: list[str], variables: dict[str, str], tool: str, timeout_s: float) -> tuple[bool, str]:
+    """(clean, report) of one sanitizer command run with `variables` set."""
     env = {**os.environ, **variables}
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -71,6 +77,31 @@ def run_one(sanitizer: Path, tool: str, notebook: str, timeout_s: float,
             if "passed" in line or "FAILED" in line or "SUMMARY" in line or "Error" in line]
     settings = " ".join(f"{k}={v}" for k, v in variables.items())
     return clean, "\n".join([f"$ {settings} {' '.join(argv)}", *kept, ""])
+
+
+def racecheck(selector: str | None, impl: str, sanitizer: Path = SANITIZER, timeout_s: float = 1200) -> int:
+    """`python -m course check EXERCISE --racecheck`: compute-sanitizer's racecheck over the check of
+    each selected exercise, in `impl`'s copy, on a GPU. The simulator and Triton's interpreter cannot
+    show a race between a block's threads; racecheck sees every shared-memory hazard."""
+    from course.core.runtime import SIMULATOR
+    from course.exercises import select
+
+    if SIMULATOR:
+        print("--racecheck runs compute-sanitizer, which needs an NVIDIA GPU. On the CPU each check "
+              "instead compares your kernel's barriers with the solution's.")
+        return 2
+    if not sanitizer.exists():
+        print(f"--racecheck: compute-sanitizer is not at {sanitizer} (it comes with the CUDA toolkit)")
+        return 2
+    failed = []
+    for exercise in select(selector):
+        notebook = exercise.notebook.split("_")[0]
+        argv = command(sanitizer, "racecheck", notebook, target=exercise.id, impl=impl)
+        clean, report = sanitized(argv, environment(notebook), "racecheck", timeout_s)
+        print(f"## {exercise.id}, racecheck: {'no hazard' if clean else 'HAZARDS'}\n{report}", flush=True)
+        failed += [] if clean else [exercise.id]
+    print("racecheck clean" if not failed else "racecheck found hazards in: " + ", ".join(failed))
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ sandbox on and short limits:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,6 +33,9 @@ EXERCISES = ["trees.dfs_times_kernel", "trees.tree_bitmask_kernel", "attention.o
 POINTS = {"trees.dfs_times_kernel": 3, "trees.tree_bitmask_kernel": 2, "attention.online_softmax": 2}
 SEED, ESCAPED_SEED = 1234, 97531
 LIMITS = Limits(per_exercise_s=10, total_s=120, memory_mb=1536, output_mb=1, processes=1024)
+# The samples that get past the hole rules: none is meant to hang, and fork_allocate's children must
+# touch 2.1 GB before it returns, which a loaded 2-core machine can take longer than 10 s to do.
+ESCAPED_LIMITS = dataclasses.replace(LIMITS, per_exercise_s=60, total_s=300)
 CANARY = "canary-3141-grader-secret"
 ONLINE, BITMASK, DFS = "attention.online_softmax", "trees.tree_bitmask_kernel", "trees.dfs_times_kernel"
 HELPER = "course-grade-helper-7361"
@@ -50,7 +54,7 @@ def _digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def _run(base: Path, names: list[str], seed: int, extra=()) -> dict:
+def _run(base: Path, names: list[str], seed: int, extra=(), limits: Limits = LIMITS) -> dict:
     watched = base / "watched"  # stands for the grader's repository and other students: nothing may change
     (watched / "course").mkdir(parents=True)
     (watched / "course" / "keep.py").write_text("unchanged")
@@ -68,7 +72,7 @@ def _run(base: Path, names: list[str], seed: int, extra=()) -> dict:
     out = base / "out"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("COURSE_GRADE_CANARY", CANARY)
-        grades = grade(submissions, out, seed, exercises=EXERCISES, limits=LIMITS, jobs=2, progress=False)
+        grades = grade(submissions, out, seed, exercises=EXERCISES, limits=limits, jobs=2, progress=False)
     try:
         listener.accept()
         connected = True
@@ -115,7 +119,7 @@ def escaped(tmp_path_factory):
     base = tmp_path_factory.mktemp("escaped")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(splice, "refusals", lambda *args, **kwargs: [])
-        return _run(base, ESCAPING, ESCAPED_SEED, extra=["correct"])
+        return _run(base, ESCAPING, ESCAPED_SEED, extra=["correct"], limits=ESCAPED_LIMITS)
 
 
 def _points(g) -> dict[str, float]:

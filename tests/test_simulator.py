@@ -87,3 +87,48 @@ def test_launch_rejects_bad_configurations_and_devices():
         launch.launch(read_before, 0, 4, x, x)
     with pytest.raises(ValueError, match="x must be a CPU tensor"):
         launch.kernel_argument(torch.rand(2, device="meta"), "x")
+
+
+@cuda.jit
+def barrier_in_a_branch(x):
+    i = cuda.threadIdx.x
+    if i < 2:  # bug: threads 2 and 3 never reach the barrier
+        cuda.syncthreads()
+    x[i] = i
+
+
+@cuda.jit
+def barrier_after_a_return(x, out, n):
+    i = cuda.threadIdx.x
+    if i >= n:  # bug: threads past n leave before the barrier the others wait at
+        return
+    x[i] = i
+    cuda.syncthreads()
+    out[i] = x[n - 1 - i]
+
+
+@cuda.jit
+def two_barriers(x):
+    i = cuda.threadIdx.x
+    if i == 0:
+        cuda.syncthreads()
+    else:
+        cuda.syncthreads()  # bug: a different barrier from thread 0's
+    x[i] = i
+
+
+def test_a_barrier_only_some_threads_reach_is_refused():
+    only_some = (r"reached by only some threads of block \(0, 0, 0\): "
+                 r"threads \(2, 0, 0\), \(3, 0, 0\) had finished")
+    with pytest.raises(simulator.DivergentBarrier, match=only_some):
+        launch.launch(barrier_in_a_branch, 1, 4, torch.zeros(4))
+    with pytest.raises(simulator.DivergentBarrier, match="test_simulator.py"):
+        launch.launch(barrier_after_a_return, 1, 4, torch.zeros(4), torch.zeros(4), 3)
+    out = torch.zeros(4)
+    launch.launch(barrier_after_a_return, 1, 4, torch.zeros(4), out, 4)  # every thread reaches it: fine
+    assert out.tolist() == [3, 2, 1, 0]
+
+
+def test_threads_at_different_barriers_are_refused():
+    with pytest.raises(simulator.DivergentBarrier, match="wait at different barriers"):
+        launch.launch(two_barriers, 1, 4, torch.zeros(4))

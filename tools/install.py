@@ -10,6 +10,8 @@ Which PyTorch build it installs:
   index answers within a few seconds; otherwise whatever the configured index serves (a machine
   whose pip configuration holds a local CPU wheel, say). Triton comes from the course's own
   requirement: the interpreter runs Triton kernels on the CPU.
+  With the dev extra, the `ptx` extra too: NVVM and NVRTC, so that the tests compile the Numba
+  kernels to PTX as a GPU would.
 - an NVIDIA GPU (`nvidia-smi -L` lists one, or `--gpu 1`): torch's CUDA build from the package
   index, which names its own Triton, and the `gpu` extra (numba-cuda's NVVM and NVRTC for the
   CUDA major version of that torch).
@@ -248,6 +250,8 @@ def install(args: argparse.Namespace) -> None:
         if not args.system_torch:
             run([str(venv_python), "-m", "pip", "install", requirement("torch")])
         extras.append(gpu_extra(venv_python))
+    elif "dev" in extras:
+        extras.append("ptx")  # NVVM without a GPU: the tests compile the Numba kernels to PTX
     target = f"{ROOT}[{','.join(extras)}]" if extras else str(ROOT)
     run([str(venv_python), "-m", "pip", "install", "-e", target])
     verify(venv_python, gpu)
@@ -271,7 +275,7 @@ def resolve(args: argparse.Namespace) -> None:
         resolver = Path(folder) / "bin" / "python"
         run([args.python, "-m", "venv", folder])
         run([str(resolver), *pip_install, "--upgrade", "pip"], env=environment)
-        for name, extras in (("CPU", "dev"), ("GPU", "dev,gpu")):
+        for name, extras in (("CPU", "dev,ptx"), ("GPU", "dev,gpu")):
             say(f"resolving the {name} set (.[{extras}]) against {PUBLIC_INDEX} alone")
             run([str(resolver), *pip_install, "--dry-run", "--ignore-installed", "-e", f"{ROOT}[{extras}]"],
                 env=environment)

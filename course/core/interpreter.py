@@ -20,6 +20,12 @@ them; on a GPU it does nothing.
    through) address bytes of the launch's tensor arguments, and raises OutOfBoundsAccess at
    the kernel's line otherwise, before anything is written. On a GPU the same access is
    undefined behaviour, which `python -m course sanitize` (compute-sanitizer) catches.
+4. While it runs a kernel, the interpreter swaps triton.language's functions and tl.tensor's
+   methods (`__index__`, `__bool__`, ...) for its own, and puts them back when the launch ends.
+   A @triton.jit helper called from plain Python (a test of the helper alone) swaps them too but
+   never puts them back, so every later use of Triton in the process, a GPU compile included,
+   meets the interpreter's versions ("'block_argument' object has no attribute 'data'"). Such a
+   call puts them back as a launch does.
 """
 
 from __future__ import annotations
@@ -226,6 +232,24 @@ def _install_scalar_fix(interpreter) -> None:
     interpreter._patch_lang_tensor = patch_lang_tensor
 
 
+def _install_helper_call_restore(interpreter) -> None:
+    """A @triton.jit helper called outside a launch undoes its patches of triton.language when it
+    returns (inside a launch it puts back the launch's own, which the launch undoes in turn)."""
+
+    def call(self, *args, **kwargs):
+        scope = interpreter._patch_lang(self.fn)
+        try:
+            function = self.rewrite()
+            try:
+                return function(*args, **kwargs)
+            except Exception as error:
+                raise interpreter.InterpreterError(repr(error)) from error
+        finally:
+            scope.restore()
+
+    interpreter.InterpretedFunction.__call__ = call
+
+
 def _install() -> None:
     global _installed
     if _installed:
@@ -234,6 +258,7 @@ def _install() -> None:
 
     _install_scalar_fix(interpreter)
     _install_bounds_check(interpreter)
+    _install_helper_call_restore(interpreter)
     _installed = True
 
 

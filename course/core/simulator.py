@@ -11,6 +11,11 @@ it is, it differs from a GPU in ways that let wrong kernels pass:
    We make every index into a kernel argument, shared or local array raise.
 3. Array sizes of `cuda.local.array` / `cuda.shared.array` may be run-time values
    there, while a GPU needs compile-time constants. `lint_kernel` rejects them.
+4. A `cuda.syncthreads()` that only some threads of a block reach (one inside an `if` on the
+   thread index, or after some threads returned) lets the others go on as if all had arrived,
+   while on a GPU it is undefined (a hang, or a barrier that waits for nobody). We raise
+   DivergentBarrier, naming the barrier's line and the threads that did not reach it. So do
+   threads of one block waiting at different barriers (two `cuda.syncthreads()` lines).
 
 Races show up only as run-to-run differences: the checks run kernels twice.
 Warp shuffles are not implemented by the simulator: course kernels do not use them.
@@ -31,6 +36,10 @@ _installed = False
 
 class SimulatorIndexError(IndexError):
     """A kernel used a negative index, which a GPU would turn into an out-of-bounds access."""
+
+
+class DivergentBarrier(RuntimeError):
+    """A barrier that only some threads of a block reached: undefined on a GPU."""
 
 
 def _reject_negative(index, where: str):
@@ -119,13 +128,17 @@ def install() -> None:
             raise RuntimeError("Array alignment is not supported in cudasim")
         return poisoned(shape, as_numpy_dtype(dtype), "a local array")
 
-    original_run = sim_kernel.BlockManager.run
+    original_syncthreads = sim_kernel.BlockThread.syncthreads
+
+    def syncthreads(self):
+        self.barrier_line = _kernel_line()
+        return original_syncthreads(self)
 
     def run_block(self, grid_point, *args):
         context = sim_kernel._get_kernel_context()
         if context is not None:
             context.shared._allocations.clear()  # each block starts with fresh, poisoned shared memory
-        return original_run(self, grid_point, *args)
+        return _run_block(sim_kernel.BlockThread, self, grid_point, *args)
 
     def checked_getitem(self, index):
         _reject_negative(index, "a kernel argument")
@@ -140,9 +153,80 @@ def install() -> None:
     kernelapi.FakeCUDAShared.array = shared_array
     kernelapi.FakeCUDALocal.array = local_array
     sim_kernel.BlockManager.run = run_block
+    sim_kernel.BlockThread.syncthreads = syncthreads
     FakeWithinKernelCUDAArray.__getitem__ = checked_getitem
     FakeWithinKernelCUDAArray.__setitem__ = checked_setitem
     _installed = True
+
+
+def _kernel_line() -> str:
+    """'file.py:42', the kernel's line that called a barrier: the first frame outside the simulator."""
+    frame = sys._getframe(1)
+    while frame is not None and ("numba" in frame.f_code.co_filename or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    return "an unknown line" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _threads(threads) -> str:
+    """'threads (0, 0, 0), (1, 0, 0) and 3 more', by threadIdx."""
+    names = sorted(tuple(t.threadIdx) for t in threads)
+    shown = ", ".join(str(n) for n in names[:4])
+    return f"threads {shown}" + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _divergence(threads, waiting) -> str:
+    """Why the barrier that `waiting` (every live thread) waits at is not one every thread reached:
+    '' when it is."""
+    lines: dict[str, list] = {}
+    for thread in waiting:
+        lines.setdefault(thread.barrier_line, []).append(thread)
+    block = f"block {tuple(next(iter(threads)).blockIdx)}"
+    if len(lines) > 1:
+        where = "; ".join(f"{_threads(group)} at {line}" for line, group in sorted(lines.items()))
+        return (f"cuda.syncthreads(): the threads of {block} wait at different barriers ({where}). "
+                "On a GPU every thread of a block must reach the same barrier.")
+    gone = [t for t in threads if t not in waiting]
+    if gone:
+        return (f"cuda.syncthreads() at {next(iter(lines))} was reached by only some threads of {block}: "
+                f"{_threads(gone)} had finished the kernel without reaching it (a barrier inside an `if` "
+                "that not all threads take, or after an early return?). On a GPU that is undefined.")
+    return ""
+
+
+def _run_block(thread_class, manager, grid_point, *args):
+    """The simulator's BlockManager.run: start a thread per threadIdx, release them together at each
+    barrier, raise the first thread's exception; and refuse a barrier not every thread reached."""
+    threads = []
+    for index in np.ndindex(*manager._block_dim):
+        thread = thread_class(lambda: manager._f(*args), manager, grid_point, index, manager._debug)
+        thread.start()
+        threads.append(thread)
+
+    def stop_all():
+        for thread in threads:  # the others unblock, see the abort flag, and raise out of the kernel
+            thread.abort = True
+            thread.syncthreads_blocked = False
+            thread.syncthreads_event.set()
+
+    live = set(threads)
+    while live:
+        failed = next((t for t in live if t.exception and not t.syncthreads_blocked), None)
+        if failed is not None:
+            stop_all()
+            raise failed.exception[0].with_traceback(failed.exception[1])
+        waiting = {t for t in live if t.syncthreads_blocked}
+        if waiting and waiting == live:
+            problem = _divergence(threads, waiting)
+            if problem:
+                stop_all()
+                raise DivergentBarrier(problem)
+            for thread in waiting:
+                thread.syncthreads_blocked = False
+                thread.syncthreads_event.set()
+        live = {t for t in live if t.is_alive()}
+    for thread in threads:
+        if thread.exception:
+            raise thread.exception[0].with_traceback(thread.exception[1])
 
 
 class KernelLintError(ValueError):
