@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 import types
+import unicodedata
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,14 +171,25 @@ class Prepared:
 
 
 def prepare_submission(submission: Submission, setup: Setup) -> Prepared:
-    """Find the submission's lessons and write its graded modules (call it in the main thread)."""
+    """Find the submission's lessons and write its graded modules (call it in the main thread).
+    Whatever goes wrong here is this submission's note, never the run's end."""
     workdir = Path(tempfile.mkdtemp(prefix="submission-", dir=setup.workroot))
     notes = [submission.note] if submission.note else []
     try:
-        lessons, found = prepare(submission, workdir)
+        return _prepare(submission, setup, workdir, notes)
     except (SubmissionError, OSError) as error:
-        return Prepared(submission, workdir, None, None, [*notes, f"could not use the submission: {error}"])
-    notes += found
+        why = str(error)
+    except (RecursionError, MemoryError):
+        why = "it is nested too deeply to read"
+    except Exception as error:  # noqa: BLE001  (one submission must not stop the class)
+        why = f"{type(error).__name__}: {error}"
+    note = f"could not use the submission: {clean_text(why)[:300]}"
+    return Prepared(submission, workdir, None, None, [*notes, note])
+
+
+def _prepare(submission: Submission, setup: Setup, workdir: Path, notes: list[str]) -> Prepared:
+    lessons, found = prepare(submission, workdir)
+    notes = [*notes, *found]
     contexts = {m: c for m, c in setup.contexts.items() if m in setup.modules}
     spliced = splice.splice(lessons, setup.rendered, contexts)
     notes += [m.ignored for m in spliced.modules.values() if m.ignored and m.module in setup.modules]
@@ -210,6 +223,11 @@ def grade_submission(prepared: Prepared, setup: Setup, seed: int,
                 _grade_exercise(grade, exercise, prepared, setup, channel, seed, total_deadline, time_kernels)
         finally:
             channel.stop()
+        return grade
+    except Exception as error:  # noqa: BLE001  (one submission must not stop the class)
+        grade.notes.append(clean_text(f"grading stopped on this submission: {type(error).__name__}: "
+                                      f"{error}")[:DETAIL_CHARS])
+        grade.flag("grading error")
         return grade
     finally:
         shutil.rmtree(prepared.workdir, ignore_errors=True)
@@ -374,7 +392,9 @@ _OWN = ((f"{sandbox.INSIDE}/code/lessons/", "lessons/"), (f"{sandbox.INSIDE}/har
 
 def clean_text(text: str) -> str:
     """A child's text for the feedback: the submission's files by their lessons/ names, every other
-    path (the grader's folders, its Python, its temporary folders) cut to its last part."""
+    path (the grader's folders, its Python, its temporary folders) cut to its last part. The text
+    is decoded first (%2F, \\x2f, \\u002f, full-width and other look-alike slashes), so that no
+    spelling of a path gets past the cut."""
     def shorten(match: re.Match) -> str:
         path = match.group(0)
         for prefix, shown in _OWN:
@@ -382,4 +402,18 @@ def clean_text(text: str) -> str:
                 return shown + path[len(prefix):]
         return ".../" + path.rstrip("/").rsplit("/", 1)[-1] if path.count("/") > 1 else path
 
-    return _PATH.sub(shorten, text.replace("\x00", ""))
+    return _PATH.sub(shorten, _decoded(str(text).replace("\x00", "")))
+
+
+_ENCODED_SLASH = re.compile(r"(?i)%2f|%5c|\\x2f|\\u002f|\\U0000002f|\\057|&#0*47;|&#x0*2f;|&sol;")
+
+
+def _decoded(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text)  # full-width and other compatibility slashes: "/"
+    text = text.replace("\u2215", "/").replace("\u2044", "/").replace("\u29f8", "/")
+    for _ in range(3):  # percent-encoding of a percent-encoding
+        decoded = _ENCODED_SLASH.sub("/", urllib.parse.unquote(text, errors="replace"))
+        if decoded == text:
+            break
+        text = decoded
+    return text
