@@ -61,32 +61,65 @@ def test_nothing_handed_in_is_the_lesson_itself():
 
 MASK = "trees.tree_mask_kernel"
 SOFTMAX = "attention.online_softmax"
-REFUSED = [  # module, exercise, the hole's code (one level of indent), why
-    ("trees", MASK, "import os\nos.write(4, b'x')", "imports a module"),
-    ("trees", MASK, "mask[b, q, k] = oracle.dense_tree_mask(start, end)[b, q, k]", "uses oracle"),
-    ("trees", MASK, "global MASK_TILE\nMASK_TILE = 2", "uses `global`"),
-    ("trees", MASK, "x = ().__class__", "reads the attribute __class__"),
-    ("trees", MASK, "x = start._data", "reads the attribute _data"),
-    ("trees", MASK, "mask[b] = torch.ones(3)", "uses torch inside a kernel"),
-    ("trees", MASK, "cuda.simulator.kernel.sys.exit(0)", "reaches the module numba.cuda.simulator"),
-    ("trees", MASK, "np.save('x', start)", "uses np.save, which is not a kernel operation"),
-    ("trees", MASK, "f = getattr(mask, 'x')", "uses getattr"),
-    ("trees", MASK, "cuda.threadIdx = 3", "changes cuda.threadIdx, which belongs to the module"),
-    ("trees", MASK, "g = (x for x in []).gi_frame.f_globals", "uses gi_frame"),
-    ("trees", MASK, "launch(tree_mask_kernel, 1, 1)", "uses the harness's launch"),
-    ("trees", MASK, "exec('x = 1')", "uses exec"),
+REFUSED = [  # module, exercise, the hole's code (one level of indent), why (with the node named)
+    ("trees", MASK, "import os\nos.write(4, b'x')", "uses an import, which exercise code does not (`Import`"),
+    ("trees", MASK, "mask[b, q, k] = oracle.dense_tree_mask(start, end)[b, q, k]",
+     "reads the attribute .dense_tree_mask"),
+    ("trees", MASK, "global MASK_TILE\nMASK_TILE = 2", "uses `global`, which exercise code does not (`Global`"),
+    ("trees", MASK, "x = ().__class__", "reads the attribute .__class__"),
+    ("trees", MASK, "x = start._data", "reads the attribute ._data"),
+    ("trees", MASK, "mask[b] = torch.ones(3)", "uses torch.ones, which is not Numba kernel code"),
+    ("trees", MASK, "cuda.simulator.kernel.sys.exit(0)", "uses cuda.simulator.kernel.sys.exit, which is not"),
+    ("trees", MASK, "np.save('x', start)", "uses np.save, which is not Numba kernel code"),
+    ("trees", MASK, "f = getattr(mask, 'x')", "uses the builtin getattr (`Name`"),
+    ("trees", MASK, "cuda.threadIdx = 3", "changes the attribute cuda.threadIdx (`Attribute`"),
+    ("trees", MASK, "g = (x for x in [])", "uses a generator expression"),
+    ("trees", MASK, "launch(tree_mask_kernel, 1, 1)", "uses launch, which is not one of the module's constants"),
+    ("trees", MASK, "exec('x = 1')", "uses the builtin exec"),
     ("trees", MASK, "x = __builtins__", "uses the name __builtins__"),
-    ("trees", MASK, "raise SystemExit(3)", "uses the builtin SystemExit"),
-    ("trees", MASK, "class T:\n    pass", "defines a class"),
-    ("attention", SOFTMAX, "return torch.softmax(x, -1)", "uses softmax"),
-    ("attention", SOFTMAX, "return x.softmax(-1)", "uses softmax"),
-    ("attention", SOFTMAX, "return torch.nn.functional.relu(x)", "uses torch.nn"),
-    ("attention", SOFTMAX, "return torch.os.system('ls')", "reaches the module os through torch.os"),
+    ("trees", MASK, "raise SystemExit(3)", "uses `raise`"),
+    ("trees", MASK, "class T:\n    pass", "uses a class, which exercise code does not (`ClassDef`"),
+    ("trees", MASK, "t = np\nt.lib.format.open_memmap('x')", "uses the module np as a value"),
+    ("trees", MASK, "f = lambda np: np.save\nf(np)('x', start)", "uses a lambda"),
+    ("trees", MASK, "x = [np for np in [np.lib]]", "uses a comprehension"),
+    ("trees", MASK, "x = start.base.os", "reads the attribute .base"),
+    ("trees", MASK, "with open('x') as f:\n    pass", "uses `with`"),
+    ("trees", MASK, "def f():\n    pass", "uses a def"),
+    ("trees", MASK, "mask[b, q, k] = WORD_BITS.__class__", "reads the attribute .__class__"),
+    ("attention", SOFTMAX, "return torch.softmax(x, -1)", "uses torch.softmax, which is not exercise code"),
+    ("attention", SOFTMAX, "return x.softmax(-1)", "reads the attribute .softmax"),
+    ("attention", SOFTMAX, "return torch.nn.functional.relu(x)", "uses torch.nn.functional.relu"),
+    ("attention", SOFTMAX, "return torch.os.system('ls')", "uses torch.os.system"),
     ("attention", SOFTMAX, "return torch.load('answer.pt')", "uses torch.load"),
-    ("attention", SOFTMAX, "torch.Tensor.any = None\nreturn x", "changes torch.Tensor.any"),
-    ("attention", SOFTMAX, "return pyspec_ref.softmax(x)", "uses pyspec_ref"),
-    ("attention", SOFTMAX, "return open('/proc/1/environ').read()", "uses open"),
+    ("attention", SOFTMAX, "torch.Tensor.any = None\nreturn x", "changes the attribute torch.Tensor.any"),
+    ("attention", SOFTMAX, "return pyspec_ref.softmax(x)", "reads the attribute .softmax"),
+    ("attention", SOFTMAX, "f = open('/proc/1/environ')\nreturn x", "uses the builtin open"),
+    ("attention", SOFTMAX, "t = torch\nreturn t.softmax(x, -1)", "uses the module torch as a value"),
+    ("attention", SOFTMAX, "return x.logcumsumexp(-1)", "reads the attribute .logcumsumexp"),
+    ("attention", SOFTMAX, "return torch.logcumsumexp(x, -1)", "uses torch.logcumsumexp"),
+    ("attention", SOFTMAX, "return getattr(torch, 'soft' + 'max')(x, -1)", "uses the builtin getattr"),
+    ("attention", SOFTMAX, "return (lambda torch: torch.softmax)(torch)(x, -1)", "uses a lambda"),
+    ("attention", SOFTMAX, "return {**x}", "uses a dict"),
 ]
+
+
+@pytest.mark.parametrize("module, exercise, code", [
+    ("trees", MASK, "    mask[b, q, k] = True\nMASK_TILE = 2\n"),  # rebinds a constant at module level
+    ("attention", SOFTMAX, "    return x\n@functools.cache\n"),  # decorates the course's next function
+    ("attention", SOFTMAX, "    return x\nrequire_tensor = print\n"),  # replaces the course's validation
+])
+def test_module_level_code_in_a_hole_is_refused(module, exercise, code):
+    graded = _splice(module, _with(module, exercise, code))
+    [problem] = graded.problems
+    assert problem.tampering and "stands outside its function (module-level code)" in problem.note, problem.note
+    assert f'todo("{exercise}"' in graded.text
+
+
+def test_a_refused_hole_names_the_node_and_the_students_line():
+    text = _with("attention", SOFTMAX, "    y = x\n    return (lambda: y)()\n")
+    line = text.splitlines().index("    return (lambda: y)()") + 1
+    [problem] = _splice("attention", text).problems
+    assert f"uses a lambda, which exercise code does not (`Lambda`, line {line})" in problem.note
 
 
 @pytest.mark.parametrize("module, exercise, code, why", REFUSED)
@@ -162,7 +195,7 @@ def test_adjacent_holes_split_at_their_comments():
     assert len(holes) > 3
     first = holes[0]
     text = lesson.replace(f'todo("{first.region.exercise}", region={first.region.number}, lines=1, '
-                          'defines="b, h, i")', "x = os")
+                          'defines="b, h, i")', "x = open")
     graded = _splice("ladder_bug", text)
     assert [p.exercises for p in graded.problems] == [(first.region.exercise,)]
 

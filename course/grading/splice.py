@@ -332,8 +332,9 @@ def _bound_names(function: ast.AST | None) -> set[str]:
 
 
 def _enclosing(tree: ast.Module, line: int) -> ast.AST | None:
+    """The innermost function whose `def` stands before `line` and whose body reaches it."""
     holders = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-               and n.lineno <= line <= (n.end_lineno or n.lineno)]
+               and n.lineno < line <= (n.end_lineno or n.lineno)]
     return max(holders, key=lambda n: n.lineno) if holders else None
 
 
@@ -449,11 +450,14 @@ def refusals(tree: ast.Module, first: int, last: int, context: Context,
     nodes = [n for n in ast.walk(tree) if first <= getattr(n, "lineno", 0) <= last]
     if not nodes:
         return []
-    start = min(n.lineno for n in nodes)
-    rules = _Rules(tree, _enclosing(tree, start), context, last)
-    reasons = []
+    rules = _Rules(tree, _enclosing(tree, min(n.lineno for n in nodes)), context, last)
+    reasons, inside_refused = [], set()
     for node in sorted(nodes, key=lambda n: (n.lineno, n.col_offset)):
+        if id(node) in inside_refused:
+            continue
         why = rules.check(node)
+        if why:  # one reason per refused part: not again for each node inside it
+            inside_refused |= {id(n) for n in ast.walk(node)}
         text = f"{why} (`{type(node).__name__}`, line {line_of(node.lineno)})" if why else ""
         if text and text not in reasons:
             reasons.append(text)
