@@ -25,7 +25,7 @@ import pytest
 from course.core import runtime
 from course.grading import Limits, grade, sandbox
 from course.grading.collect import SubmissionError, find_submissions, safe_extract
-from tests.grading_samples import SAMPLES, recipe, write_correct, write_sample
+from tests.grading_samples import SAMPLES, recipe, remove_deep, write_correct, write_sample
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = ["trees.dfs_times_kernel", "trees.tree_bitmask_kernel", "attention.online_softmax"]
@@ -93,7 +93,7 @@ def _processes_with(marker: str) -> list[int]:
 ALL = sorted(p.name for p in SAMPLES.iterdir() if (p / "sample.py").is_file())
 ESCAPING = ["segfault", "exits", "writes_outside", "forged_results", "crashing_reply", "answer_key",
             "patch_checks", "fake_tensor", "spec_in_kernel", "detached_helper", "fork_allocate", "many_files",
-            "info_leak"]
+            "info_leak", "zero_stride_reply"]
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,14 @@ def graded(tmp_path_factory):
     with zipfile.ZipFile(base / "submissions" / "zipped.zip", "w") as zf:
         for path in sorted(zipped.rglob("*.py")):
             zf.write(path, path.relative_to(zipped).as_posix())
-    return _run(base, ALL, SEED, extra=["correct"])
+    yield _run(base, ALL, SEED, extra=["correct"])
+    remove_deep(base / "submissions" / "deep_folders")  # deeper than shutil.rmtree's recursion goes
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    """The correct submission graded alone, with the same seed as in `graded`."""
+    return _run(tmp_path_factory.mktemp("alone"), [], SEED, extra=["correct"])
 
 
 @pytest.fixture(scope="module")
@@ -135,14 +142,17 @@ def _all_text(g) -> str:
 # ------------------------------------------------------------------------------------ with the hole rules
 
 REFUSED = {  # sample: (exercise, why)
-    "segfault": (ONLINE, "imports a module"), "exits": (ONLINE, "imports a module"),
-    "writes_outside": (ONLINE, "imports a module"), "forged_results": (ONLINE, "imports a module"),
-    "crashing_reply": (ONLINE, "imports a module"), "answer_key": (ONLINE, "imports a module"),
-    "patch_checks": (ONLINE, "changes torch.Tensor.any, which belongs to the module"),
-    "fake_tensor": (ONLINE, "defines a class"), "library_softmax": (ONLINE, "uses softmax"),
-    "spec_in_kernel": (DFS, "uses pyspec_ref"), "detached_helper": (ONLINE, "imports a module"),
-    "fork_allocate": (ONLINE, "imports a module"), "many_files": (ONLINE, "uses open"),
-    "info_leak": (ONLINE, "imports a module"),
+    "segfault": (ONLINE, "uses an import"), "exits": (ONLINE, "uses an import"),
+    "writes_outside": (ONLINE, "uses an import"), "forged_results": (ONLINE, "uses an import"),
+    "crashing_reply": (ONLINE, "uses an import"), "answer_key": (ONLINE, "uses an import"),
+    "patch_checks": (ONLINE, "uses an import"), "fake_tensor": (ONLINE, "uses a class"),
+    "library_softmax": (ONLINE, "uses torch.softmax"),
+    "spec_in_kernel": (DFS, "reads the attribute .dfs_times"),
+    "detached_helper": (ONLINE, "uses an import"), "fork_allocate": (ONLINE, "uses an import"),
+    "many_files": (ONLINE, "uses `with`"), "info_leak": (ONLINE, "uses an import"),
+    "zero_stride_reply": (ONLINE, "uses an import"),
+    "alias_module": (ONLINE, "uses the module torch as a value"),
+    "module_level": (DFS, "outside its function (module-level code)"),
 }
 FILTERED = {  # sample: (exercise, its points, note on it, flag)
     "partly_correct": (ONLINE, 1.0, "", ""),
@@ -156,12 +166,14 @@ FILTERED = {  # sample: (exercise, its points, note on it, flag)
     "oracle_launcher": (BITMASK, 0, "", ""),
     "injection": (ONLINE, 0, "", ""),
     "changes_input": (ONLINE, 0, "", ""),
+    "expand_reply": (ONLINE, 0, "", ""),
+    "deep_nesting": (ONLINE, 0, "lessons/attention.py could not be read (nested too deeply)", ""),
     **{name: (exercise, 0, why, "tampering") for name, (exercise, why) in REFUSED.items()},
 }
 
 
 @needs_bwrap
-@pytest.mark.parametrize("student", ["correct", "zipped", "ann_lee", "ann_lee-2"])
+@pytest.mark.parametrize("student", ["correct", "zipped", "ann_lee", "ann_lee-3"])
 def test_correct_submissions_get_every_point(graded, student):
     g = graded["grades"][student]
     assert _points(g) == POINTS, g.exercises
@@ -222,10 +234,55 @@ def test_links_to_the_answer_key_are_not_followed(graded):
 
 @needs_bwrap
 def test_colliding_names_get_distinct_ids_and_a_note(graded):
+    """ann_lee keeps its name: neither `ANN_LEE` nor `ann lee` moves it; a 254-character name is cut."""
     grades = graded["grades"]
     assert grades["ann_lee"].notes == []
-    assert any("graded as ann_lee-2" in n for n in grades["ann_lee-2"].notes)
-    assert (graded["out"] / "feedback" / "ann_lee-2.md").exists()
+    assert any("graded as ANN_LEE-2" in n for n in grades["ANN_LEE-2"].notes)
+    assert any("graded as ann_lee-3" in n for n in grades["ann_lee-3"].notes)
+    assert (graded["out"] / "feedback" / "ann_lee-3.md").exists()
+    long_id = "x" * 64
+    assert any("the name made safe and short" in n for n in grades[long_id].notes)
+    assert (graded["out"] / "feedback" / f"{long_id}.md").exists()
+
+
+UNUSABLE = {  # sample: what its note says (it earns 0, flagged `unusable`; the others are graded)
+    "zip_encrypted": "it is password-protected (encrypted)",
+    "zip_lzma": "it uses LZMA compression, which grading does not unpack",
+    "zip_method99": "it uses AES encryption (method 99) compression",
+    "zip_bad_deflate": "not a zip grading can unpack",
+    "zip_bad_utf8": "not a zip grading can unpack (UnicodeDecodeError",
+    "zip_bomb": "more than 200 times its packed size",
+    "zip_deep": "a path more than 32 folders deep",
+    "deep_folders": "no lessons/ folder",
+    "linked_lessons": "its lessons folder is a link",
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("student", sorted(UNUSABLE))
+def test_a_submission_that_cannot_be_used_gets_a_note_and_stops_nobody(graded, student):
+    g = graded["grades"][student]
+    assert g.total == 0 and "unusable" in g.flags
+    assert any(UNUSABLE[student] in n for n in g.notes), g.notes
+    assert (graded["out"] / "feedback" / f"{student}.md").exists()
+
+
+@needs_bwrap
+def test_a_correct_submission_graded_beside_every_hostile_one_is_graded_as_alone(graded, alone):
+    """Same points, the same feedback and the same grades.json row (but for the seconds it took)."""
+    def row(run):
+        document = json.loads((run["out"] / "grades.json").read_text())
+        [found] = [s for s in document["students"] if s["student"] == "correct"]
+        for exercise in found["exercises"].values():
+            exercise.pop("seconds")
+        return {k: v for k, v in found.items() if k != "source"}
+
+    assert len(graded["grades"]) > 40
+    assert row(graded) == row(alone)
+    assert _feedback(graded, "correct") == _feedback(alone, "correct")
+    book = {run_name: [r for r in csv.reader((run["out"] / "gradebook.csv").open()) if r[0] == "correct"]
+            for run_name, run in (("graded", graded), ("alone", alone))}
+    assert book["graded"] == book["alone"]
 
 
 @needs_bwrap
@@ -235,9 +292,12 @@ def test_gradebook_and_feedback_are_escaped(graded):
     assert not [c for c in cells if c.startswith(("=", "+", "-", "@", "\t", "\r"))]
     assert ["'-1_1"] == [row[0] for row in rows if row[0].endswith("-1_1")]
     feedback = _feedback(graded, "-1_1")
-    assert "HYPERLINK" in feedback  # the error text is shown ...
+    assert "HYPERLINK" in feedback  # the todo's text is shown ...
     outside_code = feedback.split("```")[0::2]  # ... but outside code blocks, nothing is live
-    assert not any("<img" in part or "](http" in part for part in outside_code)
+    assert not any("<img" in part or "](http" in part or "http://" in part or "www.evil" in part
+                   for part in outside_code)
+    assert "\x1b" not in feedback and "Total: 7 / 7" in feedback
+    assert [line for line in feedback.splitlines() if line.startswith("#") and "Total" in line] == []
 
 
 @needs_bwrap
@@ -297,6 +357,7 @@ ESCAPED = {  # sample: (its points on online_softmax (dfs for spec_in_kernel), n
                       "out of memory"),
     "many_files": (0, "printed or wrote too much", "too much output"),
     "info_leak": (0, "", ""),
+    "zero_stride_reply": (0, "", ""),
 }
 
 
@@ -324,6 +385,9 @@ def test_the_sandbox_holds_what_gets_past_the_hole_rules(escaped, student):
 def test_replies_the_grader_cannot_read_fail_cases_not_the_run(escaped):
     crashing = escaped["grades"]["crashing_reply"].exercises[ONLINE]
     assert crashing.results and all("reply grading cannot read" in d for _, p, d in crashing.results if not p)
+    bomb = escaped["grades"]["zero_stride_reply"].exercises[ONLINE]  # 4 bytes standing for a terabyte
+    assert bomb.results and all("not a contiguous tensor of its own" in d
+                                for _, p, d in bomb.results if not p)
     forged = escaped["grades"]["forged_results"].exercises[ONLINE]
     assert forged.results and not any(p for _, p, _ in forged.results)
 
