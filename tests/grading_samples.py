@@ -36,6 +36,11 @@ def _answer(source_lines: list[str], piece: Piece) -> list[str]:
     return body[:cut]
 
 
+def answer_lines(module: str, piece: Piece) -> list[str]:
+    """The solution's lines for one hole of `module`'s lesson."""
+    return _answer((ROOT / "solutions" / f"{module}.py").read_text().splitlines(keepends=True), piece)
+
+
 @functools.cache
 def _pieces(module: str) -> list[Piece]:
     return render_pieces(ROOT / "solutions")[Path(f"{module}.py")]

@@ -142,6 +142,30 @@ def test_plain_kernel_code_is_not_refused(code):
     assert _splice("trees", _with("trees", MASK, indented)).problems == []
 
 
+@pytest.mark.parametrize("module, exercise", [("trees", MASK), ("trees", "trees.dfs_times_kernel"),
+                                              ("attention", SOFTMAX)])
+def test_whitespace_around_a_hole_costs_nothing(module, exercise):
+    """The solved lesson with the blank lines after a hole deleted and blank lines added before it."""
+    from tests.grading_samples import answer_lines
+
+    lines, region = [], None
+    for piece in RENDERED[Path(f"{module}.py")]:
+        if piece.hole is None:
+            lines += piece.lines
+            continue
+        if piece.hole.region.exercise == exercise and region is None:
+            region = len(lines)
+            lines += ["\n", "   \n"]
+        lines += answer_lines(module, piece)
+        if region is not None and piece.hole.region.exercise == exercise:
+            region = len(lines)
+    while not lines[region].strip():  # every blank line after the code, deleted
+        del lines[region]
+    graded = _splice(module, "".join(lines))
+    assert graded.problems == [] and graded.ignored == "", graded.problems
+    assert f'todo("{exercise}"' not in graded.text
+
+
 def test_the_hole_is_found_between_the_lines_around_it():
     lesson = _lesson("trees")
     comment = next(line + "\n" for line in lesson.splitlines()

@@ -204,6 +204,14 @@ def _matched(lesson: list[str], student: list[str]) -> dict[int, int]:
     return {block.a + k: block.b + k for block in matcher.get_matching_blocks() for k in range(block.size)}
 
 
+def _anchor(lesson: list[str], matched: dict[int, int], index: int, step: int) -> int:
+    """The lesson line that bounds a hole: the one next to it, or past blank lines the student
+    removed or changed (a whitespace change around a hole costs nothing)."""
+    while 0 <= index < len(lesson) and index not in matched and not lesson[index].strip():
+        index += step
+    return index
+
+
 def _line_up(pieces: list[Piece], student: list[str]) -> tuple[list[Piece | Segment], set[int]]:
     """The lesson's pieces with each run of holes as a Segment holding the student's lines, and the
     student's line indices that stand outside every hole but differ from the lesson."""
@@ -219,8 +227,8 @@ def _line_up(pieces: list[Piece], student: list[str]) -> tuple[list[Piece | Segm
         if segment is None:
             out.append(pieces[index])
             continue
-        before = starts[index] - 1
-        after = starts[index] + len(segment.stub)
+        before = _anchor(lesson, matched, starts[index] - 1, -1)
+        after = _anchor(lesson, matched, starts[index] + len(segment.stub), 1)
         first = matched.get(before) if before >= 0 else -1
         last = matched.get(after) if after < len(lesson) else len(student)
         if first is not None and last is not None and first < last:
