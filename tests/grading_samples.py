@@ -118,9 +118,11 @@ def remove_deep(folder: Path) -> None:
 
 def _bury(folder: Path, depth: int) -> None:
     """Move the submission's lessons `depth` folders down (a name of one letter each)."""
-    deep = Path(*["d"] * depth)
-    os.makedirs(folder / deep)
-    (folder / "lessons").rename(folder / deep / "lessons")
+    deep = folder
+    for _ in range(depth):  # one at a time: os.makedirs recurses
+        deep = deep / "d"
+        deep.mkdir()
+    (folder / "lessons").rename(deep / "lessons")
 
 
 def hostile_zip(kind: str, folder: Path) -> bytes:
@@ -144,7 +146,7 @@ def hostile_zip(kind: str, folder: Path) -> bytes:
     elif kind == "method99":
         _patch_headers(data, method=99)
     elif kind == "bad_utf8":
-        data = bytearray(bytes(data).replace(b"lessons/NAME.py", b"lessons/\xff\xfe.py"))
+        data = bytearray(bytes(data).replace(b"lessons/NAME.py", b"lessons/\xff\xfeME.py"))  # same length
         _patch_headers(data, flags=0x800)
     elif kind == "bad_deflate":
         start = data.index(b"PK\x03\x04")

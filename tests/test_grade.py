@@ -445,6 +445,26 @@ def test_gpu_nodes_are_bound_over_the_fresh_dev(tmp_path, monkeypatch):
     assert min(binds) > fresh_dev
 
 
+def test_every_writable_place_has_a_size(tmp_path, monkeypatch):
+    """/tmp and the working folder take the output limit's size, the caches the cache limit's."""
+    monkeypatch.setattr(sandbox, "bwrap", lambda: "/usr/bin/bwrap")
+    plan = sandbox.Plan(tmp_path, "/usr/bin/python3", (), (), (), False, ())
+    settings = sandbox.Settings(2**30, 2**24, 64, cache=2**25)
+    command = sandbox._bwrap_command(plan, tmp_path, settings, ["python3"], 3, as_root=False)
+    sizes = {command[i + 1]: int(command[i - 1]) for i, word in enumerate(command) if word == "--tmpfs"}
+    assert sizes == {"/tmp": 2**24, "/grading/work": 2**24, "/grading/cache": 2**25}
+    assert all(command[i - 2] == "--size" for i, word in enumerate(command) if word == "--tmpfs")
+
+
+def test_each_exercise_draws_its_cases_from_a_keyed_hash_of_the_seed():
+    from course.grading.runner import case_seed
+
+    seeds = {case_seed(SEED, e) for e in EXERCISES} | {case_seed(SEED + 1, e) for e in EXERCISES}
+    assert len(seeds) == 2 * len(EXERCISES) and all(0 <= s < 2**56 for s in seeds)
+    assert case_seed(SEED, ONLINE) == case_seed(SEED, ONLINE)  # the same seed, the same grade
+    assert not any(abs(s - SEED) < 2**20 for s in seeds)  # not the private seed plus an offset
+
+
 def test_zips_may_not_escape(tmp_path):
     for name in ("../evil.py", "/abs/evil.py"):
         archive = tmp_path / "evil.zip"
@@ -460,11 +480,11 @@ def test_find_submissions(tmp_path):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "trees.py").write_text("")
     (tmp_path / "c.zip").write_bytes(b"")
-    (tmp_path / "C").mkdir()  # the same as c.zip, ignoring case
+    (tmp_path / "C").mkdir()  # the same as c.zip, ignoring case: the lower-case name keeps its id
     (tmp_path / "C" / "trees.py").write_text("")
     found = find_submissions(tmp_path)
-    assert [s.student for s in found] == ["C", "a", "b", "c-2"]
-    assert found[-1].note and not found[0].note
+    assert [s.student for s in found] == ["C-2", "a", "b", "c"]
+    assert found[0].note and not found[-1].note
     assert [s.student for s in find_submissions(tmp_path / "a")] == ["a"]
     with pytest.raises(ValueError, match="submissions"):
         find_submissions(tmp_path / "missing")

@@ -12,6 +12,8 @@ the next exercise gets a fresh child.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import importlib
 import os
 import re
@@ -44,6 +46,7 @@ class Limits:
     output_mb: int = 16  # stdout + stderr + every file it writes, together
     processes: int = 4096  # processes and threads together (the simulator runs a thread per GPU thread)
     reply_mb: int = 1024  # the largest reply the grader reads
+    cache_mb: int = 256  # Triton's and Numba's caches in the sandbox (compiled kernels)
 
 
 @dataclass
@@ -236,7 +239,7 @@ def grade_submission(prepared: Prepared, setup: Setup, seed: int,
 def _channel(prepared: Prepared, setup: Setup) -> proxy.Channel:
     limits = setup.limits
     settings = sandbox.Settings(limits.memory_mb << 20, limits.output_mb << 20, limits.processes,
-                                setup.isolate, runtime.SIMULATOR)
+                                setup.isolate, runtime.SIMULATOR, limits.cache_mb << 20)
     logs = prepared.workdir / "logs"
     logs.mkdir(exist_ok=True)
     work = prepared.workdir / "work"
@@ -291,7 +294,7 @@ def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup:
     module = proxy.ProxyModule(name, setup.trusted[name], setup.remote[name], setup.kernels[name],
                                prepared.spliced.modules[name].stubs, channel, setup.trusted)
     try:
-        report = run_cases(exercise.id, exercise.cases(module, seed))
+        report = run_cases(exercise.id, exercise.cases(module, case_seed(seed, exercise.id)))
         g.results = [(r.case, bool(r.passed), r.detail) for r in report.results]
         g.not_implemented = report.not_implemented
         _after_exercise(channel)
@@ -309,6 +312,14 @@ def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup:
     except Exception as error:  # noqa: BLE001  (a check that broke must not stop the run)
         g.note = clean_text(f"the check stopped with {type(error).__name__}: {error}")[:DETAIL_CHARS]
     g.seconds = round(time.monotonic() - started, 3)
+
+
+def case_seed(seed: int, exercise: str) -> int:
+    """The seed an exercise's cases are drawn from: a keyed hash (HMAC-SHA256) of the private seed
+    and the exercise's id, 56 bits. What a student can learn from one exercise's inputs (even this
+    seed, from a case's name) gives away neither the private seed nor another exercise's inputs."""
+    digest = hmac.new(str(seed).encode(), exercise.encode(), hashlib.sha256).digest()
+    return int.from_bytes(digest[:7], "big")
 
 
 def _after_exercise(channel: proxy.Channel) -> None:
