@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import io
-import os
 import runpy
 import shutil
 import struct

@@ -318,6 +318,25 @@ def test_a_reply_is_contiguous_tensors_of_their_own():
     assert wire.contiguous_strides([2, 1, 5]) == list(torch.empty(2, 1, 5).stride())
 
 
+def test_child_text_is_inert_in_the_feedback():
+    """Escapes and control characters removed, markdown and HTML escaped, links (bare www. too)
+    broken, and paths cut after decoding (%2F, \\x2f, full-width slashes)."""
+    from course.grading.report import _md, _quote
+    from course.grading.runner import clean_text
+
+    line = _md("ok\x1b[31mred\x1b[0m\n# Total: 14 / 14 <b>x</b> **bold** [a](http://e.example) www.e.example "
+               "me@e.example `code` | cell\u202e")
+    assert "\x1b" not in line and "\n" not in line and "\u202e" not in line
+    assert "<b>" not in line and "&lt;b&gt;" in line and "http://" not in line and "www.e" not in line
+    assert "\\*\\*bold\\*\\*" in line and "\\`code\\`" in line and "\\| cell" in line and "\\# Total" in line
+    assert _quote("```\nx\n~~~") == ["```", "'''", "x", "'''", "```"]
+    for spelling in ("/work/main/solutions/trees.py", "%2Fwork%2Fmain%2Fsolutions%2Ftrees.py",
+                     "\\x2fwork\\x2fmain\\x2fsolutions\\x2ftrees.py",
+                     "\uff0fwork\uff0fmain\uff0fsolutions\uff0ftrees.py"):
+        cut = clean_text(f"see {spelling} here")
+        assert "work" not in cut and "main" not in cut and ".../trees.py" in cut, (spelling, cut)
+
+
 def test_only_plain_values_are_sent():
     with pytest.raises(TypeError, match="cannot send"):
         wire.frame({}, value=object())
