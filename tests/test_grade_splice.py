@@ -382,3 +382,15 @@ def test_the_plan_binds_no_secret(tmp_path):
     assert any("site-packages" in entry or "dist-packages" in entry for entry in plan.path)
     env = dict(plan.env)
     assert "COURSE_GRADE_CANARY" not in env and env["HOME"] == "/grading/work"
+
+
+def test_every_test_the_readme_names_for_a_guarantee_exists():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    start, end = readme.index("**What grading guarantees.**"), readme.index("**What it does not guarantee.**")
+    section = readme[start:end]
+    named = set(re.findall(r"`(test_\w+)`", section))
+    defined = {name for path in ("tests/test_grade.py", "tests/test_grade_splice.py")
+               for name in re.findall(r"^def (test_\w+)", (ROOT / path).read_text(), re.MULTILINE)}
+    assert len(named) > 15 and named <= defined, named - defined
