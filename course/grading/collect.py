@@ -2,10 +2,12 @@
 
 A submission is a student's copy of `lessons/`: the whole repository, the `lessons/`
 folder alone, or a .zip of either. Zips are extracted with checks (no absolute paths,
-no `..`, no links, a size cap), and only the lesson files are ever read, never followed through
-a link: what runs is the grader's own lesson text with the student's code in its holes
-(`course.grading.splice`). Students whose names are the same once made file-safe (`ann lee/`
-and `ann_lee/`) get distinct ids and a note.
+no `..`, no links, no encryption or unusual compression, limits on entries, size, depth and
+ratio, counted on what really comes out), and only the lesson files are ever read, never
+followed through a link: what runs is the grader's own lesson text with the student's code in
+its holes (`course.grading.splice`). Whatever makes a submission unusable is a SubmissionError,
+its note. Ids are file-safe and short; a name already safe keeps its id, and names that collide
+once made safe (`ann lee/`, `ANN_LEE/` beside `ann_lee/`) get distinct ids and a note.
 """
 
 from __future__ import annotations

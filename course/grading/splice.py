@@ -9,15 +9,15 @@ the lesson: launchers, constants, imports and helpers all come from the grader, 
 launcher, a smaller `MASK_TILE` or an extra import outside the holes changes nothing (the
 feedback says such changes were ignored).
 
-Then each hole's code is read (ast) for what an exercise's code has no business doing: imports,
-`global`, dunder names and underscore attributes, the names of the harness and its
-specification (`course`, `pyspec_ref`, `oracle`, ...), builtins that reach outside the code
-(`open`, `eval`, `getattr`, ...), modules reached through a module's attributes
-(`torch.nn`, `np.lib`), library routines that compute an exercise's answer (`softmax`,
-`logsumexp`), torch inside a kernel, assignments to anything the hole does not own. A refused
-hole costs its exercise (tampering, with the reason); it is graded as the stub. The rules are
-the same for every submission and for the solutions (tests/test_grade_splice.py checks that
-every solution region passes them).
+Then each hole's code is read (ast) against an allowlist for its module's language (a Numba
+CUDA kernel, a Triton kernel, host-side PyTorch), drawn from the solutions' own regions: the
+statements and expressions kernel code uses, names its function binds, the module's constants and
+kernel functions, a fixed set of builtins, module attributes (`cuda.threadIdx.x`, `tl.load`,
+`math.exp`) and attributes of its own values (`.shape`). Anything else (a lambda, a comprehension,
+a def, a class, an import, `with`, a module used as a value, code at module level) is refused: the
+exercise scores zero (tampering, naming the node and the student's line) and is graded as the stub.
+The rules are the same for every submission and for the solutions (tests/test_grade_splice.py
+checks that every solution region passes them).
 """
 
 from __future__ import annotations
