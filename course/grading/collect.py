@@ -207,7 +207,9 @@ def find_lessons(folder: Path) -> Path:
     """The lessons folder inside an unpacked submission (a repo copy, or the folder itself); never
     through a link."""
     root = folder.resolve()
-    if (folder / "lessons").is_dir() and not (folder / "lessons").is_symlink():
+    if (folder / "lessons").is_symlink():
+        raise SubmissionError("its lessons folder is a link to somewhere else: not followed")
+    if (folder / "lessons").is_dir():
         found = folder / "lessons"
     elif _looks_like_lessons(folder):
         found = folder
