@@ -180,7 +180,12 @@ def write_all(grades: list[SubmissionGrade], exercises: list, out: Path, seed: i
     folder = out / "feedback"
     folder.mkdir(exist_ok=True)
     for grade in grades:  # ids are short and file-safe (course.grading.collect.distinct)
-        (folder / f"{grade.student}.md").write_text(feedback(grade, speed=speed, hooked=hooked))
+        try:
+            text = feedback(grade, speed=speed, hooked=hooked)
+        except Exception as error:  # noqa: BLE001  (one student's feedback must not stop the others')
+            text = (f"# Feedback for {_md(grade.student)}\n\nTotal: **{grade.total:g} / {grade.possible:g}** "
+                    f"points.\n\nThe detailed feedback could not be written ({type(error).__name__}).\n")
+        (folder / f"{grade.student}.md").write_text(text)
     (out / "grades.json").write_text(json.dumps(
         {"exercises": [e.id for e in exercises], "timing": speed.as_json(), "sandbox": sandbox or {},
          "students": [as_json(g, speed) for g in grades]}, indent=1))
