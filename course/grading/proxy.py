@@ -9,8 +9,8 @@ to the child: the arguments go over as plain values and raw tensor bytes (`cours
 the child runs the graded module's function, and the grader builds the outputs itself from the
 reply, checking every size against its limits (each output a contiguous tensor alone in memory of
 exactly its size, so the grader never builds more than the bytes that came), then copies back
-into its own tensors what the call changed in them (in-place launchers). The child never sees the seed, the expected
-outputs, the tolerances or the checks.
+into its own tensors what the call changed in them (in-place launchers). The child never sees
+the seed, the expected outputs, the tolerances or the checks.
 
 A reply the grader cannot read is a failed case (`ReplyError`, with a short note; the child is
 restarted for the next call). A child that dies, hangs or passes a limit ends the exercise
