@@ -103,7 +103,8 @@ def _grade(args) -> int:
     from .grading import Limits, grade
 
     limits = Limits(per_exercise_s=args.timeout_per_exercise, total_s=args.timeout_total,
-                    memory_mb=args.memory_mb, output_mb=args.output_mb, processes=args.processes)
+                    memory_mb=args.memory_mb, output_mb=args.output_mb, processes=args.processes,
+                    cache_mb=args.cache_mb)
     grades = grade(args.submissions, args.out, args.seed, exercises=args.exercises, limits=limits,
                    jobs=args.jobs, timing=not args.no_timing, sandbox=not args.no_sandbox)
     flagged = [g for g in grades if g.flags]
@@ -192,6 +193,8 @@ def main(argv=None) -> int:
                        help="memory of a submission's processes together (default 8192)")
     grade.add_argument("--output-mb", type=int, default=16,
                        help="cap on what a submission prints and writes, together (default 16)")
+    grade.add_argument("--cache-mb", type=int, default=256,
+                       help="size of a submission's Triton and Numba caches (default 256)")
     grade.add_argument("--processes", type=int, default=4096,
                        help="processes and threads of a submission together (default 4096)")
     grade.add_argument("--no-sandbox", action="store_true",

@@ -10,8 +10,12 @@ time, so that no sample holds a solution. tests/test_grade.py and tools/gpu_grad
 from __future__ import annotations
 
 import functools
+import io
 import runpy
+import shutil
+import struct
 import textwrap
+import zipfile
 from pathlib import Path
 
 from course.release import Piece, render, render_pieces
@@ -29,6 +33,11 @@ def _answer(source_lines: list[str], piece: Piece) -> list[str]:
     body = lines[1:-1]
     cut = next((i for i, line in enumerate(body) if line.strip() == "### LESSON"), len(body))
     return body[:cut]
+
+
+def answer_lines(module: str, piece: Piece) -> list[str]:
+    """The solution's lines for one hole of `module`'s lesson."""
+    return _answer((ROOT / "solutions" / f"{module}.py").read_text().splitlines(keepends=True), piece)
 
 
 @functools.cache
@@ -79,7 +88,83 @@ def write_sample(name: str, target_root: Path, tokens: dict[str, str]) -> Path:
         if link.exists():
             link.unlink()
         link.symlink_to(ROOT / target)
+    if spec.get("DEPTH"):
+        _bury(folder, spec["DEPTH"])
+    if spec.get("ZIP"):
+        archive = folder.with_name(folder.name + ".zip")
+        archive.write_bytes(hostile_zip(spec["ZIP"], folder))
+        shutil.rmtree(folder)
+        return archive
     return folder
+
+
+def remove_deep(folder: Path) -> None:
+    """Remove a folder tree however deep, bottom up, without recursion (shutil.rmtree recurses)."""
+    chain = [folder]
+    while True:
+        inner = [p for p in chain[-1].iterdir() if p.is_dir() and not p.is_symlink()]
+        if not inner:
+            break
+        chain.append(inner[0])
+    for path in reversed(chain):
+        for entry in list(path.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        path.rmdir()
+
+
+def _bury(folder: Path, depth: int) -> None:
+    """Move the submission's lessons `depth` folders down (a name of one letter each)."""
+    deep = folder
+    for _ in range(depth):  # one at a time: os.makedirs recurses
+        deep = deep / "d"
+        deep.mkdir()
+    (folder / "lessons").rename(deep / "lessons")
+
+
+def hostile_zip(kind: str, folder: Path) -> bytes:
+    """The files under folder as a zip of this kind: "encrypted" (flagged so, as a password makes
+    it), "lzma", "method99" (AES), "bad_deflate" (its data cut short and garbled), "bad_utf8" (a name
+    flagged UTF-8 that is not), "bomb" (a small member that unpacks to 20 MB), "deep" (40 folders)."""
+    buffer = io.BytesIO()
+    method = zipfile.ZIP_LZMA if kind == "lzma" else zipfile.ZIP_DEFLATED
+    with zipfile.ZipFile(buffer, "w", method) as zf:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            zf.writestr(path.relative_to(folder).as_posix(), path.read_bytes())
+        if kind == "bomb":
+            zf.writestr("lessons/padding.txt", b"\0" * (20 << 20))
+        if kind == "deep":
+            zf.writestr("/".join(["d"] * 40) + "/x.txt", b"x")
+        if kind == "bad_utf8":
+            zf.writestr("lessons/NAME.py", b"x = 1\n")
+    data = bytearray(buffer.getvalue())
+    if kind == "encrypted":
+        _patch_headers(data, flags=0x1)
+    elif kind == "method99":
+        _patch_headers(data, method=99)
+    elif kind == "bad_utf8":
+        data = bytearray(bytes(data).replace(b"lessons/NAME.py", b"lessons/\xff\xfeME.py"))  # same length
+        _patch_headers(data, flags=0x800)
+    elif kind == "bad_deflate":
+        start = data.index(b"PK\x03\x04")
+        name_length, extra_length = struct.unpack_from("<HH", data, start + 26)
+        body = start + 30 + name_length + extra_length
+        data[body : body + 16] = b"\xff" * 16
+    return bytes(data)
+
+
+def _patch_headers(data: bytearray, flags: int = 0, method: int | None = None) -> None:
+    """Set flag bits (or the compression method) in every local and central header."""
+    for signature, flag_at, method_at in ((b"PK\x03\x04", 6, 8), (b"PK\x01\x02", 8, 10)):
+        at = data.find(signature)
+        while at >= 0:
+            old = struct.unpack_from("<H", data, at + flag_at)[0]
+            struct.pack_into("<H", data, at + flag_at, old | flags)
+            if method is not None:
+                struct.pack_into("<H", data, at + method_at, method)
+            at = data.find(signature, at + 4)
 
 
 def _tokens(code: str, tokens: dict[str, str]) -> str:

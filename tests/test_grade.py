@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import socket
 import zipfile
 from pathlib import Path
@@ -24,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from course.core import runtime
-from course.grading import Limits, grade, sandbox
+from course.grading import Limits, grade, report, sandbox
 from course.grading.collect import SubmissionError, find_submissions, safe_extract
-from tests.grading_samples import SAMPLES, recipe, write_correct, write_sample
+from tests.grading_samples import SAMPLES, recipe, remove_deep, write_correct, write_sample
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = ["trees.dfs_times_kernel", "trees.tree_bitmask_kernel", "attention.online_softmax"]
@@ -97,7 +98,7 @@ def _processes_with(marker: str) -> list[int]:
 ALL = sorted(p.name for p in SAMPLES.iterdir() if (p / "sample.py").is_file())
 ESCAPING = ["segfault", "exits", "writes_outside", "forged_results", "crashing_reply", "answer_key",
             "patch_checks", "fake_tensor", "spec_in_kernel", "detached_helper", "fork_allocate", "many_files",
-            "info_leak"]
+            "info_leak", "zero_stride_reply"]
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +110,14 @@ def graded(tmp_path_factory):
     with zipfile.ZipFile(base / "submissions" / "zipped.zip", "w") as zf:
         for path in sorted(zipped.rglob("*.py")):
             zf.write(path, path.relative_to(zipped).as_posix())
-    return _run(base, ALL, SEED, extra=["correct"])
+    yield _run(base, ALL, SEED, extra=["correct"])
+    remove_deep(base / "submissions" / "deep_folders")  # deeper than shutil.rmtree's recursion goes
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    """The correct submission graded alone, with the same seed as in `graded`."""
+    return _run(tmp_path_factory.mktemp("alone"), [], SEED, extra=["correct"])
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +147,17 @@ def _all_text(g) -> str:
 # ------------------------------------------------------------------------------------ with the hole rules
 
 REFUSED = {  # sample: (exercise, why)
-    "segfault": (ONLINE, "imports a module"), "exits": (ONLINE, "imports a module"),
-    "writes_outside": (ONLINE, "imports a module"), "forged_results": (ONLINE, "imports a module"),
-    "crashing_reply": (ONLINE, "imports a module"), "answer_key": (ONLINE, "imports a module"),
-    "patch_checks": (ONLINE, "changes torch.Tensor.any, which belongs to the module"),
-    "fake_tensor": (ONLINE, "defines a class"), "library_softmax": (ONLINE, "uses softmax"),
-    "spec_in_kernel": (DFS, "uses pyspec_ref"), "detached_helper": (ONLINE, "imports a module"),
-    "fork_allocate": (ONLINE, "imports a module"), "many_files": (ONLINE, "uses open"),
-    "info_leak": (ONLINE, "imports a module"),
+    "segfault": (ONLINE, "uses an import"), "exits": (ONLINE, "uses an import"),
+    "writes_outside": (ONLINE, "uses an import"), "forged_results": (ONLINE, "uses an import"),
+    "crashing_reply": (ONLINE, "uses an import"), "answer_key": (ONLINE, "uses an import"),
+    "patch_checks": (ONLINE, "uses an import"), "fake_tensor": (ONLINE, "uses a class"),
+    "library_softmax": (ONLINE, "uses torch.softmax"),
+    "spec_in_kernel": (DFS, "reads the attribute .dfs_times"),
+    "detached_helper": (ONLINE, "uses an import"), "fork_allocate": (ONLINE, "uses an import"),
+    "many_files": (ONLINE, "uses `try`"), "info_leak": (ONLINE, "uses an import"),
+    "zero_stride_reply": (ONLINE, "uses an import"),
+    "alias_module": (ONLINE, "uses the module torch as a value"),
+    "module_level": (DFS, "outside its function (module-level code)"),
 }
 FILTERED = {  # sample: (exercise, its points, note on it, flag)
     "partly_correct": (ONLINE, 1.0, "", ""),
@@ -160,12 +171,14 @@ FILTERED = {  # sample: (exercise, its points, note on it, flag)
     "oracle_launcher": (BITMASK, 0, "", ""),
     "injection": (ONLINE, 0, "", ""),
     "changes_input": (ONLINE, 0, "", ""),
+    "expand_reply": (ONLINE, 0, "", ""),
+    "deep_nesting": (ONLINE, 0, "lessons/attention.py could not be read (nested too deeply)", ""),
     **{name: (exercise, 0, why, "tampering") for name, (exercise, why) in REFUSED.items()},
 }
 
 
 @needs_bwrap
-@pytest.mark.parametrize("student", ["correct", "zipped", "ann_lee", "ann_lee-2"])
+@pytest.mark.parametrize("student", ["correct", "zipped", "ann_lee", "ann_lee-3"])
 def test_correct_submissions_get_every_point(graded, student):
     g = graded["grades"][student]
     assert _points(g) == POINTS, g.exercises
@@ -183,8 +196,8 @@ def test_each_sample_gets_its_grade_and_keeps_the_points_earned_elsewhere(graded
     assert (flag in g.flags) if flag else g.flags == [], g.flags
     if flag == "tampering":
         assert "was refused" in g.exercises[exercise].note
-    if note:
-        assert note.split(":")[0] in _feedback(graded, student_id)
+    if note:  # as the feedback shows it: inert markdown
+        assert report._md(note.split(":")[0]) in _feedback(graded, student_id)
     others = {e: p for e, p in _points(g).items() if e != exercise}
     assert others == {e: p for e, p in POINTS.items() if e != exercise}
 
@@ -226,10 +239,55 @@ def test_links_to_the_answer_key_are_not_followed(graded):
 
 @needs_bwrap
 def test_colliding_names_get_distinct_ids_and_a_note(graded):
+    """ann_lee keeps its name: neither `ANN_LEE` nor `ann lee` moves it; a 254-character name is cut."""
     grades = graded["grades"]
     assert grades["ann_lee"].notes == []
-    assert any("graded as ann_lee-2" in n for n in grades["ann_lee-2"].notes)
-    assert (graded["out"] / "feedback" / "ann_lee-2.md").exists()
+    assert any("graded as ANN_LEE-2" in n for n in grades["ANN_LEE-2"].notes)
+    assert any("graded as ann_lee-3" in n for n in grades["ann_lee-3"].notes)
+    assert (graded["out"] / "feedback" / "ann_lee-3.md").exists()
+    long_id = "x" * 64
+    assert any("the name made safe and short" in n for n in grades[long_id].notes)
+    assert (graded["out"] / "feedback" / f"{long_id}.md").exists()
+
+
+UNUSABLE = {  # sample: what its note says (it earns 0, flagged `unusable`; the others are graded)
+    "zip_encrypted": "it is password-protected (encrypted)",
+    "zip_lzma": "it uses LZMA compression, which grading does not unpack",
+    "zip_method99": "it uses AES encryption (method 99) compression",
+    "zip_bad_deflate": "not a zip grading can unpack",
+    "zip_bad_utf8": "not a zip grading can unpack (UnicodeDecodeError",
+    "zip_bomb": "more than 200 times its packed size",
+    "zip_deep": "a path more than 32 folders deep",
+    "deep_folders": "no lessons/ folder",
+    "linked_lessons": "its lessons folder is a link",
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("student", sorted(UNUSABLE))
+def test_a_submission_that_cannot_be_used_gets_a_note_and_stops_nobody(graded, student):
+    g = graded["grades"][student]
+    assert g.total == 0 and "unusable" in g.flags
+    assert any(UNUSABLE[student] in n for n in g.notes), g.notes
+    assert (graded["out"] / "feedback" / f"{student}.md").exists()
+
+
+@needs_bwrap
+def test_a_correct_submission_graded_beside_every_hostile_one_is_graded_as_alone(graded, alone):
+    """Same points, the same feedback and the same grades.json row (but for the seconds it took)."""
+    def row(run):
+        document = json.loads((run["out"] / "grades.json").read_text())
+        [found] = [s for s in document["students"] if s["student"] == "correct"]
+        for exercise in found["exercises"].values():
+            exercise.pop("seconds")
+        return {k: v for k, v in found.items() if k != "source"}
+
+    assert len(graded["grades"]) > 40
+    assert row(graded) == row(alone)
+    assert _feedback(graded, "correct") == _feedback(alone, "correct")
+    book = {run_name: [r for r in csv.reader((run["out"] / "gradebook.csv").open()) if r[0] == "correct"]
+            for run_name, run in (("graded", graded), ("alone", alone))}
+    assert book["graded"] == book["alone"]
 
 
 @needs_bwrap
@@ -239,9 +297,12 @@ def test_gradebook_and_feedback_are_escaped(graded):
     assert not [c for c in cells if c.startswith(("=", "+", "-", "@", "\t", "\r"))]
     assert ["'-1_1"] == [row[0] for row in rows if row[0].endswith("-1_1")]
     feedback = _feedback(graded, "-1_1")
-    assert "HYPERLINK" in feedback  # the error text is shown ...
+    assert "HYPERLINK" in feedback  # the todo's text is shown ...
     outside_code = feedback.split("```")[0::2]  # ... but outside code blocks, nothing is live
-    assert not any("<img" in part or "](http" in part for part in outside_code)
+    live = re.compile(r"<img|(?<!\\)\]\(|https?://|www\.evil")  # a tag, a link, a URL a viewer follows
+    assert not any(live.search(part) for part in outside_code), outside_code
+    assert "\x1b" not in feedback and "Total: 7 / 7" in feedback
+    assert [line for line in feedback.splitlines() if line.startswith("#") and "Total" in line] == []
 
 
 @needs_bwrap
@@ -301,6 +362,7 @@ ESCAPED = {  # sample: (its points on online_softmax (dfs for spec_in_kernel), n
                       "out of memory"),
     "many_files": (0, "printed or wrote too much", "too much output"),
     "info_leak": (0, "", ""),
+    "zero_stride_reply": (0, "", ""),
 }
 
 
@@ -328,6 +390,9 @@ def test_the_sandbox_holds_what_gets_past_the_hole_rules(escaped, student):
 def test_replies_the_grader_cannot_read_fail_cases_not_the_run(escaped):
     crashing = escaped["grades"]["crashing_reply"].exercises[ONLINE]
     assert crashing.results and all("reply grading cannot read" in d for _, p, d in crashing.results if not p)
+    bomb = escaped["grades"]["zero_stride_reply"].exercises[ONLINE]  # 4 bytes standing for a terabyte
+    assert bomb.results and all("not a contiguous tensor of its own" in d
+                                for _, p, d in bomb.results if not p)
     forged = escaped["grades"]["forged_results"].exercises[ONLINE]
     assert forged.results and not any(p for _, p, _ in forged.results)
 
@@ -385,6 +450,26 @@ def test_gpu_nodes_are_bound_over_the_fresh_dev(tmp_path, monkeypatch):
     assert min(binds) > fresh_dev
 
 
+def test_every_writable_place_has_a_size(tmp_path, monkeypatch):
+    """/tmp and the working folder take the output limit's size, the caches the cache limit's."""
+    monkeypatch.setattr(sandbox, "bwrap", lambda: "/usr/bin/bwrap")
+    plan = sandbox.Plan(tmp_path, "/usr/bin/python3", (), (), (), False, ())
+    settings = sandbox.Settings(2**30, 2**24, 64, cache=2**25)
+    command = sandbox._bwrap_command(plan, tmp_path, settings, ["python3"], 3, as_root=False)
+    sizes = {command[i + 1]: int(command[i - 1]) for i, word in enumerate(command) if word == "--tmpfs"}
+    assert sizes == {"/tmp": 2**24, "/grading/work": 2**24, "/grading/cache": 2**25}
+    assert all(command[i - 2] == "--size" for i, word in enumerate(command) if word == "--tmpfs")
+
+
+def test_each_exercise_draws_its_cases_from_a_keyed_hash_of_the_seed():
+    from course.grading.runner import case_seed
+
+    seeds = {case_seed(SEED, e) for e in EXERCISES} | {case_seed(SEED + 1, e) for e in EXERCISES}
+    assert len(seeds) == 2 * len(EXERCISES) and all(0 <= s < 2**56 for s in seeds)
+    assert case_seed(SEED, ONLINE) == case_seed(SEED, ONLINE)  # the same seed, the same grade
+    assert not any(abs(s - SEED) < 2**20 for s in seeds)  # not the private seed plus an offset
+
+
 def test_zips_may_not_escape(tmp_path):
     for name in ("../evil.py", "/abs/evil.py"):
         archive = tmp_path / "evil.zip"
@@ -400,11 +485,11 @@ def test_find_submissions(tmp_path):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "trees.py").write_text("")
     (tmp_path / "c.zip").write_bytes(b"")
-    (tmp_path / "C").mkdir()  # the same as c.zip, ignoring case
+    (tmp_path / "C").mkdir()  # the same as c.zip, ignoring case: the lower-case name keeps its id
     (tmp_path / "C" / "trees.py").write_text("")
     found = find_submissions(tmp_path)
-    assert [s.student for s in found] == ["C", "a", "b", "c-2"]
-    assert found[-1].note and not found[0].note
+    assert [s.student for s in found] == ["C-2", "a", "b", "c"]
+    assert found[0].note and not found[-1].note
     assert [s.student for s in find_submissions(tmp_path / "a")] == ["a"]
     with pytest.raises(ValueError, match="submissions"):
         find_submissions(tmp_path / "missing")

@@ -61,32 +61,65 @@ def test_nothing_handed_in_is_the_lesson_itself():
 
 MASK = "trees.tree_mask_kernel"
 SOFTMAX = "attention.online_softmax"
-REFUSED = [  # module, exercise, the hole's code (one level of indent), why
-    ("trees", MASK, "import os\nos.write(4, b'x')", "imports a module"),
-    ("trees", MASK, "mask[b, q, k] = oracle.dense_tree_mask(start, end)[b, q, k]", "uses oracle"),
-    ("trees", MASK, "global MASK_TILE\nMASK_TILE = 2", "uses `global`"),
-    ("trees", MASK, "x = ().__class__", "reads the attribute __class__"),
-    ("trees", MASK, "x = start._data", "reads the attribute _data"),
-    ("trees", MASK, "mask[b] = torch.ones(3)", "uses torch inside a kernel"),
-    ("trees", MASK, "cuda.simulator.kernel.sys.exit(0)", "reaches the module numba.cuda.simulator"),
-    ("trees", MASK, "np.save('x', start)", "uses np.save, which is not a kernel operation"),
-    ("trees", MASK, "f = getattr(mask, 'x')", "uses getattr"),
-    ("trees", MASK, "cuda.threadIdx = 3", "changes cuda.threadIdx, which belongs to the module"),
-    ("trees", MASK, "g = (x for x in []).gi_frame.f_globals", "uses gi_frame"),
-    ("trees", MASK, "launch(tree_mask_kernel, 1, 1)", "uses the harness's launch"),
-    ("trees", MASK, "exec('x = 1')", "uses exec"),
+REFUSED = [  # module, exercise, the hole's code (one level of indent), why (with the node named)
+    ("trees", MASK, "import os\nos.write(4, b'x')", "uses an import, which exercise code does not (`Import`"),
+    ("trees", MASK, "mask[b, q, k] = oracle.dense_tree_mask(start, end)[b, q, k]",
+     "reads the attribute .dense_tree_mask"),
+    ("trees", MASK, "global MASK_TILE\nMASK_TILE = 2", "uses `global`, which exercise code does not"),
+    ("trees", MASK, "x = ().__class__", "reads the attribute .__class__"),
+    ("trees", MASK, "x = start._data", "reads the attribute ._data"),
+    ("trees", MASK, "mask[b] = torch.ones(3)", "uses torch.ones, which is not Numba kernel code"),
+    ("trees", MASK, "cuda.simulator.kernel.sys.exit(0)", "uses cuda.simulator.kernel.sys.exit, which is not"),
+    ("trees", MASK, "np.save('x', start)", "uses np.save, which is not Numba kernel code"),
+    ("trees", MASK, "f = getattr(mask, 'x')", "uses the builtin getattr (`Name`"),
+    ("trees", MASK, "cuda.threadIdx = 3", "changes the attribute cuda.threadIdx (`Attribute`"),
+    ("trees", MASK, "g = (x for x in [])", "uses a generator expression"),
+    ("trees", MASK, "launch(tree_mask_kernel, 1, 1)", "uses launch, which is not one of the module's"),
+    ("trees", MASK, "exec('x = 1')", "uses the builtin exec"),
     ("trees", MASK, "x = __builtins__", "uses the name __builtins__"),
-    ("trees", MASK, "raise SystemExit(3)", "uses the builtin SystemExit"),
-    ("trees", MASK, "class T:\n    pass", "defines a class"),
-    ("attention", SOFTMAX, "return torch.softmax(x, -1)", "uses softmax"),
-    ("attention", SOFTMAX, "return x.softmax(-1)", "uses softmax"),
-    ("attention", SOFTMAX, "return torch.nn.functional.relu(x)", "uses torch.nn"),
-    ("attention", SOFTMAX, "return torch.os.system('ls')", "reaches the module os through torch.os"),
+    ("trees", MASK, "raise SystemExit(3)", "uses `raise`"),
+    ("trees", MASK, "class T:\n    pass", "uses a class, which exercise code does not (`ClassDef`"),
+    ("trees", MASK, "t = np\nt.lib.format.open_memmap('x')", "uses the module np as a value"),
+    ("trees", MASK, "f = lambda np: np.save\nf(np)('x', start)", "uses a lambda"),
+    ("trees", MASK, "x = [np for np in [np.lib]]", "uses a comprehension"),
+    ("trees", MASK, "x = start.base.os", "reads the attribute .base"),
+    ("trees", MASK, "with open('x') as f:\n    pass", "uses `with`"),
+    ("trees", MASK, "def f():\n    pass", "uses a def"),
+    ("trees", MASK, "mask[b, q, k] = WORD_BITS.__class__", "reads the attribute .__class__"),
+    ("attention", SOFTMAX, "return torch.softmax(x, -1)", "uses torch.softmax, which is not exercise code"),
+    ("attention", SOFTMAX, "return x.softmax(-1)", "reads the attribute .softmax"),
+    ("attention", SOFTMAX, "return torch.nn.functional.relu(x)", "uses torch.nn.functional.relu"),
+    ("attention", SOFTMAX, "return torch.os.system('ls')", "uses torch.os.system"),
     ("attention", SOFTMAX, "return torch.load('answer.pt')", "uses torch.load"),
-    ("attention", SOFTMAX, "torch.Tensor.any = None\nreturn x", "changes torch.Tensor.any"),
-    ("attention", SOFTMAX, "return pyspec_ref.softmax(x)", "uses pyspec_ref"),
-    ("attention", SOFTMAX, "return open('/proc/1/environ').read()", "uses open"),
+    ("attention", SOFTMAX, "torch.Tensor.any = None\nreturn x", "changes the attribute torch.Tensor.any"),
+    ("attention", SOFTMAX, "return pyspec_ref.softmax(x)", "reads the attribute .softmax"),
+    ("attention", SOFTMAX, "f = open('/proc/1/environ')\nreturn x", "uses the builtin open"),
+    ("attention", SOFTMAX, "t = torch\nreturn t.softmax(x, -1)", "uses the module torch as a value"),
+    ("attention", SOFTMAX, "return x.logcumsumexp(-1)", "reads the attribute .logcumsumexp"),
+    ("attention", SOFTMAX, "return torch.logcumsumexp(x, -1)", "uses torch.logcumsumexp"),
+    ("attention", SOFTMAX, "return getattr(torch, 'soft' + 'max')(x, -1)", "uses the builtin getattr"),
+    ("attention", SOFTMAX, "return (lambda torch: torch.softmax)(torch)(x, -1)", "uses a lambda"),
+    ("attention", SOFTMAX, "return {**x}", "uses a dict"),
 ]
+
+
+@pytest.mark.parametrize("module, exercise, code", [
+    ("trees", MASK, "    mask[b, q, k] = True\nMASK_TILE = 2\n"),  # rebinds a constant at module level
+    ("attention", SOFTMAX, "    return x\n@functools.cache\n"),  # decorates the course's next function
+    ("attention", SOFTMAX, "    return x\nrequire_tensor = print\n"),  # replaces the course's validation
+])
+def test_module_level_code_in_a_hole_is_refused(module, exercise, code):
+    graded = _splice(module, _with(module, exercise, code))
+    [problem] = graded.problems
+    assert problem.tampering and "outside its function (module-level code)" in problem.note, problem.note
+    assert f'todo("{exercise}"' in graded.text
+
+
+def test_a_refused_hole_names_the_node_and_the_students_line():
+    text = _with("attention", SOFTMAX, "    y = x\n    return (lambda: y)()\n")
+    line = text.splitlines().index("    return (lambda: y)()") + 1
+    [problem] = _splice("attention", text).problems
+    assert f"uses a lambda, which exercise code does not (`Lambda`, line {line})" in problem.note
 
 
 @pytest.mark.parametrize("module, exercise, code, why", REFUSED)
@@ -107,6 +140,30 @@ def test_code_that_reaches_outside_an_exercise_is_refused(module, exercise, code
 def test_plain_kernel_code_is_not_refused(code):
     indented = "".join(("    " + line + "\n") for line in code.splitlines())
     assert _splice("trees", _with("trees", MASK, indented)).problems == []
+
+
+@pytest.mark.parametrize("module, exercise", [("trees", MASK), ("trees", "trees.dfs_times_kernel"),
+                                              ("attention", SOFTMAX)])
+def test_whitespace_around_a_hole_costs_nothing(module, exercise):
+    """The solved lesson with the blank lines after a hole deleted and blank lines added before it."""
+    from tests.grading_samples import answer_lines
+
+    lines, region = [], None
+    for piece in RENDERED[Path(f"{module}.py")]:
+        if piece.hole is None:
+            lines += piece.lines
+            continue
+        if piece.hole.region.exercise == exercise and region is None:
+            region = len(lines)
+            lines += ["\n", "   \n"]
+        lines += answer_lines(module, piece)
+        if region is not None and piece.hole.region.exercise == exercise:
+            region = len(lines)
+    while not lines[region].strip():  # every blank line after the code, deleted
+        del lines[region]
+    graded = _splice(module, "".join(lines))
+    assert graded.problems == [] and graded.ignored == "", graded.problems
+    assert f'todo("{exercise}"' not in graded.text
 
 
 def test_the_hole_is_found_between_the_lines_around_it():
@@ -162,7 +219,7 @@ def test_adjacent_holes_split_at_their_comments():
     assert len(holes) > 3
     first = holes[0]
     text = lesson.replace(f'todo("{first.region.exercise}", region={first.region.number}, lines=1, '
-                          'defines="b, h, i")', "x = os")
+                          'defines="b, h, i")', "x = open")
     graded = _splice("ladder_bug", text)
     assert [p.exercises for p in graded.problems] == [(first.region.exercise,)]
 
@@ -235,6 +292,51 @@ def test_oversized_frames_and_bool_bytes():
     assert got.tolist() == [True, False]  # rebuilt from the bytes, never a bool of value 7
 
 
+def _reply(value: dict, storages: list, blob: bytes):
+    decoder = wire.Decoder({"storages": storages}, blob)
+    decoder.strict = True
+    return decoder, decoder.decode(value)
+
+
+def test_a_reply_is_contiguous_tensors_of_their_own():
+    """A reply of a few bytes never becomes gigabytes in the grader: a zero-stride, overlapping or
+    offset view is refused, and so are two outputs (or an output and an argument) sharing memory."""
+    one = {"device": "cpu", "dtype": "float32", "start": 0, "count": 1}
+    bomb = {"tensor": {"storage": 0, "dtype": "float32", "shape": [1 << 20, 1 << 20], "stride": [0, 0],
+                       "offset": 0}}
+    with pytest.raises(wire.WireError, match="not a contiguous tensor of its own"):
+        _reply(bomb, [one], b"\0" * 4)
+    two = {"tensor": {**TENSOR}}
+    with pytest.raises(wire.WireError, match="share memory"):
+        _reply({"tuple": [two, two]}, [STORAGE], ZEROS)
+    decoder, got = _reply(two, [STORAGE], ZEROS)
+    assert got.tolist() == [0.0, 0.0] and got.untyped_storage().nbytes() == 8
+    decoder.strict = False  # the arguments after the call may not reuse an output's memory either
+    with pytest.raises(wire.WireError, match="share memory"):
+        decoder.decode(two)
+    assert wire.contiguous_strides([3, 0, 4]) == list(torch.empty(3, 0, 4).stride())
+    assert wire.contiguous_strides([2, 1, 5]) == list(torch.empty(2, 1, 5).stride())
+
+
+def test_child_text_is_inert_in_the_feedback():
+    """Escapes and control characters removed, markdown and HTML escaped, links (bare www. too)
+    broken, and paths cut after decoding (%2F, \\x2f, full-width slashes)."""
+    from course.grading.report import _md, _quote
+    from course.grading.runner import clean_text
+
+    line = _md("ok\x1b[31mred\x1b[0m\n# Total: 14 / 14 <b>x</b> **bold** [a](http://e.example) www.e.example "
+               "me@e.example `code` | cell\u202e")
+    assert "\x1b" not in line and "\n" not in line and "\u202e" not in line
+    assert "<b>" not in line and "&lt;b&gt;" in line and "http://" not in line and "www.e" not in line
+    assert "\\*\\*bold\\*\\*" in line and "\\`code\\`" in line and "\\| cell" in line and "\\# Total" in line
+    assert _quote("```\nx\n~~~") == ["```", "'''", "x", "'''", "```"]
+    for spelling in ("/work/main/solutions/trees.py", "%2Fwork%2Fmain%2Fsolutions%2Ftrees.py",
+                     "\\x2fwork\\x2fmain\\x2fsolutions\\x2ftrees.py",
+                     "\uff0fwork\uff0fmain\uff0fsolutions\uff0ftrees.py"):
+        cut = clean_text(f"see {spelling} here")
+        assert "work" not in cut and "main" not in cut and ".../trees.py" in cut, (spelling, cut)
+
+
 def test_only_plain_values_are_sent():
     with pytest.raises(TypeError, match="cannot send"):
         wire.frame({}, value=object())
@@ -280,3 +382,15 @@ def test_the_plan_binds_no_secret(tmp_path):
     assert any("site-packages" in entry or "dist-packages" in entry for entry in plan.path)
     env = dict(plan.env)
     assert "COURSE_GRADE_CANARY" not in env and env["HOME"] == "/grading/work"
+
+
+def test_every_test_the_readme_names_for_a_guarantee_exists():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    start, end = readme.index("**What grading guarantees.**"), readme.index("**What it does not guarantee.**")
+    section = readme[start:end]
+    named = set(re.findall(r"`(test_\w+)`", section))
+    defined = {name for path in ("tests/test_grade.py", "tests/test_grade_splice.py")
+               for name in re.findall(r"^def (test_\w+)", (ROOT / path).read_text(), re.MULTILINE)}
+    assert len(named) > 15 and named <= defined, named - defined

@@ -42,6 +42,7 @@ def grade(submissions, out, seed: int, exercises=None, limits=None, jobs: int = 
     """
     import shutil
     import tempfile
+    import warnings
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm import tqdm
@@ -67,8 +68,8 @@ def grade(submissions, out, seed: int, exercises=None, limits=None, jobs: int = 
     limits = limits or Limits()
     if limits.per_exercise_s <= 0 or limits.total_s <= 0:
         raise ValueError("timeouts must be positive")
-    if min(limits.memory_mb, limits.output_mb, limits.processes, limits.reply_mb) <= 0:
-        raise ValueError("memory_mb, output_mb, processes and reply_mb must be positive")
+    if min(limits.memory_mb, limits.output_mb, limits.processes, limits.reply_mb, limits.cache_mb) <= 0:
+        raise ValueError("memory_mb, output_mb, processes, reply_mb and cache_mb must be positive")
     if sandbox and jail.bwrap() is None:
         raise ValueError("sandbox: bubblewrap (bwrap) is not installed here or cannot run (it needs user "
                          "namespaces, or root). Install it (Debian/Ubuntu: apt-get install bubblewrap), or "
@@ -94,6 +95,11 @@ def grade(submissions, out, seed: int, exercises=None, limits=None, jobs: int = 
     try:
         hidden = [ROOT, out, Path(submissions), workroot]
         setup = Setup.build(chosen, workroot, limits, sandbox, hidden)
+        if jobs > 1 and "cpu capped" not in setup.limits_by:
+            warnings.warn(f"grading {jobs} submissions at a time without a cpu controller (cpu.max or a "
+                          "cfs quota): one submission's processes can take CPU time from the one graded "
+                          "beside it, whose time limit is wall-clock time; grade with --jobs 1, or as root "
+                          "where the cgroup cpu controller can be used", stacklevel=2)
         # Every submission is spliced here, in the main thread: CPython 3.11.7's ast.parse can fail
         # in a worker thread ("AST constructor recursion depth mismatch", fixed in later releases).
         prepared = [prepare_submission(s, setup) for s in found]

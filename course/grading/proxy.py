@@ -7,9 +7,10 @@ the grader's), and every function that runs an exercise's code (`remote_names`: 
 body holds a hole, and, transitively, whatever calls one, across lesson modules) is forwarded
 to the child: the arguments go over as plain values and raw tensor bytes (`course.grading.wire`),
 the child runs the graded module's function, and the grader builds the outputs itself from the
-reply, checking every size against its limits, then copies back into its own tensors what the
-call changed in them (in-place launchers). The child never sees the seed, the expected
-outputs, the tolerances or the checks.
+reply, checking every size against its limits (each output a contiguous tensor alone in memory of
+exactly its size, so the grader never builds more than the bytes that came), then copies back
+into its own tensors what the call changed in them (in-place launchers). The child never sees
+the seed, the expected outputs, the tolerances or the checks.
 
 A reply the grader cannot read is a failed case (`ReplyError`, with a short note; the child is
 restarted for the next call). A child that dies, hangs or passes a limit ends the exercise
@@ -200,7 +201,9 @@ class Channel:
             if "error" in header:
                 return self._error(header)
             try:
+                decoder.strict = True  # the outputs: each a contiguous tensor of its own
                 result = decoder.decode(header.get("result"))
+                decoder.strict = False  # the arguments after the call: checked against the grader's own
                 after = decoder.decode(header.get("after"))
             except wire.WireError as error:
                 raise ReplyError(f"the grading process sent a reply grading cannot read ({error})") from None
@@ -211,7 +214,7 @@ class Channel:
                 if not wire.is_int(same) or not 0 <= same < len(given):
                     raise ReplyError("the grading process named an argument that is not there")
                 return given[same]
-            return _fresh(result)
+            return result
 
         outcome = self.request({"op": "call", "module": module, "name": name, "callbacks": sorted(callbacks)},
                                {"args": list(args), "kwargs": kwargs}, name_of, callbacks, resolve, answer)
@@ -266,22 +269,6 @@ def _copy_back(mine: list[torch.Tensor], theirs, in_place: bool, name: str) -> N
 
 def _same_with_nans(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
-
-
-def _fresh(value):
-    """Tensors of a reply as plain, contiguous tensors of their own (a reply's views may overlap)."""
-    if isinstance(value, torch.Tensor):
-        return value.clone(memory_format=torch.contiguous_format)
-    if isinstance(value, list):
-        return [_fresh(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_fresh(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _fresh(v) for k, v in value.items()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
-            object.__setattr__(value, f.name, _fresh(getattr(value, f.name)))
-    return value
 
 
 # ------------------------------------------------------------------------------------ the module

@@ -32,11 +32,35 @@ def _cell(value) -> str:
     return "'" + text if text.startswith(FORMULA_START) else text
 
 
+# Terminal escape sequences, then any other control or direction-changing character.
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-_])")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+# What a markdown viewer turns into a link: a scheme, a bare www. name, an e-mail address.
+_LINK = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,20}):(?=//)|\b(www)\.|(?<=\w)@(?=\w)")
+_MARKDOWN = re.compile(r"([\\`*\[\]|~#<>!]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
+
+
+def inert(text: str) -> str:
+    """Text without terminal escapes or control characters (newlines kept, tabs as spaces)."""
+    text = _ESCAPES.sub("", str(text)).replace("\r\n", "\n").replace("\r", "\n")
+    return _CONTROL.sub("", text.replace("\t", "    "))
+
+
+def _unlinked(text: str) -> str:
+    """http://x as http[:]//x, www.x as www[.]x, a@b as a[@]b: shown, never followed."""
+    def cut(match: re.Match) -> str:
+        if match.group(1):
+            return f"{match.group(1)}[:]"
+        return "www[.]" if match.group(2) else "[@]"
+
+    return _LINK.sub(cut, text)
+
+
 def _md(text: str) -> str:
-    """Text from a submission or its child, safe in markdown: no raw HTML, no links or images, no
-    code span or table cell it could open."""
-    text = html.escape(str(text), quote=False)
-    return re.sub(r"([\[\]|`])", r"\\\1", text)
+    """Text from a submission or its child as one line of inert markdown: no raw HTML, links,
+    images, emphasis, headings, code spans or table cells; no escape or control characters."""
+    text = _unlinked(inert(text).replace("\n", " "))
+    return _MARKDOWN.sub(r"\\\1", html.escape(text, quote=False))
 
 
 def _timed(exercises: list, speed: Speed | None) -> list:
@@ -64,8 +88,11 @@ def write_gradebook(grades: list[SubmissionGrade], exercises: list, path: Path,
 
 
 def _quote(text: str) -> list[str]:
+    """Text in a code block it cannot close (every run of backticks or tildes broken up)."""
+    text = inert(text)
     text = text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS] + "\n... (cut)"
-    return ["```", *text.replace("```", "'''").splitlines(), "```"]
+    text = re.sub(r"`{3,}|~{3,}", lambda match: "'" * len(match.group(0)), text)
+    return ["```", *text.splitlines(), "```"]
 
 
 def speed_section(grade: SubmissionGrade, speed: Speed, hooked: set[str]) -> list[str]:
@@ -152,8 +179,13 @@ def write_all(grades: list[SubmissionGrade], exercises: list, out: Path, seed: i
     write_gradebook(grades, exercises, out / "gradebook.csv", speed)
     folder = out / "feedback"
     folder.mkdir(exist_ok=True)
-    for grade in grades:
-        (folder / f"{grade.student}.md").write_text(feedback(grade, speed=speed, hooked=hooked))
+    for grade in grades:  # ids are short and file-safe (course.grading.collect.distinct)
+        try:
+            text = feedback(grade, speed=speed, hooked=hooked)
+        except Exception as error:  # noqa: BLE001  (one student's feedback must not stop the others')
+            text = (f"# Feedback for {_md(grade.student)}\n\nTotal: **{grade.total:g} / {grade.possible:g}** "
+                    f"points.\n\nThe detailed feedback could not be written ({type(error).__name__}).\n")
+        (folder / f"{grade.student}.md").write_text(text)
     (out / "grades.json").write_text(json.dumps(
         {"exercises": [e.id for e in exercises], "timing": speed.as_json(), "sandbox": sandbox or {},
          "students": [as_json(g, speed) for g in grades]}, indent=1))

@@ -12,6 +12,8 @@ the next exercise gets a fresh child.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import importlib
 import os
 import re
@@ -21,6 +23,8 @@ import sys
 import tempfile
 import time
 import types
+import unicodedata
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +46,7 @@ class Limits:
     output_mb: int = 16  # stdout + stderr + every file it writes, together
     processes: int = 4096  # processes and threads together (the simulator runs a thread per GPU thread)
     reply_mb: int = 1024  # the largest reply the grader reads
+    cache_mb: int = 256  # Triton's and Numba's caches in the sandbox (compiled kernels)
 
 
 @dataclass
@@ -169,14 +174,25 @@ class Prepared:
 
 
 def prepare_submission(submission: Submission, setup: Setup) -> Prepared:
-    """Find the submission's lessons and write its graded modules (call it in the main thread)."""
+    """Find the submission's lessons and write its graded modules (call it in the main thread).
+    Whatever goes wrong here is this submission's note, never the run's end."""
     workdir = Path(tempfile.mkdtemp(prefix="submission-", dir=setup.workroot))
     notes = [submission.note] if submission.note else []
     try:
-        lessons, found = prepare(submission, workdir)
+        return _prepare(submission, setup, workdir, notes)
     except (SubmissionError, OSError) as error:
-        return Prepared(submission, workdir, None, None, [*notes, f"could not use the submission: {error}"])
-    notes += found
+        why = str(error)
+    except (RecursionError, MemoryError):
+        why = "it is nested too deeply to read"
+    except Exception as error:  # noqa: BLE001  (one submission must not stop the class)
+        why = f"{type(error).__name__}: {error}"
+    note = f"could not use the submission: {clean_text(why)[:300]}"
+    return Prepared(submission, workdir, None, None, [*notes, note])
+
+
+def _prepare(submission: Submission, setup: Setup, workdir: Path, notes: list[str]) -> Prepared:
+    lessons, found = prepare(submission, workdir)
+    notes = [*notes, *found]
     contexts = {m: c for m, c in setup.contexts.items() if m in setup.modules}
     spliced = splice.splice(lessons, setup.rendered, contexts)
     notes += [m.ignored for m in spliced.modules.values() if m.ignored and m.module in setup.modules]
@@ -211,6 +227,11 @@ def grade_submission(prepared: Prepared, setup: Setup, seed: int,
         finally:
             channel.stop()
         return grade
+    except Exception as error:  # noqa: BLE001  (one submission must not stop the class)
+        grade.notes.append(clean_text(f"grading stopped on this submission: {type(error).__name__}: "
+                                      f"{error}")[:DETAIL_CHARS])
+        grade.flag("grading error")
+        return grade
     finally:
         shutil.rmtree(prepared.workdir, ignore_errors=True)
 
@@ -218,7 +239,7 @@ def grade_submission(prepared: Prepared, setup: Setup, seed: int,
 def _channel(prepared: Prepared, setup: Setup) -> proxy.Channel:
     limits = setup.limits
     settings = sandbox.Settings(limits.memory_mb << 20, limits.output_mb << 20, limits.processes,
-                                setup.isolate, runtime.SIMULATOR)
+                                setup.isolate, runtime.SIMULATOR, limits.cache_mb << 20)
     logs = prepared.workdir / "logs"
     logs.mkdir(exist_ok=True)
     work = prepared.workdir / "work"
@@ -273,7 +294,7 @@ def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup:
     module = proxy.ProxyModule(name, setup.trusted[name], setup.remote[name], setup.kernels[name],
                                prepared.spliced.modules[name].stubs, channel, setup.trusted)
     try:
-        report = run_cases(exercise.id, exercise.cases(module, seed))
+        report = run_cases(exercise.id, exercise.cases(module, case_seed(seed, exercise.id)))
         g.results = [(r.case, bool(r.passed), r.detail) for r in report.results]
         g.not_implemented = report.not_implemented
         _after_exercise(channel)
@@ -291,6 +312,14 @@ def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup:
     except Exception as error:  # noqa: BLE001  (a check that broke must not stop the run)
         g.note = clean_text(f"the check stopped with {type(error).__name__}: {error}")[:DETAIL_CHARS]
     g.seconds = round(time.monotonic() - started, 3)
+
+
+def case_seed(seed: int, exercise: str) -> int:
+    """The seed an exercise's cases are drawn from: a keyed hash (HMAC-SHA256) of the private seed
+    and the exercise's id, 56 bits. What a student can learn from one exercise's inputs (even this
+    seed, from a case's name) gives away neither the private seed nor another exercise's inputs."""
+    digest = hmac.new(str(seed).encode(), exercise.encode(), hashlib.sha256).digest()
+    return int.from_bytes(digest[:7], "big")
 
 
 def _after_exercise(channel: proxy.Channel) -> None:
@@ -374,7 +403,9 @@ _OWN = ((f"{sandbox.INSIDE}/code/lessons/", "lessons/"), (f"{sandbox.INSIDE}/har
 
 def clean_text(text: str) -> str:
     """A child's text for the feedback: the submission's files by their lessons/ names, every other
-    path (the grader's folders, its Python, its temporary folders) cut to its last part."""
+    path (the grader's folders, its Python, its temporary folders) cut to its last part. The text
+    is decoded first (%2F, \\x2f, \\u002f, full-width and other look-alike slashes), so that no
+    spelling of a path gets past the cut."""
     def shorten(match: re.Match) -> str:
         path = match.group(0)
         for prefix, shown in _OWN:
@@ -382,4 +413,18 @@ def clean_text(text: str) -> str:
                 return shown + path[len(prefix):]
         return ".../" + path.rstrip("/").rsplit("/", 1)[-1] if path.count("/") > 1 else path
 
-    return _PATH.sub(shorten, text.replace("\x00", ""))
+    return _PATH.sub(shorten, _decoded(str(text).replace("\x00", "")))
+
+
+_ENCODED_SLASH = re.compile(r"(?i)%2f|%5c|\\x2f|\\u002f|\\U0000002f|\\057|&#0*47;|&#x0*2f;|&sol;")
+
+
+def _decoded(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text)  # full-width and other compatibility slashes: "/"
+    text = text.replace("\u2215", "/").replace("\u2044", "/").replace("\u29f8", "/")
+    for _ in range(3):  # percent-encoding of a percent-encoding
+        decoded = _ENCODED_SLASH.sub("/", urllib.parse.unquote(text, errors="replace"))
+        if decoded == text:
+            break
+        text = decoded
+    return text

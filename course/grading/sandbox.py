@@ -8,7 +8,8 @@ Each child (`course.grading.child`) runs under bubblewrap (`bwrap`) with
   the launchers validate with; never solutions/, tests/, the checks or the exercise table) and
   the submission's graded lessons/ read-only, under /grading;
 - writable only a private /tmp and /grading/work (its home and working folder), each a tmpfs of
-  the output limit's size, and /grading/cache for Triton's and Numba's caches;
+  the output limit's size, and /grading/cache for Triton's and Numba's caches, a tmpfs of the
+  cache limit's size;
 - no network, its own PID, IPC and UTS namespaces, a new session, a fresh environment, no
   capabilities; when the grader runs as root, the child drops to an unprivileged uid of its own
   before any student code runs (with every capability gone, the kernel keeps it there);
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 INSIDE = Path("/grading")
-CACHE_BYTES = 1 << 30
+CPU_PERIOD_US = 100_000
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
                 "/etc/localtime")
@@ -191,6 +192,7 @@ class Cgroup:
 
     folders: list[Path]
     version: int
+    cpu_capped: bool = False  # cpu.max holds it to one CPU
 
     @classmethod
     def create(cls, name: str, memory_bytes: int, processes: int) -> Cgroup | None:
@@ -247,7 +249,14 @@ class Cgroup:
         if (folder / "memory.swap.max").exists():
             (folder / "memory.swap.max").write_text("0")
         (folder / "pids.max").write_text(str(processes))
-        return cls([folder], 2)
+        made = cls([folder], 2)
+        if (folder / "cpu.max").exists():  # one CPU at most, however many helpers it starts
+            try:
+                (folder / "cpu.max").write_text(f"{CPU_PERIOD_US} {CPU_PERIOD_US}")
+                made.cpu_capped = True
+            except OSError:
+                pass
+        return made
 
     @classmethod
     def _v1(cls, name, memory_bytes, processes) -> Cgroup | None:
@@ -271,7 +280,20 @@ class Cgroup:
             for folder in made:
                 folder.rmdir()
             raise
-        return cls(folders, 1)
+        group = cls(folders, 1)
+        cpu = cls._own("cpu")
+        if cpu is not None:  # one CPU at most (the cfs quota), where the cpu controller is mounted
+            folder = cpu[0] / cpu[1] / name
+            try:
+                folder.mkdir()
+                (folder / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+                (folder / "cpu.cfs_quota_us").write_text(str(CPU_PERIOD_US))
+                group.folders.append(folder)
+                group.cpu_capped = True
+            except OSError:
+                if folder.is_dir():
+                    folder.rmdir()
+        return group
 
     @classmethod
     def probe(cls) -> str:
@@ -280,7 +302,7 @@ class Cgroup:
         if made is None:
             return "per process (RLIMIT_NPROC, RLIMIT_AS in the simulator) and the grader's polling"
         made.remove()
-        return f"cgroup v{made.version}"
+        return f"cgroup v{made.version}" + (", cpu capped: one CPU each" if made.cpu_capped else "")
 
     @property
     def procs(self) -> list[str]:
@@ -347,6 +369,7 @@ class Settings:
     processes: int
     isolate: bool = True
     simulator: bool = True
+    cache: int = 256 << 20  # Triton's and Numba's caches: a tmpfs of this size
 
 
 @dataclass
@@ -572,7 +595,7 @@ def _bwrap_command(plan: Plan, code: Path, settings: Settings, child_argv: list[
                 "--ro-bind", str(code), str(INSIDE / "code"),
                 "--size", str(settings.output), "--tmpfs", str(INSIDE / "work"),
                 "--chmod", "0777", str(INSIDE / "work"),
-                "--size", str(CACHE_BYTES), "--tmpfs", str(INSIDE / "cache"),
+                "--size", str(settings.cache), "--tmpfs", str(INSIDE / "cache"),
                 "--chmod", "0777", str(INSIDE / "cache"),
                 "--chdir", str(INSIDE / "work"), "--", *child_argv]
     return command

@@ -9,15 +9,15 @@ the lesson: launchers, constants, imports and helpers all come from the grader, 
 launcher, a smaller `MASK_TILE` or an extra import outside the holes changes nothing (the
 feedback says such changes were ignored).
 
-Then each hole's code is read (ast) for what an exercise's code has no business doing: imports,
-`global`, dunder names and underscore attributes, the names of the harness and its
-specification (`course`, `pyspec_ref`, `oracle`, ...), builtins that reach outside the code
-(`open`, `eval`, `getattr`, ...), modules reached through a module's attributes
-(`torch.nn`, `np.lib`), library routines that compute an exercise's answer (`softmax`,
-`logsumexp`), torch inside a kernel, assignments to anything the hole does not own. A refused
-hole costs its exercise (tampering, with the reason); it is graded as the stub. The rules are
-the same for every submission and for the solutions (tests/test_grade_splice.py checks that
-every solution region passes them).
+Then each hole's code is read (ast) against an allowlist for its module's language (a Numba
+CUDA kernel, a Triton kernel, host-side PyTorch), drawn from the solutions' own regions: the
+statements and expressions kernel code uses, names its function binds, the module's constants and
+kernel functions, a fixed set of builtins, module attributes (`cuda.threadIdx.x`, `tl.load`,
+`math.exp`) and attributes of its own values (`.shape`). Anything else (a lambda, a comprehension,
+a def, a class, an import, `with`, a module used as a value, code at module level) is refused: the
+exercise scores zero (tampering, naming the node and the student's line) and is graded as the stub.
+The rules are the same for every submission and for the solutions (tests/test_grade_splice.py
+checks that every solution region passes them).
 """
 
 from __future__ import annotations
@@ -34,45 +34,89 @@ from ..release import Piece, lesson_text
 
 MAX_STUDENT_LINES = 50_000
 
-# Names no exercise code uses: the harness, its specification, the answer key, and the ways out
-# of a kernel (files, processes, introspection).
-FORBIDDEN_NAMES = frozenset({
-    "course", "pyspec_ref", "oracle", "solutions", "lessons", "spec", "sys", "os", "importlib", "builtins",
-    "ctypes", "subprocess", "shutil", "pathlib", "socket", "gc", "inspect", "threading", "multiprocessing",
-    "signal", "resource", "sqlite3", "pickle", "marshal", "io", "open", "eval", "exec", "compile",
-    "getattr", "setattr", "delattr", "hasattr", "globals", "locals", "vars", "dir", "input", "breakpoint",
-    "memoryview", "type", "object", "super", "classmethod", "staticmethod", "property", "help", "exit",
-    "quit", "copyright", "credits", "license",
-})
-# The builtins exercise code may call (any other builtin is refused by name).
-ALLOWED_BUILTINS = frozenset({
-    "abs", "all", "any", "bool", "divmod", "enumerate", "filter", "float", "int", "isinstance", "iter",
-    "len", "list", "map", "max", "min", "next", "pow", "print", "range", "reversed", "round", "set",
-    "slice", "sorted", "str", "sum", "tuple", "zip", "dict", "frozenset", "chr", "ord", "format", "repr",
-    "True", "False", "None", "Ellipsis", "NotImplemented", "ArithmeticError", "AssertionError",
-    "Exception", "IndexError", "KeyError", "NotImplementedError", "OverflowError", "RuntimeError",
-    "StopIteration", "TypeError", "ValueError", "ZeroDivisionError", "FloatingPointError",
-})
-# Attributes no exercise reads: routines that compute an exercise's answer, ways to load or
-# compile code, and frames (their globals lead anywhere).
-FORBIDDEN_ATTRIBUTES = frozenset({
-    "softmax", "log_softmax", "softmin", "logsumexp", "scaled_dot_product_attention", "load_inline",
-    "from_file", "f_globals", "f_locals", "f_back", "f_builtins", "f_code", "gi_frame", "gi_code",
-    "gi_yieldfrom", "cr_frame", "cr_code", "ag_frame", "tb_frame", "tb_next", "func_globals",
-})
-TORCH_FORBIDDEN = frozenset({"load", "save", "compile", "jit", "ops", "hub", "library", "classes",
-                             "backends", "utils", "nn", "special", "fx", "func", "package"})
-REFUSED_STATEMENTS = {
-    ast.Import: "imports a module", ast.ImportFrom: "imports a module", ast.Global: "uses `global`",
-    ast.Nonlocal: "uses `nonlocal`", ast.ClassDef: "defines a class",
-    ast.AsyncFunctionDef: "defines a coroutine",
-    ast.Await: "awaits", ast.Yield: "yields", ast.YieldFrom: "yields", ast.AsyncFor: "uses `async for`",
-    ast.AsyncWith: "uses `async with`",
+# ------------------------------------------------------------------------------------ the grammar
+#
+# A hole is accepted only if every node of its syntax tree is one that exercise code in its
+# language uses (an allowlist, drawn from the solutions' own regions: tests/test_grade_splice.py
+# checks that every one passes). Three languages: a Numba CUDA kernel, a Triton kernel, and
+# host-side PyTorch (a module without kernels).
+
+# Statements and expressions of every language; anything else (lambda, comprehension, def, class,
+# decorator, global, nonlocal, import, with, try, del, raise, yield, await, f-string, :=, ...) is refused.
+STATEMENTS = (ast.Assign, ast.AugAssign, ast.Expr, ast.If, ast.For, ast.While, ast.Break, ast.Continue,
+              ast.Pass, ast.Return)
+EXPRESSIONS = (ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Call, ast.keyword, ast.Name,
+               ast.Constant, ast.Attribute, ast.Subscript, ast.Slice, ast.Tuple, ast.List)
+GRAMMAR = (*STATEMENTS, *EXPRESSIONS, ast.operator, ast.unaryop, ast.boolop, ast.cmpop, ast.expr_context)
+NODE_NAMES = {ast.Lambda: "a lambda", ast.ListComp: "a comprehension", ast.SetComp: "a comprehension",
+              ast.DictComp: "a comprehension", ast.GeneratorExp: "a generator expression",
+              ast.FunctionDef: "a def", ast.AsyncFunctionDef: "a def", ast.ClassDef: "a class",
+              ast.Global: "`global`", ast.Nonlocal: "`nonlocal`", ast.Import: "an import",
+              ast.ImportFrom: "an import", ast.With: "`with`", ast.AsyncWith: "`with`", ast.Try: "`try`",
+              ast.Delete: "`del`", ast.Raise: "`raise`", ast.Yield: "`yield`", ast.YieldFrom: "`yield`",
+              ast.Await: "`await`", ast.JoinedStr: "an f-string", ast.NamedExpr: "`:=`",
+              ast.Starred: "a starred value", ast.Dict: "a dict", ast.Set: "a set", ast.Assert: "`assert`",
+              ast.AnnAssign: "an annotation", ast.Match: "`match`"}
+
+# The module attributes each language may use, by the module's real name (the lesson's alias,
+# such as `cuda`, `tl` or `np`, stands for it): the full dotted name, never a part of it.
+_AXES = ("x", "y", "z")
+_NUMPY_SCALARS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                  "float32", "float64", "bool_", "inf", "nan")
+_MATH = ("exp", "exp2", "expm1", "log", "log2", "log1p", "log10", "sqrt", "floor", "ceil", "fabs", "trunc",
+         "tanh", "isinf", "isnan", "isfinite", "copysign", "pow", "inf", "nan", "pi", "e")
+MODULE_ATTRIBUTES = {
+    "numba": frozenset(
+        [f"numba.cuda.{group}.{axis}" for group in ("threadIdx", "blockIdx", "blockDim", "gridDim")
+         for axis in _AXES]
+        + [f"numba.cuda.{name}" for name in (
+            "grid", "gridsize", "laneid", "warpsize", "syncthreads", "syncthreads_or", "syncthreads_and",
+            "syncthreads_count", "syncwarp", "threadfence", "threadfence_block", "shared.array",
+            "local.array", "const.array_like", "activemask", "all_sync", "any_sync", "ballot_sync",
+            "shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync", "popc", "clz", "ffs", "brev",
+            "fma", "cbrt")]
+        + [f"numba.cuda.atomic.{name}" for name in ("add", "sub", "max", "min", "exch", "cas", "inc", "dec",
+                                                    "and_", "or_", "xor", "compare_and_swap")]
+        + [f"math.{name}" for name in _MATH] + [f"numpy.{name}" for name in _NUMPY_SCALARS]),
+    "triton": frozenset(
+        [f"triton.language.{name}" for name in (
+            "program_id", "num_programs", "arange", "load", "store", "zeros", "zeros_like", "full", "where",
+            "maximum", "minimum", "max", "min", "sum", "cumsum", "argmax", "argmin", "exp", "exp2", "log",
+            "log2", "sqrt", "rsqrt", "abs", "fma", "cdiv", "dot", "trans", "reshape", "broadcast_to",
+            "expand_dims", "static_range", "range", "debug_barrier", "multiple_of", "max_contiguous", "cast",
+            "atomic_add", "atomic_max", "atomic_min", "atomic_cas", "atomic_xchg", "math.exp", "math.exp2",
+            "math.log", "math.log2", "math.sqrt", "math.rsqrt", "math.fma", "float16", "bfloat16", "float32",
+            "float64", "int1", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")]
+        + [f"math.{name}" for name in _MATH] + [f"numpy.{name}" for name in _NUMPY_SCALARS]),
+    "torch": frozenset(
+        [f"torch.{name}" for name in (
+            "exp", "log", "sqrt", "abs", "maximum", "minimum", "where", "isinf", "isnan", "isfinite",
+            "logaddexp", "clamp", "full", "full_like", "zeros", "zeros_like", "ones", "ones_like", "empty",
+            "empty_like", "arange", "cat", "stack", "matmul", "float16", "bfloat16", "float32", "float64",
+            "int32", "int64", "bool", "inf", "nan")]
+        + [f"math.{name}" for name in _MATH]),
 }
-# Modules whose attributes exercise code may read: a kernel's (numba.cuda, triton.language, math,
-# numpy's scalar types), or, in a module without kernels (notebook 02's PyTorch), torch's.
-KERNEL_MODULES = ("math", "numpy", "numba", "numba.cuda", "triton", "triton.language")
-HOST_MODULES = ("math", "torch")
+# The attributes each language may read from its own values (a tensor's shape, a Triton block's
+# dtype): no module, no dunder, no routine that computes an exercise's answer (softmax,
+# logsumexp, logcumsumexp, ...).
+VALUE_ATTRIBUTES = {
+    "numba": frozenset({"shape", "size", "ndim", "dtype"}),
+    "triton": frozenset({"dtype", "to", "shape", "T"}),
+    "torch": frozenset({
+        "device", "dtype", "shape", "ndim", "size", "numel", "dim", "values", "indices", "T", "masked_fill",
+        "max", "min", "amax", "amin", "sum", "exp", "log", "sqrt", "abs", "clamp", "transpose", "unsqueeze",
+        "squeeze", "view", "reshape", "expand", "permute", "flatten", "contiguous", "clone", "to", "float",
+        "item", "new_zeros", "new_full", "new_empty"}),
+}
+BUILTINS = {
+    "numba": frozenset({"range", "min", "max", "abs", "int", "float", "bool", "len", "round", "print"}),
+    "triton": frozenset({"range", "min", "max", "int", "float", "print"}),
+    "torch": frozenset({"range", "len", "min", "max", "abs", "int", "float", "bool", "slice", "zip",
+                        "enumerate", "tuple", "list", "print", "round"}),
+}
+# Values of the module a hole may name: the module's own constants and, in a kernel, its own
+# kernel functions (a Numba device function, a Triton jit function).
+CONSTANTS = (int, float, bool, str, complex, type(None))
 
 
 @dataclass(frozen=True)
@@ -160,6 +204,14 @@ def _matched(lesson: list[str], student: list[str]) -> dict[int, int]:
     return {block.a + k: block.b + k for block in matcher.get_matching_blocks() for k in range(block.size)}
 
 
+def _anchor(lesson: list[str], matched: dict[int, int], index: int, step: int) -> int:
+    """The lesson line that bounds a hole: the one next to it, or past blank lines the student
+    removed or changed (a whitespace change around a hole costs nothing)."""
+    while 0 <= index < len(lesson) and index not in matched and not lesson[index].strip():
+        index += step
+    return index
+
+
 def _line_up(pieces: list[Piece], student: list[str]) -> tuple[list[Piece | Segment], set[int]]:
     """The lesson's pieces with each run of holes as a Segment holding the student's lines, and the
     student's line indices that stand outside every hole but differ from the lesson."""
@@ -175,8 +227,8 @@ def _line_up(pieces: list[Piece], student: list[str]) -> tuple[list[Piece | Segm
         if segment is None:
             out.append(pieces[index])
             continue
-        before = starts[index] - 1
-        after = starts[index] + len(segment.stub)
+        before = _anchor(lesson, matched, starts[index] - 1, -1)
+        after = _anchor(lesson, matched, starts[index] + len(segment.stub), 1)
         first = matched.get(before) if before >= 0 else -1
         last = matched.get(after) if after < len(lesson) else len(student)
         if first is not None and last is not None and first < last:
@@ -259,30 +311,23 @@ def _as_stub(segment: Segment) -> Segment:
 
 @dataclass(frozen=True)
 class Context:
-    """What one module's holes may reach: its globals (from the grader's own solution module)."""
+    """What one module's holes may reach: its globals (from the grader's own lesson module) and its
+    language ("numba", "triton" or "torch", which picks the grammar)."""
 
     module: str
     globals: Mapping[str, object]
-    kernels: bool  # the module holds Numba or Triton kernels: torch is not for its holes
-
-    @property
-    def allowed_modules(self) -> tuple[str, ...]:
-        return KERNEL_MODULES if self.kernels else HOST_MODULES
-
-    def module_allowed(self, value: types.ModuleType) -> bool:
-        name = value.__name__
-        return name in self.allowed_modules or (self.kernels and name.startswith("triton.language."))
+    language: str = "torch"
 
 
 def context_of(module: str, trusted: types.ModuleType) -> Context:
     values = vars(trusted)
-    kernels = any(isinstance(v, types.ModuleType) and v.__name__.split(".")[0] in ("numba", "triton")
-                  for v in values.values())
-    return Context(module, dict(values), kernels)
+    roots = {v.__name__.split(".")[0] for v in values.values() if isinstance(v, types.ModuleType)}
+    language = "triton" if "triton" in roots else "numba" if "numba" in roots else "torch"
+    return Context(module, dict(values), language)
 
 
 def _bound_names(function: ast.AST | None) -> set[str]:
-    """Names a function binds: its arguments, what it assigns, loops over, catches or defines."""
+    """Names a function binds: its arguments and what it assigns or loops over."""
     if function is None:
         return set()
     bound = set()
@@ -291,142 +336,140 @@ def _bound_names(function: ast.AST | None) -> set[str]:
             bound.add(node.arg)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             bound.add(node.id)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            bound.add(node.name)
-        elif isinstance(node, (ast.FunctionDef, ast.Lambda)) and node is not function:
-            if isinstance(node, ast.FunctionDef):
-                bound.add(node.name)
-        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
-            bound.add(node.name)
     return bound
 
 
 def _enclosing(tree: ast.Module, line: int) -> ast.AST | None:
+    """The innermost function whose `def` stands before `line` and whose body reaches it."""
     holders = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-               and n.lineno <= line <= (n.end_lineno or n.lineno)]
+               and n.lineno < line <= (n.end_lineno or n.lineno)]
     return max(holders, key=lambda n: n.lineno) if holders else None
 
 
-def _root(node: ast.AST) -> tuple[ast.Name | None, list[str]]:
-    """The Name an attribute/subscript chain starts from, and the attributes read from it in order."""
-    attributes = []
+def _root(node: ast.AST) -> ast.Name | None:
+    """The Name an attribute/subscript/call chain starts from."""
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
-        if isinstance(node, ast.Attribute):
-            attributes.append(node.attr)
-            node = node.value
-        elif isinstance(node, ast.Subscript):
-            attributes.clear()  # an item of a module's attribute is no longer the module's
-            node = node.value
-        else:
-            attributes.clear()
-            node = node.func
-    return (node if isinstance(node, ast.Name) else None), attributes[::-1]
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node if isinstance(node, ast.Name) else None
 
 
-def _harness_value(value) -> bool:
-    owner = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "") or ""
-    return isinstance(owner, str) and owner.split(".")[0] in ("course", "pyspec_ref")
+def _chain(node: ast.Attribute) -> tuple[ast.AST, list[str]]:
+    """The value an attribute chain starts from and the attributes read from it, in order."""
+    attributes = []
+    while isinstance(node, ast.Attribute):
+        attributes.append(node.attr)
+        node = node.value
+    return node, attributes[::-1]
 
 
-def _global_problem(name: str, context: Context) -> str:
-    value = context.globals[name]
-    if name == "todo":
-        return ""
-    if isinstance(value, types.ModuleType):
-        if value.__name__ == "torch" and context.kernels:
-            return "uses torch inside a kernel"
-        return "" if context.module_allowed(value) else f"uses the module {value.__name__}"
-    if _harness_value(value):
-        return f"uses the harness's {name}"
-    return ""
-
-
-def _chain_problem(root: ast.Name, attributes: list[str], context: Context) -> str:
-    """A module global's attributes: every module they reach must be one exercise code may use."""
-    value = context.globals[root.id]
-    dotted = root.id
-    for attribute in attributes:
-        if not isinstance(value, types.ModuleType):
-            return ""
-        if value.__name__ == "torch" and attribute in TORCH_FORBIDDEN:
-            return f"uses torch.{attribute}"
-        try:
-            value = getattr(value, attribute)
-        except AttributeError:
-            return ""  # an AttributeError when it runs, not a way out
-        dotted += f".{attribute}"
-        if isinstance(value, types.ModuleType) and not context.module_allowed(value):
-            return f"reaches the module {value.__name__} through {dotted}"
-        if dotted.startswith(("np.", "numpy.")) and dotted.count(".") == 1 and not _kernel_numpy(value):
-            return f"uses {dotted}, which is not a kernel operation"
-        if _harness_value(value) and not isinstance(value, types.ModuleType):
-            return f"uses the harness's {dotted}"
-    return ""
-
-
-def _kernel_numpy(value) -> bool:
-    """numpy's scalar types, ufuncs and constants: what a Numba kernel may call."""
+def _constant(value) -> bool:
+    """One of the module's own constants: a number, a string, a numpy scalar, a Numba type, or a
+    tuple of them."""
     import numpy as np
 
-    return ((isinstance(value, type) and issubclass(value, np.generic))
-            or isinstance(value, (np.ufunc, float)) or value in (np.iinfo, np.finfo, np.dtype))
+    if isinstance(value, tuple):
+        return all(_constant(item) for item in value)
+    owner = type(value).__module__ or ""
+    return isinstance(value, (*CONSTANTS, np.generic)) or owner.startswith("numba.core.types")
+
+
+def _kernel_function(value, language: str) -> bool:
+    """A Numba device function or a Triton jit function of the module (what a kernel may call)."""
+    owner = type(value).__module__ or ""
+    return language in ("numba", "triton") and owner.startswith(language) and callable(value)
+
+
+class _Rules:
+    """The grammar of one hole: `check(node)` gives why a node is refused ('' when it is not)."""
+
+    def __init__(self, tree: ast.Module, function: ast.AST | None, context: Context, last: int):
+        self.context, self.language, self.last = context, context.language, last
+        self.local = _bound_names(function)
+        self.body = {id(n) for statement in (function.body if function is not None else [])
+                     for n in ast.walk(statement)}
+        self.parent = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def check(self, node: ast.AST) -> str:
+        if id(node) not in self.body:
+            return "stands outside its function (module-level code)"
+        if getattr(node, "end_lineno", None) and node.end_lineno > self.last:
+            return "runs on past the end of its region"
+        if not isinstance(node, GRAMMAR):
+            what = NODE_NAMES.get(type(node), f"a {type(node).__name__}")
+            return f"uses {what}, which exercise code does not"
+        if isinstance(node, ast.keyword) and node.arg is None:
+            return "unpacks a dict into a call (**)"
+        if isinstance(node, ast.Name):
+            return self._name(node)
+        if isinstance(node, ast.Attribute):
+            return self._attribute(node)
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+            root = _root(node)
+            if root is None or root.id not in self.local:
+                return f"changes {ast.unparse(node)[:60]}, which belongs to the module"
+        return ""
+
+    def _name(self, node: ast.Name) -> str:
+        name = node.id
+        if name.startswith("__"):
+            return f"uses the name {name}"
+        if name in self.local:
+            return ""
+        if name in self.context.globals:
+            value = self.context.globals[name]
+            if isinstance(value, types.ModuleType):
+                parent = self.parent.get(id(node))
+                if isinstance(parent, ast.Attribute) and parent.value is node:
+                    return ""  # checked as a whole with its attributes (_attribute)
+                return f"uses the module {name} as a value"
+            if name == "todo" or _constant(value) or _kernel_function(value, self.language):
+                return ""
+            return f"uses {name}, which is not one of the module's constants or kernel functions"
+        if hasattr(builtins, name):
+            return "" if name in BUILTINS[self.language] else f"uses the builtin {name}"
+        return ""  # a name nothing binds: a NameError when it runs, a failed case
+
+    def _attribute(self, node: ast.Attribute) -> str:
+        if not isinstance(node.ctx, ast.Load):
+            return f"changes the attribute {ast.unparse(node)[:60]}"
+        parent = self.parent.get(id(node))
+        if isinstance(parent, ast.Attribute) and parent.value is node:
+            return ""  # checked as part of the longer chain
+        base, attributes = _chain(node)
+        if isinstance(base, ast.Name) and base.id not in self.local and isinstance(
+                self.context.globals.get(base.id), types.ModuleType):
+            dotted = ".".join([self.context.globals[base.id].__name__, *attributes])
+            if dotted in MODULE_ATTRIBUTES[self.language]:
+                return ""
+            return f"uses {'.'.join([base.id, *attributes])}, which is not {self._kind} code"
+        refused = [a for a in attributes if a not in VALUE_ATTRIBUTES[self.language]]
+        return f"reads the attribute .{refused[0]}, which {self._kind} code does not" if refused else ""
+
+    @property
+    def _kind(self) -> str:
+        return {"numba": "Numba kernel", "triton": "Triton kernel", "torch": "exercise"}[self.language]
 
 
 def refusals(tree: ast.Module, first: int, last: int, context: Context,
              line_of=lambda line: line) -> list[str]:
     """Why the code on graded lines first..last (1-based) is not exercise code ([] when it is);
-    `line_of` turns a graded line into the line the student sees."""
-    function = _enclosing(tree, first)
-    local = _bound_names(function)
-    reasons = []
-
-    def refuse(reason: str, node: ast.AST) -> None:
-        text = f"{reason} (line {line_of(node.lineno)})"
-        if text not in reasons:
-            reasons.append(text)
-
+    `line_of` turns a graded line into the line the student sees. Every node of the hole must be
+    one its language's grammar holds, inside the function the hole stands in."""
     nodes = [n for n in ast.walk(tree) if first <= getattr(n, "lineno", 0) <= last]
-    for node in nodes:
-        for kind, why in REFUSED_STATEMENTS.items():
-            if isinstance(node, kind):
-                refuse(why, node)
-        if isinstance(node, ast.FunctionDef) and node.decorator_list:
-            refuse("decorates a function", node)
-        if isinstance(node, ast.Name):
-            refuse_name = _name_problem(node, local, context)
-            if refuse_name:
-                refuse(refuse_name, node)
-        elif isinstance(node, ast.Attribute):
-            if node.attr.startswith("_"):
-                refuse(f"reads the attribute {node.attr}", node)
-            elif node.attr in FORBIDDEN_ATTRIBUTES:
-                refuse(f"uses {node.attr}", node)
-        if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            root, _ = _root(node)
-            if root is not None and root.id not in local:
-                refuse(f"changes {ast.unparse(node)}, which belongs to the module", node)
-        if isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
-            root, attributes = _root(node)
-            if root is not None and root.id not in local and root.id in context.globals and attributes:
-                problem = _chain_problem(root, attributes, context)
-                if problem:
-                    refuse(problem, node)
+    if not nodes:
+        return []
+    rules = _Rules(tree, _enclosing(tree, min(n.lineno for n in nodes)), context, last)
+    reasons, inside_refused = [], set()
+    for node in sorted(nodes, key=lambda n: (n.lineno, n.col_offset)):
+        if id(node) in inside_refused:
+            continue
+        why = rules.check(node)
+        if why:  # one reason per refused part: not again for each node inside it
+            inside_refused |= {id(n) for n in ast.walk(node)}
+        text = f"{why} (`{type(node).__name__}`, line {line_of(node.lineno)})" if why else ""
+        if text and text not in reasons:
+            reasons.append(text)
     return reasons
-
-
-def _name_problem(node: ast.Name, local: set[str], context: Context) -> str:
-    name = node.id
-    if name.startswith("__"):
-        return f"uses the name {name}"
-    if name in FORBIDDEN_NAMES:
-        return f"uses {name}"
-    if name in local:
-        return ""
-    if name in context.globals:
-        return _global_problem(name, context)
-    if hasattr(builtins, name) and name not in ALLOWED_BUILTINS:
-        return f"uses the builtin {name}"
-    return ""
 
 
 def _refusal_problems(parts, context: Context) -> list[Problem]:
@@ -500,10 +543,24 @@ def splice(lessons: Path | None, rendered: Mapping[Path, bytes | list[Piece]],
             continue
         module = ".".join(relative.with_suffix("").parts)
         student = _read(lessons / relative) if lessons is not None and module in contexts else None
-        spliced = splice_module(module, content, student, contexts.get(module, Context(module, {}, False)))
+        spliced = _splice_safely(module, content, student, contexts.get(module, Context(module, {})))
         modules[module] = spliced
         files[relative] = spliced.text.encode()
     return Spliced(modules, files)
+
+
+def _splice_safely(module: str, pieces: list[Piece], student_text: str | None,
+                   context: Context) -> SplicedModule:
+    """splice_module, where code nested too deeply to read (RecursionError, MemoryError, or a
+    parser's "too many nested parentheses") leaves the module's exercises as stubs, with a note."""
+    try:
+        return splice_module(module, pieces, student_text, context)
+    except (RecursionError, MemoryError, SyntaxError, ValueError) as error:
+        why = "nested too deeply" if not isinstance(error, ValueError) else "holds a null byte"
+        text = lesson_text(pieces)
+        exercises = tuple(dict.fromkeys(p.hole.region.exercise for p in pieces if p.hole is not None))
+        problem = Problem(exercises, f"lessons/{module}.py could not be read ({why}): not graded")
+        return SplicedModule(module, text, True, [problem], stubs=_stubs(text))
 
 
 def _read(path: Path | None) -> str | None:

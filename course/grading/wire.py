@@ -146,6 +146,11 @@ class Decoder:
             raise WireError("storages must be a list")
         self.storages = [self._storage(s) for s in storages]
         self.built: dict[int, torch.Tensor] = {}
+        # A reply (`strict`): every tensor contiguous, alone in a storage of exactly its size, so
+        # that what the grader builds is never larger than the bytes that came (no zero-stride
+        # or overlapping view of a few bytes standing for gigabytes), and no two share memory.
+        self.strict = False
+        self.claimed: set[int] = set()  # storages a strict tensor owns
 
     def _storage(self, spec) -> tuple[str, torch.dtype, int, int]:
         if not isinstance(spec, dict) or set(spec) != {"device", "dtype", "start", "count"}:
@@ -238,6 +243,13 @@ class Decoder:
             raise WireError("a tensor reaches past the end of its storage")
         if numel and offset >= count:
             raise WireError("a tensor starts past the end of its storage")
+        if index in self.claimed:
+            raise WireError("two tensors of the reply share memory")
+        if self.strict:
+            if offset != 0 or count != numel or stride != contiguous_strides(shape):
+                raise WireError(f"a reply tensor of shape {tuple(shape)} is not a contiguous tensor of its "
+                                "own (a view, a zero-stride or an overlapping tensor)")
+            self.claimed.add(index)
         flat = self._flat(index, device, dtype, start, count)
         return flat.as_strided(shape, stride, offset)
 
@@ -266,6 +278,15 @@ class Decoder:
         for key, item in fields.items():
             object.__setattr__(obj, key, self.decode(item, depth + 1))
         return obj
+
+
+def contiguous_strides(shape: list[int]) -> list[int]:
+    """The strides of a row-major tensor of this shape, as torch gives a fresh one."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return strides[::-1]
 
 
 def is_int(value) -> bool:

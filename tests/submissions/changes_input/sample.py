@@ -4,7 +4,7 @@ reference from the input after the call would agree).
 
 HOLES = {
     "attention.online_softmax": """
-x.zero_()
+x[:] = 0.0
 return torch.full_like(x, 1.0 / x.shape[-1])
 """,
 }

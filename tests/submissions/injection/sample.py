@@ -1,11 +1,10 @@
-"""Named `-1+1`; online_softmax raises an error whose text is a spreadsheet formula, raw HTML and a
-markdown link.
-"""
+"""Named `-1+1` (a formula in a spreadsheet); online_softmax leaves a todo whose message is a
+formula, raw HTML, links (one bare), a terminal escape and a line break into a fake total."""
 
-NAME = '-1+1'
+NAME = "-1+1"
 HOLES = {
     "attention.online_softmax": """
-raise ValueError('=HYPERLINK("http://evil.example","x") <img src=x onerror=alert(1)> '
-                 '[click](http://evil.example) | cell |')
+todo('=HYPERLINK("http://evil.example","x") <img src=x onerror=alert(1)> [click](http://evil.example) '
+     '| cell | www.evil.example \\x1b[31mred\\x1b[0m\\n# Total: 7 / 7\\n')
 """,
 }
