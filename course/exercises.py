@@ -85,7 +85,7 @@ EXERCISES: dict[str, Exercise] = {
                           "triton_attention.online_softmax_step"))]
     + [Exercise("spec_sampling.tile_pass_kernel", "15_speculative_sampling", 3,
                 sampling_checks.check_tile_pass,
-                "the seed paper's per-tile pass: the test r q(x) <= p(x), max(0, p - q), partial sums b_k"),
+                "the seed paper's per-tile pass: the test r q(x) < p(x), max(0, p - q), partial sums b_k"),
        Exercise("spec_sampling.first_crossing", "15_speculative_sampling", 3,
                 sampling_checks.check_spec_sampling,
                 "the inverse CDF by tiles: the crossing tile from the partial sums, then the token",
