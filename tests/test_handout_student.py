@@ -14,10 +14,10 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from tests.test_handout import _env
 
 from course import release
 from course.topics.ladder.rungs import RUNGS
+from tests.test_handout import _env
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = sorted({release.notebook_number(rung.notebook) for rung in RUNGS})  # 03 ... 11c
