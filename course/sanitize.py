@@ -46,7 +46,7 @@ def command(sanitizer: Path, tool: str, notebook: str) -> list[str]:
     # Triton compiles in the checked process (ptxas runs beside it): follow every process.
     follow = ["--target-processes", "all"] if notebook in TRITON_NOTEBOOKS else []
     return [str(sanitizer), "--tool", tool, *TOOL_FLAGS[tool], *follow, "--error-exitcode", "1",
-            sys.executable, "-m", "course", "check", notebook, "--impl", "solutions"]
+            sys.executable, "-m", "course", "check", notebook, "--impl", "solutions", "--full"]
 
 
 def environment(notebook: str, triton_sizes: str = "full") -> dict[str, str]:
