@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .core import impl
 from .core.source import diff_sources, function_in_file
-from .exercises import EXERCISES, Exercise
+from .exercises import EXERCISES, Exercise, checked_together
 
 PASSES_ENV = "COURSE_PASSES"  # a file to keep the record of passes in, instead of the default
 NO_REFERENCE = ("This copy of the course has no reference answers (a hand-out leaves solutions/ out): "
@@ -96,17 +96,11 @@ def fingerprint(exercise: Exercise) -> str | None:
     return hashlib.sha256("\n\x00\n".join(sources).encode()).hexdigest()
 
 
-def _checked_together(exercise: Exercise) -> list[Exercise]:
-    """The exercise and those whose check is the very same run (notebook 12's two exercises share
-    one): a pass of one is a pass of each."""
-    return [e for e in EXERCISES.values() if e.module == exercise.module and e.cases is exercise.cases]
-
-
 def record_pass(exercise_id: str) -> bool:
     """Note that the exercise's check passed on your lessons/ code as it stands. False if the record
     could not be written anywhere (the check's result stands all the same)."""
     record = passes()
-    for exercise in _checked_together(_exercise(exercise_id)):
+    for exercise in checked_together(_exercise(exercise_id)):
         code = fingerprint(exercise)
         if code is not None:
             record[exercise.id] = code

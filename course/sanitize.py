@@ -49,7 +49,7 @@ def command(sanitizer: Path, tool: str, notebook: str, target: str | None = None
     # Triton compiles in the checked process (ptxas runs beside it): follow every process.
     follow = ["--target-processes", "all"] if notebook in TRITON_NOTEBOOKS else []
     return [str(sanitizer), "--tool", tool, *TOOL_FLAGS[tool], *follow, "--error-exitcode", "1",
-            sys.executable, "-m", "course", "check", target or notebook, "--impl", impl]
+            sys.executable, "-m", "course", "check", target or notebook, "--impl", impl, "--full"]
 
 
 def environment(notebook: str, triton_sizes: str = "full") -> dict[str, str]:

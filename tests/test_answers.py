@@ -72,7 +72,7 @@ def test_a_pass_shows_it_until_the_code_changes(course_copy, capsys):
 
 def test_a_passing_check_of_the_lessons_records_it(course_copy, monkeypatch):
     monkeypatch.setattr(Exercise, "run",
-                        lambda self, impl=None, seed=0: Report(self.id, [CaseResult("a", True)]))
+                        lambda self, impl=None, seed=0, full=False: Report(self.id, [CaseResult("a", True)]))
     check("attention.online_softmax", impl="solutions", quiet=True)  # the reference's pass is not yours
     assert not answers.earned("attention.online_softmax")
     check("attention.online_softmax", quiet=True)
@@ -82,7 +82,7 @@ def test_a_passing_check_of_the_lessons_records_it(course_copy, monkeypatch):
 
 
 def test_a_failing_check_records_nothing(course_copy, monkeypatch):
-    monkeypatch.setattr(Exercise, "run", lambda self, impl=None, seed=0: Report(
+    monkeypatch.setattr(Exercise, "run", lambda self, impl=None, seed=0, full=False: Report(
         self.id, [CaseResult("a", True), CaseResult("b", False, "row 3 differs")]))
     check("attention.online_softmax", quiet=True, raise_on_failure=False)
     assert answers.passes() == {}

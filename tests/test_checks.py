@@ -1,5 +1,6 @@
 """The checks pass the solutions and catch realistic bugs, saying where and how."""
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,22 +10,23 @@ import torch
 
 from course import checks
 from course.checks import CheckFailed, run_cases
+from course.core import impl as course_impl
 from course.core import runtime
-from course.exercises import EXERCISES, get, select
+from course.exercises import EXERCISES, checked_together, get, select
 from solutions import attention, trees
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
 def _checked_by_its_notebook(exercise) -> bool:
-    """Whether the exercise's notebook runs its check (under nbval in the same test run): the
-    simulator's checks take up to minutes, and running them twice would only cost time."""
+    """Whether the exercise's notebook runs its check, or the check that is the same run (under nbval
+    in the same test run): running the same cases twice would only cost time."""
     notebook = NOTEBOOKS / f"{EXERCISES[exercise].notebook}.ipynb"
     if not notebook.exists():
         return False
     code = "".join("".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"]
                    if cell["cell_type"] == "code")
-    return f'check("{exercise}"' in code
+    return any(f'check("{same.id}"' in code for same in checked_together(EXERCISES[exercise]))
 
 
 @pytest.mark.parametrize("exercise", sorted(EXERCISES))
@@ -145,3 +147,49 @@ def test_exercise_selection_is_validated():
         select("99")
     with pytest.raises(ValueError, match="exercise must be one of"):
         get("trees.nope")
+
+
+def _names(cases) -> list[str]:
+    return [name for name, _ in cases]
+
+
+@pytest.mark.parametrize("exercise", [e for e in EXERCISES.values() if e.default_cases], ids=lambda e: e.id)
+def test_a_default_list_is_a_few_named_cases_of_the_full_one(exercise):
+    module = course_impl.load(exercise.module, "solutions")
+    for seed in (checks.PUBLIC_SEED, 1234):
+        full = _names(exercise.selected_cases(module, seed, full=True))
+        default = _names(exercise.selected_cases(module, seed))
+        assert full == _names(exercise.cases(module, seed))  # --full, and grading, run every case
+        assert 4 <= len(default) < len(full) and set(default) <= set(full)
+        for start in exercise.default_cases:  # a renamed case must not drop out of the list unseen
+            assert any(name.startswith(start) for name in full), (exercise.id, start)
+
+
+def test_a_report_of_the_default_list_says_how_to_run_them_all(monkeypatch):
+    exercise = get("ladder_k1.tree_attention_kernel")
+    monkeypatch.setitem(EXERCISES, exercise.id, dataclasses.replace(
+        exercise, cases=lambda module, seed: iter([("single node", lambda: None), ("random", lambda: None)])))
+    default = get(exercise.id).run(impl="solutions")
+    assert [r.case for r in default.results] == ["single node"]
+    assert ("passed all 1 cases (the default list; `python -m course check ladder_k1.tree_attention_kernel "
+            "--full` runs every case") in default.text()
+    full = get(exercise.id).run(impl="solutions", full=True)
+    assert len(full.results) == 2 and "--full" not in full.text()
+
+
+def test_a_notebook_whose_exercises_share_one_check_runs_it_once(monkeypatch, capsys):
+    from course.__main__ import main
+
+    ran = []
+
+    def cases(module, seed):
+        ran.append(seed)
+        yield "one case", lambda: None
+
+    for exercise in select("12"):  # both get the same function: still one run
+        same = dataclasses.replace(exercise, cases=cases, default_cases=())
+        monkeypatch.setitem(EXERCISES, exercise.id, same)
+    assert main(["check", "12", "--impl", "solutions"]) == 0
+    assert ran == [checks.PUBLIC_SEED]
+    assert ("triton_attention.online_softmax_step, triton_attention.tree_attention_kernel: passed all 1 cases"
+            in capsys.readouterr().out)

@@ -25,7 +25,7 @@ def test_every_exercise_notebook_is_sanitized():
 def test_triton_runs_follow_every_process_at_full_sizes_without_pooled_memory():
     argv = sanitize.command(Path("/cs"), "memcheck", "16")
     assert argv[:3] == ["/cs", "--tool", "memcheck"] and "--target-processes" in argv
-    assert argv[-5:] == ["course", "check", "16", "--impl", "solutions"]
+    assert argv[-6:] == ["course", "check", "16", "--impl", "solutions", "--full"]  # every case, as before
     assert sanitize.environment("16") == {"COURSE_SIM": "0", "COURSE_SIZES": "full",
                                           "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     assert sanitize.environment("16", "small")["COURSE_SIZES"] == "small"

@@ -35,6 +35,8 @@ class Report:
     results: list[CaseResult] = field(default_factory=list)
     not_implemented: str = ""
     note: str = ""  # said under a pass: what the cases cannot show
+    default_list: bool = False  # only the default list of cases ran (`--full` runs them all)
+    also: tuple[str, ...] = ()  # other exercises whose check is this very run (notebook 12's two)
 
     @property
     def passed(self) -> bool:
@@ -52,10 +54,13 @@ class Report:
         if self.not_implemented:
             return f"{self.exercise}: {self.not_implemented}"
         failures = [r for r in self.results if not r.passed]
+        named = ", ".join((self.exercise, *self.also))
         if not failures:
-            passed = f"{self.exercise}: passed all {len(self.results)} cases"
+            full = (f" (the default list; `python -m course check {self.exercise} --full` runs every case, "
+                    "as grading does)" if self.default_list else "")
+            passed = f"{named}: passed all {len(self.results)} cases{full}"
             return f"{passed}\n{self.note}" if self.note else passed
-        lines = [f"{self.exercise} FAILED {len(failures)} of {len(self.results)} cases"]
+        lines = [f"{named} FAILED {len(failures)} of {len(self.results)} cases"]
         explained: set[str] = set()  # a case's explanation, once: later cases say only where
         for result in failures:
             if result.crash is None:
@@ -149,17 +154,19 @@ def _run_cases(exercise: str, cases: Iterable[tuple[str, CaseRunner]]) -> Report
     return report
 
 
-def check(exercise: str, *, impl: str | None = None, seed: int = PUBLIC_SEED,
+def check(exercise: str, *, impl: str | None = None, seed: int = PUBLIC_SEED, full: bool = False,
           quiet: bool = False, raise_on_failure: bool = True, verbose: bool = False) -> Report:
     """Check one exercise (e.g. "trees.dfs_times") against pyspec_ref; see `course.exercises`.
 
+    The default list of cases is quick in the simulator; `full` runs every case, as grading does.
     `verbose` shows the whole traceback of a kernel or launcher that raised. A pass on your lessons/
-    is recorded, so that the notebook's "Compare with ours" cell shows the reference (`course.answers`).
+    is recorded, so that the notebook's "Compare with ours" cell shows the reference (`course.answers`);
+    a check that runs two exercises' code on the same cases records both.
     """
     from ..core.impl import impl_name
     from ..exercises import get
 
-    report = get(exercise).run(impl=impl, seed=seed)
+    report = get(exercise).run(impl=impl, seed=seed, full=full)
     if report.passed and (impl or impl_name()) == "lessons":
         from ..answers import record_pass
 

@@ -38,13 +38,14 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORD = Path(__file__).with_name("triton_launches.json")
 TARGET = ("cuda", 90, 32)  # an H100: CUDA, compute capability 9.0, 32 threads a warp
 # Modules of course/ that hold the course's own kernels (the others only handle them).
-COURSE_MODULES = ("course.capstone.kernels",)
+COURSE_MODULES = ("course.capstone.kernels", "course.capstone.model_kernels")
 # The tests whose launches the record also holds: the capstone's kernels run in its decoder, and
 # SwiftSpec's merge of key ranges only where the cache is split.
 RECORDED_TESTS = ("tests/test_capstone_decoder.py::test_fused_bookkeeping_equals_its_torch_statement",
                   "tests/test_capstone_decoder.py::test_sampling_kernels_agree_with_reference",
                   "tests/test_capstone_decoder.py::test_greedy_kernels_equal_target_greedy",
-                  "tests/test_swiftspec.py::test_key_ranges_merged_by_lse_equal_one_pass")
+                  "tests/test_swiftspec.py::test_key_ranges_merged_by_lse_equal_one_pass",
+                  "tests/test_capstone_model.py::test_fused_rope_and_swiglu_step_equals_the_torch_statement")
 # At most this many launches of one kernel with one signature are compiled (the first recorded,
 # and those with the smallest and the largest constexprs): each compile takes a while.
 PER_SIGNATURE = 3

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
+from course.core import venv
+
 SIM_ENV = "COURSE_SIM"
 
 
@@ -44,6 +46,7 @@ def _wants_simulator() -> bool:
 
 
 def _configure() -> bool:
+    venv.require_packages()  # a Python outside the course's .venv is told so, not 'No module named torch'
     simulate = _wants_simulator()
     numba_env = os.environ.get("NUMBA_ENABLE_CUDASIM")
     if "numba" in sys.modules and (numba_env == "1") != simulate:

@@ -294,7 +294,8 @@ def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup:
     module = proxy.ProxyModule(name, setup.trusted[name], setup.remote[name], setup.kernels[name],
                                prepared.spliced.modules[name].stubs, channel, setup.trusted)
     try:
-        report = run_cases(exercise.id, exercise.cases(module, case_seed(seed, exercise.id)))
+        cases = exercise.selected_cases(module, case_seed(seed, exercise.id), full=True)
+        report = run_cases(exercise.id, cases)
         g.results = [(r.case, bool(r.passed), r.detail) for r in report.results]
         g.not_implemented = report.not_implemented
         _after_exercise(channel)
