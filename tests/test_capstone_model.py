@@ -74,15 +74,18 @@ def test_fused_rope_and_swiglu_step_equals_the_torch_statement(dtype):
     interpreter: several queries per sample, so q/k and gate/up are the strided views the kernels
     replace."""
     import course  # noqa: F401  (the interpreter, before triton runs)
+    from course.core import runtime
 
-    model = make_model().to(dtype)
+    device = runtime.torch_device()  # the kernels need the GPU's tensors there
+    model = make_model().to(device=device, dtype=dtype)
     B, W = 2, 5
     gen = torch.Generator().manual_seed(3)
-    tokens = torch.randint(0, text.VOCAB_SIZE, (B, W), generator=gen)
-    positions = torch.randint(0, 60, (B, W), generator=gen)
-    rows = torch.stack([torch.randperm(16, generator=gen)[:W] for _ in range(B)])
+    tokens = torch.randint(0, text.VOCAB_SIZE, (B, W), generator=gen).to(device)
+    positions = torch.randint(0, 60, (B, W), generator=gen).to(device)
+    rows = torch.stack([torch.randperm(16, generator=gen)[:W] for _ in range(B)]).to(device)
     visible = torch.rand((B, W, 16), generator=gen) < 0.5
     visible[..., 0] = True
+    visible = visible.to(device)
     logits = {}
     for fused in (False, True):
         model.fused_elementwise = fused
