@@ -44,9 +44,10 @@ ROW_TOLERANCE = 1e-9  # a row's sum may exceed 1 by rounding only
 
 
 def check_acceptance(acceptance: object, depth: int) -> list[list[float]]:
-    """The acceptance table r[d][k] for levels d = 0 .. depth - 1: either one row (the same for every
-    level, Sequoia's acceptance vector) or at least `depth` rows (deeper ones unused), each of K
-    numbers in [0, 1] whose sum is at most 1. NaN, negatives, values above 1 and rows of different
+    """The acceptance table r[d][k] for levels d = 0 .. depth - 1 (Chen et al., 2024, Sequoia §3.1's
+    acceptance vector): either one row (the same for every level) or at least `depth` rows (deeper
+    ones unused), each of K numbers in [0, 1] whose sum is at most 1. NaN, negatives, values above 1
+    and rows of different
     lengths are refused, naming the entry."""
     depth = positive_int(depth, "depth")
     rows = as_sequence(acceptance, "acceptance", "a list of acceptance rates or a list of rows of them")
@@ -95,9 +96,10 @@ def _tree_from_children(children_of: dict) -> tuple[list[int], list[int]]:
 
 
 def best_tree(acceptance: object, budget: int, max_depth: int) -> tuple[list[int], list[int], float]:
-    """Sequoia's optimal tree of at most `budget` nodes (root included) and depth at most
-    `max_depth`: (parents, ranks, expected tokens per call). parents[0] = -1 (the root), nodes in
-    depth-first preorder, parents[i] < i; ranks[i] is node i's rank among its siblings (ranks[0] =
+    """Sequoia's optimal tree (Chen et al., 2024, §3.1: the dynamic program of the module docstring)
+    of at most `budget` nodes (root included) and depth at most `max_depth`: (parents, ranks,
+    expected tokens per call). parents[0] = -1 (the root), nodes in depth-first preorder,
+    parents[i] < i; ranks[i] is node i's rank among its siblings (ranks[0] =
     -1). acceptance: see `check_acceptance` (rows for levels 0 .. max_depth - 1)."""
     budget = positive_int(budget, "budget")
     max_depth = positive_int(max_depth, "max_depth")
@@ -135,7 +137,8 @@ def best_tree(acceptance: object, budget: int, max_depth: int) -> tuple[list[int
 
 
 def tree_depth(parents: list[int]) -> int:
-    """The number of edges on the longest root path of a parents list (parents before children)."""
+    """The number of edges on the longest root path of a parents list (parents before children): a
+    tree's depth, the draft steps that grow it (Chen et al., 2024, Sequoia §3.1's depth limit d)."""
     depth = [0] * len(parents)
     for i in range(1, len(parents)):
         depth[i] = depth[parents[i]] + 1
@@ -143,7 +146,8 @@ def tree_depth(parents: list[int]) -> int:
 
 
 def expected_tokens(parents: object, ranks: object, acceptance: object) -> float:
-    """E(tree) of the module docstring: 1 + the sum over non-root nodes of the product of r along the
+    """E(tree) of the module docstring (Chen et al., 2024, Sequoia §3.1: expected tokens per call under
+    the positional acceptance assumption): 1 + the sum over non-root nodes of the product of r along the
     path, for a tree given as parents (parents before children, parents[0] = -1) and sibling ranks."""
     parents = [int(p) for p in as_sequence(parents, "parents", "a parents list")]
     ranks = [int(k) for k in as_sequence(ranks, "ranks", "a list of sibling ranks")]
@@ -166,7 +170,8 @@ def expected_tokens(parents: object, ranks: object, acceptance: object) -> float
 
 def greedy_tree(acceptance: object, budget: int, max_depth: int) -> tuple[list[int], list[int], float]:
     """The `budget` nodes of largest path value (ties: shallower first, then lower ranks), grown
-    best-first from the root: (parents, ranks, expected tokens per call), parents in creation order.
+    best-first from the root (the growth of Chen et al., 2024, Sequoia §3.1's trees when acceptance
+    falls with the rank): (parents, ranks, expected tokens per call), parents in creation order.
     A child of rank k becomes a candidate once its elder sibling (rank k - 1) is taken, so every
     node's children are a prefix of the ranks. Equal to `best_tree` when every row of the
     acceptance table is non-increasing in the rank."""

@@ -158,7 +158,9 @@ def test_notebook_01_runs_in_a_completed_handout(handout, tmp_path):
     student = tmp_path / "course"
     shutil.copytree(handout, student)
     shutil.copyfile(ROOT / "solutions" / "trees.py", student / "lessons" / "trees.py")
+    # No shuffle: a hand-out has no conftest.py to keep a notebook's cells in order.
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-p", "no:xdist",
-                           "--nbval-lax", "notebooks/01_token_trees.ipynb"], cwd=student, env=_env(),
+                           "-p", "no:randomly", "--nbval-lax", "notebooks/01_token_trees.ipynb"], cwd=student,
+                          env=_env(),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -401,7 +401,8 @@ def test_pyspec_ref_imports_only_the_standard_library(path):
 
 
 SUBMODULES = [T, A] + [
-    importlib.import_module(f"pyspec_ref.{name}") for name in ("deft", "sampling", "kvcache", "parallel_tree")
+    importlib.import_module(f"pyspec_ref.{name}")
+    for name in ("deft", "sampling", "kvcache", "parallel_tree", "tree_shape")
 ]
 
 

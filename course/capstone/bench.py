@@ -466,6 +466,9 @@ def tree_options(kind: str, loaded, mode: str, temperature: float, tree_size=Non
 
     if kind not in shapes.TREES:
         raise ValueError(f"tree must be one of {shapes.TREES}, got {kind!r}")
+    if kind == "sequoia" and (width is not None or branch is not None):
+        raise ValueError("width and branch are not settings of --tree sequoia: its dynamic program derives "
+                         "them from the budget (--tree-size) and the depth limit (--steps)")
     needs_rates = kind == "sequoia" or (kind == "dynamic" and mode == "sample")
     rates = shapes.acceptance(loaded, mode, temperature) if needs_rates else None
     default = shapes.SMALL if loaded.name == "tiny" else shapes.FIXED

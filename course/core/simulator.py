@@ -210,7 +210,9 @@ def _run_block(thread_class, manager, grid_point, *args):
 
     live = set(threads)
     while live:
-        failed = next((t for t in live if t.exception and not t.syncthreads_blocked), None)
+        # Every thread, the ended ones too: a thread that crashed (an index out of bounds) has left the
+        # live set, and its crash, not the barrier the others then wait at alone, is the student's bug.
+        failed = next((t for t in threads if t.exception and not t.syncthreads_blocked), None)
         if failed is not None:
             stop_all()
             raise failed.exception[0].with_traceback(failed.exception[1])

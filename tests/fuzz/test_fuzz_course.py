@@ -92,9 +92,12 @@ def test_draft_trees_keep_their_shape_and_encode_ancestry(steps, width, branch, 
     for step in range(steps):
         ids = trees.pick(step)
         assert ids.shape == (batch, plan.runs[step])
-        uniforms = torch.rand((batch, plan.runs[step], branch), generator=gen, dtype=torch.float64)
+        per_run = trees.uniforms_per_run(vocab)  # without replacement: one Gumbel key per token
+        uniforms = torch.rand((batch, plan.runs[step], per_run), generator=gen, dtype=torch.float64)
         logits = 3 * torch.randn((batch, plan.runs[step], vocab), generator=gen)
         tokens, logp = trees.children(logits, ids, uniforms)
+        if mode == "sample":  # siblings drawn without replacement are distinct tokens
+            assert all(len(set(row)) == branch for row in tokens.reshape(-1, branch).tolist())
         trees.add_children(step, trees.rows(ids), tokens, logp)
     for b in range(batch):
         tree = trees.snapshot(b)
