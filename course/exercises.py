@@ -51,16 +51,17 @@ class Exercise:
         return LANGUAGES.get(self.module, "numba")
 
     def selected_cases(self, module, seed: int, full: bool = False):
-        """(name, run) of the cases to run on `module`: the default list, or every case if `full`."""
+        """(name, run) of the cases to run on `module`: the default list, or every case if `full` or on a
+        GPU (the default lists spare the simulator's time; a GPU runs its own sizes, under other names)."""
         cases = self.cases(module, seed)
-        if full or not self.default_cases:
+        if full or not self.default_cases or not SIMULATOR:
             return cases
         return ((name, run) for name, run in cases if name.startswith(self.default_cases))
 
     def run(self, impl: str | None = None, seed: int = 0, full: bool = False) -> Report:
         module = implementations.load(self.module, impl)
         report = run_cases(self.id, self.selected_cases(module, seed, full))
-        report.default_list = bool(self.default_cases) and not full
+        report.default_list = bool(self.default_cases) and not full and SIMULATOR
         report.also = tuple(e.id for e in checked_together(self) if e is not self)
         if report.results and not report.not_implemented:
             # The CPU cannot show a missing barrier's race: the source must still hold the solution's.

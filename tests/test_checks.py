@@ -160,6 +160,9 @@ def test_a_default_list_is_a_few_named_cases_of_the_full_one(exercise):
         full = _names(exercise.selected_cases(module, seed, full=True))
         default = _names(exercise.selected_cases(module, seed))
         assert full == _names(exercise.cases(module, seed))  # --full, and grading, run every case
+        if not runtime.SIMULATOR:  # a GPU runs every case, at its own sizes
+            assert default == full
+            continue
         assert 4 <= len(default) < len(full) and set(default) <= set(full)
         for start in exercise.default_cases:  # a renamed case must not drop out of the list unseen
             assert any(name.startswith(start) for name in full), (exercise.id, start)

@@ -61,6 +61,9 @@ def code_of(line: str) -> tuple[str, int]:
                                    tokenize.INDENT, tokenize.DEDENT)]
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return "", 0
+    depth = sum((t in "([{") - (t in ")]}") for t in found if len(t) == 1)
+    if depth != 0:  # a piece of a statement split over lines (Python 3.11 refuses to tokenize it, 3.12 not)
+        return "", 0
     return " ".join(found), len(found)
 
 
