@@ -71,7 +71,8 @@ def test_a_kernel_the_cuda_target_refuses_fails_naming_it(tmp_path):
     }
     record = tmp_path / "launches.json"
     record.write_text(json.dumps(launches))
-    done = ptx_compile.run(record, modules=["broken_kernels"], env={"PYTHONPATH": str(tmp_path)})
+    path = os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH"))))  # keep the caller's
+    done = ptx_compile.run(record, modules=["broken_kernels"], env={"PYTHONPATH": path})
     assert done.returncode == 1, done.stdout + done.stderr
     assert "broken_kernels: kernel dict_kernel (as defined) does not compile to PTX for sm_90" in done.stdout
     assert "plain_kernel" not in done.stdout
