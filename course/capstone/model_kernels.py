@@ -4,7 +4,7 @@
 the MLP's SwiGLU as silu(gate) * up. For one query per sample (a chain's draft step) torch runs
 them as vectorised kernels; for several queries per sample (a tree's) the q/k slices and the
 gate/up halves are strided views, and torch falls back to its generic strided kernel, measured at
-2.75 us for the chain's step and 10.2 us for a 4-query step of the 1-layer draft on an H200
+3.6 us for the chain's step and 11.6 us for a 4-query step of the 1-layer draft on an H100
 (`results/h100/step_profile.json` and notebook 21). Each kernel here reads its rows once, whatever
 their strides, and replaces two launches (three for RoPE, whose cos/sin gather it folds in). Both
 round as the torch statement does (products in float32, stored in the model's dtype at the same
