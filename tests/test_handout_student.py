@@ -3,8 +3,8 @@ no exercise written, nothing passed, and notebook NN (the newest the hand-out gi
 sees the fewest lessons) run cell by cell. Every cell runs, or stops with "not implemented yet":
 never a NameError left behind by a cell that stopped, or a file the hand-out does not give.
 
-The stages are the ladder's (notebooks 03 to 11c), a few seconds to a minute each in the simulator;
-the other notebooks' first stages pass the same run (`student_errors` on any notebook number)."""
+The stages here are the ladder's (notebooks 03 to 11c), a few seconds to a minute each in the simulator;
+every other notebook's stage is run by `test_handout_student_topics`."""
 
 from __future__ import annotations
 
