@@ -177,3 +177,12 @@ def test_generate_refuses_bad_tree_arguments(capsys, argv, message):
 
     assert main(["generate", "--prompt", "a", "--pair", "tiny", "--backend", "reference", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_schedule_too_deep_for_int32_intervals_names_the_deepest_that_fits():
+    from course.capstone.tree import MAX_INTERVAL, schedule
+
+    assert schedule(10, 4, 8).spans[0] <= MAX_INTERVAL
+    with pytest.raises(ValueError, match=r"branch = 8, use at most 10 steps") as refused:
+        schedule(100, 4, 8)
+    assert len(str(refused.value)) < 300  # no number of 90 digits

@@ -115,10 +115,10 @@ def schedule(steps: int, width: int, branch: int) -> Schedule:
     spans = [1]
     for _ in range(steps):
         spans.insert(0, 1 + branch * spans[0])
-    if spans[0] > MAX_INTERVAL:
-        raise ValueError(f"steps = {steps} with branch = {branch}: a tree this deep and wide needs "
-                         f"{spans[0]:,} interval numbers, more than the kernels' int32 holds; use fewer "
-                         "steps or a smaller branch")
+        if spans[0] > MAX_INTERVAL:  # stop at once: the next spans would only print as huge numbers
+            raise ValueError(f"steps = {steps} with branch = {branch}: a tree this deep and wide needs more "
+                             f"interval numbers than the kernels' int32 holds ({MAX_INTERVAL:,}); with "
+                             f"branch = {branch}, use at most {len(spans) - 2} steps, or a smaller branch")
     return Schedule(steps, width, branch, tuple(before), tuple(runs), nodes, tuple(spans))
 
 
