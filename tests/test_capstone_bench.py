@@ -90,11 +90,32 @@ def test_figures_and_summary_draw_from_the_rows(rows, tmp_path):
     assert "x plain decoding at B = 1, greedy" in text and "formula: tau" in text
 
 
-def test_the_gpu_run_refuses_the_simulator(tmp_path, capsys):
-    from course.capstone import gpu_run
+def test_every_section_of_the_capstone_bench_refuses_the_simulator(tmp_path, capsys):
+    from course.__main__ import main
+    from course.measure import benchcli
 
     if not runtime.SIMULATOR:
         pytest.skip("on a GPU this would measure")
-    assert gpu_run.main(["--out", str(tmp_path)]) == 2
-    assert gpu_run.main(["--out", str(tmp_path), "--smoke"]) == 2
-    assert "needs a GPU" in capsys.readouterr().err
+    for words in (["decode", "--out", str(tmp_path), "--until", "0"], ["graphs", "--out", str(tmp_path)],
+                  ["step_profile", "--pair", "medium", "--modes", "greedy"],
+                  ["parallel", "--smoke", "--one-gpu"]):
+        assert main(["bench", "capstone", *words]) == 2, words
+        assert capsys.readouterr().out.strip() == benchcli.SIMULATOR_REFUSAL, words
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_capstone_bench_refuses_what_it_does_not_take(capsys):
+    from course.__main__ import main
+
+    assert main(["bench", "capstone", "--bogus", "3"]) == 2
+    assert "the capstone bench does not take --bogus 3" in capsys.readouterr().err
+    assert main(["bench", "capstone", "decodes"]) == 2
+    assert "sections must be some of decode, graphs, step_profile, parallel" in capsys.readouterr().err
+
+
+def test_modes_of_the_command_line():
+    assert bench.modes_of("greedy,sample:0.6") == [("greedy", 1.0), ("sample", 0.6)]
+    assert bench.mode_names(bench.DEFAULT_MODES) == ("greedy", "sample")
+    for wrong in ("greedy:0.5", "sampling", ""):
+        with pytest.raises(ValueError, match="--modes must be greedy and sample:TEMPERATURE"):
+            bench.modes_of(wrong)
