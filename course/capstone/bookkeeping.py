@@ -6,7 +6,7 @@ What the bookkeeping reads and writes is passed in, explicitly: a `Progress` (wh
 per sample) or a `RoundState` (a speculative round's buffers, its `progress` among them). Both hold
 the decoder's own tensors, allocated once when it is built and only ever written in place, so that
 a CUDA graph captured over them replays on whatever they hold (`course.capstone.decoder` builds them;
-`decoder.IMPLEMENTATIONS` says which of the two classes runs).
+`decoder.implementations` says which of the two classes runs).
 
 The operations, for the state `s`:
 
