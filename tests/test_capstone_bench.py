@@ -119,3 +119,70 @@ def test_modes_of_the_command_line():
     for wrong in ("greedy:0.5", "sampling", ""):
         with pytest.raises(ValueError, match="--modes must be greedy and sample:TEMPERATURE"):
             bench.modes_of(wrong)
+
+
+def test_the_sections_pass_their_options_on(monkeypatch, tmp_path):
+    """What each section of `python -m course bench capstone` asks of the module that measures."""
+    from course.capstone import parallel_bench, step_profile, weights
+
+    calls = {}
+    monkeypatch.setattr(parallel_bench, "measure", lambda **options: calls.setdefault("parallel", options))
+    monkeypatch.setattr(step_profile, "rows",
+                        lambda pair, modes: calls.setdefault("step_profile", (pair, modes)))
+    defaults = dict(pair=None, max_new=None, modes=bench.DEFAULT_MODES, one_gpu=False, smoke=False, out=None)
+    bench.parallel_section(**defaults)
+    assert calls.pop("parallel") == dict(pair=parallel_bench.PAIR, max_new=parallel_bench.MAX_NEW,
+                                         one_gpu=False, modes=("greedy", "sample"))
+    bench.parallel_section(**dict(defaults, pair="small", smoke=True, one_gpu=True, modes="greedy"))
+    assert calls.pop("parallel") == dict(pair="small", max_new=16, one_gpu=True, modes=("greedy",),
+                                         n_prompts=1, steps=(2,), repeats=1)
+    assert bench._save_parallel([], dict(defaults, smoke=True)) is None  # a quick pass: nothing saved
+    bench.step_profile_section(**dict(defaults, modes="greedy,sample:0.6,sample:1.0"))
+    assert calls.pop("step_profile") == (bench.PAIR, ("greedy", "sample"))
+
+    built = {}
+
+    class FakeBench:
+        def __init__(self, pair, out, budget, max_new, repeats, drafts, modes):
+            built.update(pair=pair, out=out, budget=budget, max_new=max_new, drafts=drafts, modes=modes)
+
+        def run(self):
+            return []
+
+    loaded = weights.Pair("target", "draft", "small")
+    monkeypatch.setattr(bench, "Bench", FakeBench)
+    monkeypatch.setattr(weights, "load_pair", lambda name, dtype: loaded)
+    monkeypatch.setattr(bench.runtime, "device_name", lambda: "NVIDIA H200")
+    now = bench.time.time()
+    bench.decode_section(**dict(defaults, pair="small", until=now + 100, final_draft_only=True, out=tmp_path,
+                                modes="sample:0.6", budget=bench.BUDGET_S, repeats=1))
+    assert built["out"] == tmp_path and built["drafts"] == [("final", "draft")]
+    assert built["modes"] == [("sample", 0.6)]
+    assert 70 < built["budget"] <= 80 and built["max_new"] == bench.MAX_NEW  # the deadline less 20 s
+    bench.decode_section(**dict(defaults, pair="small", final_draft_only=True, budget=5.0, repeats=1))
+    assert built["out"].parts[-2:] == ("results", "h200") and built["budget"] == 5.0
+    with pytest.raises(ValueError, match="the decode section's is the graphs section"):
+        bench.decode_section(**dict(defaults, smoke=True))
+
+
+def test_the_graphs_check_reports_every_case_then_fails(monkeypatch):
+    from course.capstone import graphs_check, weights
+
+    monkeypatch.setattr(weights, "load_pair", lambda name, dtype: None)
+    failing = {("tree", "sample")}
+
+    def case(pair, encoded, kind, mode, tree, plain_tokens):
+        if (kind, mode) in failing:
+            raise RuntimeError("capture failed")
+        return dict(name=kind, mode=mode, B=2, median_ms=1.0, max_abs_err=0.0, graphed_equals_eager=True,
+                    equals_plain_greedy=True, passed=True, eager_s=0.1, build_s=0.1, eager_tokens_per_s=1.0,
+                    graphed_tokens_per_s=2.0, tokens_per_call=1.0, tokens=[[1], [2]])
+
+    monkeypatch.setattr(graphs_check, "_case", case)
+    lines = []
+    with pytest.raises(ValueError, match="the graphed decoders failed their check: tree sample"):
+        graphs_check.rows("small", log=lines.append)
+    assert len(lines) == len(graphs_check.CASES) + 1 and "FAILED RuntimeError: capture failed" in lines[3]
+    failing.clear()
+    rows = graphs_check.rows("small", log=lines.append)
+    assert len(rows) == len(graphs_check.CASES) and all(r["passed"] and "tokens" not in r for r in rows)

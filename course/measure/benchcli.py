@@ -85,7 +85,8 @@ def room_options(module: ModuleType, room: str, words: Sequence[str], out: Path 
     module.add_options(parser)
     parsed, unknown = parser.parse_known_args(list(words))
     if unknown:
-        raise UsageError(f"the {room} bench does not take {' '.join(unknown)}; {parser.format_usage()}")
+        raise UsageError(f"the {room} bench does not take {' '.join(unknown)} (sections first, then "
+                         f"options); {parser.format_usage()}")
     return dict(vars(parsed), out=out)
 
 
