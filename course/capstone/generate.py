@@ -12,7 +12,8 @@ import torch
 
 from course.core import runtime
 
-GPU_PAIR = "medium"  # the pair the capstone bench measures; the simulator runs "tiny"
+from .bench import PAIR  # on a GPU, the pair the capstone bench measures; the simulator runs "tiny"
+
 DEFAULT_CHAIN = 5  # k drafted tokens of the chain
 
 
@@ -56,7 +57,7 @@ def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | Non
     from .decoder import PlainDecoder, SpeculativeDecoder, check_temperature, check_texts, settings
 
     texts = [texts] if isinstance(texts, str) else list(texts)
-    pair = pair or runtime.pick(sim="tiny", gpu=GPU_PAIR)
+    pair = pair or runtime.pick(sim="tiny", gpu=PAIR)
     max_new_tokens = max_new_tokens if max_new_tokens is not None else runtime.pick(sim=12, gpu=128)
     dtype = torch.float16 if runtime.on_gpu() else torch.float32
     encoded = check_texts(texts)  # clear errors before anything runs
