@@ -84,7 +84,7 @@ def implementations(backend: str, bookkeeping: str | None, impl: str | None):
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     name = bookkeeping or DEFAULT_BOOKKEEPING[backend]
-    if name not in BOOKKEEPING:
+    if not isinstance(name, str) or name not in BOOKKEEPING:
         raise ValueError(f"bookkeeping must be one of {tuple(BOOKKEEPING)}, got {name!r}")
     return make_backend(backend, impl), BOOKKEEPING[name]()
 
