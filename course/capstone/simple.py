@@ -27,14 +27,8 @@ Cache layout: rows [0, P) of each cache hold the committed tokens before the roo
 row P + i of the draft's cache holds node i of the tree (the root is node 0, at row P), and row
 P + j of the target's the j-th node it verifies.
 
-Draft-tree models, one per need (they are not merged, for these reasons):
-* `pyspec_ref.parallel_tree` (with `pyspec_ref.kvcache`): the specification of the rules (growth,
-  the verified subtree, re-rooting), standard library only, slow and obviously correct;
-* `course.capstone.tree`: fixed-shape tables on the device for a whole batch, every round from a
-  fresh root, so that a round of the serial decoder is a few CUDA graphs;
-* `course.capstone.host_tree`: one tree on the host that lives across rounds (the parallel draft
-  keeps the surviving subtree, whose shape depends on what was accepted, which no fixed table holds);
-* `course.capstone.simple.Tree`: Python lists for one prompt, the one to read first.
+Its `Tree` is the course's draft-tree model to read first; `course.capstone.tree`'s docstring says
+why each of the others exists.
 """
 
 from __future__ import annotations
