@@ -28,11 +28,16 @@ by default with the course's kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import kernels
+from .backends import TreeIndex
 from .tree import DEPTH, END, FIELDS, ID, KEYS, OPEN, START, TOKEN, DraftTrees, Schedule
+
+if TYPE_CHECKING:  # for the annotations only: the decoder imports this module
+    from .decoder import StepInputs
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,8 @@ class RoundState:
     tree: DraftTrees  # every sample's draft tree (`course.capstone.tree`)
     plan: Schedule  # the round's fixed schedule of draft steps
     tree_size: int  # nodes verified per round
-    draft_inputs: list  # per draft step: its StepInputs (tokens, positions, cache rows, node ids)
-    draft_index: list  # per draft step: its TreeIndex (the queries' intervals)
+    draft_inputs: list[StepInputs]  # per draft step: its tokens, positions, cache rows, node ids
+    draft_index: list[TreeIndex]  # per draft step: the queries' intervals
     draft_kv_start: torch.Tensor  # (B, rows) int32: the interval of each draft cache row
     draft_kv_end: torch.Tensor
     scratch_row: int  # the draft cache's row for writes that are dropped
@@ -83,13 +88,13 @@ class RoundState:
     local: torch.Tensor  # (B, plan.size): tree id -> its slot among the verified nodes
     slots: torch.Tensor  # (tree_size,): 0 .. tree_size - 1
     chosen: torch.Tensor  # (B, tree_size): the tree ids of the verified nodes
-    target_inputs: object  # the target pass's StepInputs
-    target_index: object  # its TreeIndex
+    target_inputs: StepInputs  # the target pass's
+    target_index: TreeIndex
     verify_parents: torch.Tensor  # (B, tree_size) int32: the verifier's tree
     verify_tokens: torch.Tensor
     path: torch.Tensor  # (B, tree_size): the verifier's accepted path (slots; -1 past its end)
     next_token: torch.Tensor  # (B,): the verifier's token after the path
-    moves: dict  # "target", "draft": that cache's `Moves`
+    moves: dict[str, Moves]  # "target", "draft": that cache's
 
 
 def reset_trees(s: RoundState) -> None:
