@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from course.core import runtime  # noqa: F401  (choose GPU or simulator before anything imports numba)
+from course.core import runtime  # first: choose GPU or simulator before anything imports numba
 
 
 def _info(args) -> int:
@@ -56,7 +56,8 @@ def _reveal(args) -> int:
 def _bench(args) -> int:
     from course.measure import benchcli
 
-    return 0 if benchcli.bench(args.topic, args.sections) else 2
+    saved = benchcli.bench(args.topic, args.sections, words=args.options, out=args.out)
+    return 2 if saved is None and runtime.SIMULATOR else 0  # a quick pass may save nothing
 
 
 def _figures(args) -> int:
@@ -118,7 +119,7 @@ def _grade(args) -> int:
 
 
 def _generate(args) -> int:
-    from .capstone.bench import generate_report
+    from .capstone.generate import generate_report
 
     if args.parallel:  # notebook 20: the draft and the target in two processes
         from .capstone import parallel
@@ -163,6 +164,8 @@ def main(argv=None) -> int:
     bench.add_argument("sections", nargs="*", metavar="section",
                        help="some of the topic's sections (default: all); the committed rows of the "
                             "others are kept")
+    bench.add_argument("--out", type=Path, default=None,
+                       help="write the results file into this folder instead of results/<device>/")
     bench.set_defaults(run=_bench)
     figures = commands.add_parser("figures",
                                   help="draw a topic's figures from its results, as PNGs beside them")
@@ -248,6 +251,8 @@ def main(argv=None) -> int:
     generate.set_defaults(run=_generate)
     args, rest = parser.parse_known_args(argv)
     if args.command == "sanitize":  # its own options: `python -m course sanitize --help`
+        args.options = rest
+    elif args.command == "bench":  # a room's own options (the capstone's: course/capstone/bench.py)
         args.options = rest
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

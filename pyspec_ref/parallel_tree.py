@@ -77,6 +77,15 @@ present exactly once (none lost, none duplicated).
 
 Models are plain functions: ``model(path)`` -> a probability vector over the vocabulary, for the
 token that follows ``path`` (a tuple of token ids, prompt included).
+
+Draft-tree models, one per need (they are not merged, for these reasons):
+* `pyspec_ref.parallel_tree` (with `pyspec_ref.kvcache`): the specification of the rules (growth,
+  the verified subtree, re-rooting), standard library only, slow and obviously correct;
+* `course.capstone.tree`: fixed-shape tables on the device for a whole batch, every round from a
+  fresh root, so that a round of the serial decoder is a few CUDA graphs;
+* `course.capstone.host_tree`: one tree on the host that lives across rounds (the parallel draft
+  keeps the surviving subtree, whose shape depends on what was accepted, which no fixed table holds);
+* `course.capstone.simple.Tree`: Python lists for one prompt, the one to read first.
 """
 
 from __future__ import annotations

@@ -90,11 +90,99 @@ def test_figures_and_summary_draw_from_the_rows(rows, tmp_path):
     assert "x plain decoding at B = 1, greedy" in text and "formula: tau" in text
 
 
-def test_the_gpu_run_refuses_the_simulator(tmp_path, capsys):
-    from course.capstone import gpu_run
+def test_every_section_of_the_capstone_bench_refuses_the_simulator(tmp_path, capsys):
+    from course.__main__ import main
+    from course.measure import benchcli
 
     if not runtime.SIMULATOR:
         pytest.skip("on a GPU this would measure")
-    assert gpu_run.main(["--out", str(tmp_path)]) == 2
-    assert gpu_run.main(["--out", str(tmp_path), "--smoke"]) == 2
-    assert "needs a GPU" in capsys.readouterr().err
+    for words in (["decode", "--out", str(tmp_path), "--until", "0"], ["graphs", "--out", str(tmp_path)],
+                  ["step_profile", "--pair", "medium", "--modes", "greedy"],
+                  ["parallel", "--smoke", "--one-gpu"]):
+        assert main(["bench", "capstone", *words]) == 2, words
+        assert capsys.readouterr().out.strip() == benchcli.SIMULATOR_REFUSAL, words
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_capstone_bench_refuses_what_it_does_not_take(capsys):
+    from course.__main__ import main
+
+    assert main(["bench", "capstone", "--bogus", "3"]) == 2
+    assert "the capstone bench does not take --bogus 3" in capsys.readouterr().err
+    assert main(["bench", "capstone", "decodes"]) == 2
+    assert "sections must be some of decode, graphs, step_profile, parallel" in capsys.readouterr().err
+
+
+def test_modes_of_the_command_line():
+    assert bench.modes_of("greedy,sample:0.6") == [("greedy", 1.0), ("sample", 0.6)]
+    assert bench.mode_names(bench.DEFAULT_MODES) == ("greedy", "sample")
+    for wrong in ("greedy:0.5", "sampling", ""):
+        with pytest.raises(ValueError, match="--modes must be greedy and sample:TEMPERATURE"):
+            bench.modes_of(wrong)
+
+
+def test_the_sections_pass_their_options_on(monkeypatch, tmp_path):
+    """What each section of `python -m course bench capstone` asks of the module that measures."""
+    from course.capstone import parallel_bench, step_profile, weights
+
+    calls = {}
+    monkeypatch.setattr(parallel_bench, "measure", lambda **options: calls.setdefault("parallel", options))
+    monkeypatch.setattr(step_profile, "rows",
+                        lambda pair, modes: calls.setdefault("step_profile", (pair, modes)))
+    defaults = dict(pair=None, max_new=None, modes=bench.DEFAULT_MODES, one_gpu=False, smoke=False, out=None)
+    bench.parallel_section(**defaults)
+    assert calls.pop("parallel") == dict(pair=parallel_bench.PAIR, max_new=parallel_bench.MAX_NEW,
+                                         one_gpu=False, modes=("greedy", "sample"))
+    bench.parallel_section(**dict(defaults, pair="small", smoke=True, one_gpu=True, modes="greedy"))
+    assert calls.pop("parallel") == dict(pair="small", max_new=16, one_gpu=True, modes=("greedy",),
+                                         n_prompts=1, steps=(2,), repeats=1)
+    assert bench._save_parallel([], dict(defaults, smoke=True)) is None  # a quick pass: nothing saved
+    bench.step_profile_section(**dict(defaults, modes="greedy,sample:0.6,sample:1.0"))
+    assert calls.pop("step_profile") == (bench.PAIR, ("greedy", "sample"))
+
+    built = {}
+
+    class FakeBench:
+        def __init__(self, pair, out, budget, max_new, repeats, drafts, modes):
+            built.update(pair=pair, out=out, budget=budget, max_new=max_new, drafts=drafts, modes=modes)
+
+        def run(self):
+            return []
+
+    loaded = weights.Pair("target", "draft", "small")
+    monkeypatch.setattr(bench, "Bench", FakeBench)
+    monkeypatch.setattr(weights, "load_pair", lambda name, dtype: loaded)
+    monkeypatch.setattr(bench.runtime, "device_name", lambda: "NVIDIA H200")
+    now = bench.time.time()
+    bench.decode_section(**dict(defaults, pair="small", until=now + 100, final_draft_only=True, out=tmp_path,
+                                modes="sample:0.6", budget=bench.BUDGET_S, repeats=1))
+    assert built["out"] == tmp_path and built["drafts"] == [("final", "draft")]
+    assert built["modes"] == [("sample", 0.6)]
+    assert 70 < built["budget"] <= 80 and built["max_new"] == bench.MAX_NEW  # the deadline less 20 s
+    bench.decode_section(**dict(defaults, pair="small", final_draft_only=True, budget=5.0, repeats=1))
+    assert built["out"].parts[-2:] == ("results", "h200") and built["budget"] == 5.0
+    with pytest.raises(ValueError, match="the decode section's is the graphs section"):
+        bench.decode_section(**dict(defaults, smoke=True))
+
+
+def test_the_graphs_check_reports_every_case_then_fails(monkeypatch):
+    from course.capstone import graphs_check, weights
+
+    monkeypatch.setattr(weights, "load_pair", lambda name, dtype: None)
+    failing = {("tree", "sample")}
+
+    def case(pair, encoded, kind, mode, tree, plain_tokens):
+        if (kind, mode) in failing:
+            raise RuntimeError("capture failed")
+        return dict(name=kind, mode=mode, B=2, median_ms=1.0, max_abs_err=0.0, graphed_equals_eager=True,
+                    equals_plain_greedy=True, passed=True, eager_s=0.1, build_s=0.1, eager_tokens_per_s=1.0,
+                    graphed_tokens_per_s=2.0, tokens_per_call=1.0, tokens=[[1], [2]])
+
+    monkeypatch.setattr(graphs_check, "_case", case)
+    lines = []
+    with pytest.raises(ValueError, match="the graphed decoders failed their check: tree sample"):
+        graphs_check.rows("small", log=lines.append)
+    assert len(lines) == len(graphs_check.CASES) + 1 and "FAILED RuntimeError: capture failed" in lines[3]
+    failing.clear()
+    rows = graphs_check.rows("small", log=lines.append)
+    assert len(rows) == len(graphs_check.CASES) and all(r["passed"] and "tokens" not in r for r in rows)

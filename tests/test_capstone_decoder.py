@@ -158,6 +158,37 @@ def test_fused_bookkeeping_equals_its_torch_statement(pair, mode):
     assert plain["torch"] == plain["fused"]
 
 
+def test_the_bookkeeping_state_is_the_decoders_own_buffers(pair):
+    """The state passed to the bookkeeping names the decoder's buffers, the same tensors (what a CUDA
+    graph captured over them needs), and cannot be pointed at others; the classes that run are chosen
+    in one place."""
+    import dataclasses
+
+    from course.capstone.bookkeeping import FusedBookkeeping, TorchBookkeeping
+
+    spec = decoder.SpeculativeDecoder(pair.target, pair.draft, batch=2, max_len=30, tree_size=5, width=2,
+                                      branch=3, steps=3, mode="sample", backend="reference")
+    plain = decoder.PlainDecoder(pair.target, batch=2, max_len=30, mode="sample", backend="reference")
+    for built, progress in ((spec, spec.state.progress), (plain, plain.state)):
+        for name in ("prefix", "prefix32", "root", "n_out", "done", "limit", "eos", "out", "counter",
+                     "status", "uniforms"):
+            assert getattr(progress, name) is getattr(built, name), name
+    s = spec.state
+    for name, own in (("draft_kv_start", "d_kv_start"), ("draft_kv_end", "d_kv_end"), ("chosen", "chosen"),
+                      ("path", "path"), ("next_token", "next_token"), ("verify_parents", "v_parents"),
+                      ("verify_tokens", "v_tokens"), ("lag", "lag"), ("local", "local"), ("tree", "tree")):
+        assert getattr(s, name) is getattr(spec, own), name
+    assert s.draft_inputs is spec.step_inputs and s.target_index is spec.t_index
+    for name, moves in s.moves.items():
+        assert (moves.src, moves.dst, moves.counts) == spec.moves[name][:3]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.progress.prefix = torch.zeros(2, dtype=torch.int64)
+    assert isinstance(decoder.implementations("reference", None, None)[1], TorchBookkeeping)
+    assert isinstance(decoder.implementations("kernels", None, "solutions")[1], FusedBookkeeping)
+    with pytest.raises(ValueError, match="bookkeeping must be one of"):
+        decoder.implementations("reference", "numpy", None)
+
+
 # --------------------------------------------------------------------------- no waiting for the host
 
 # Operations that make the host wait for the device (a value read back, an output whose size depends

@@ -65,11 +65,11 @@ if [ "$smoke" = 0 ] && [ ! -f "$weights/medium_target.safetensors" ]; then
 fi
 
 if [ "$smoke" = 1 ]; then
-  python3 -m course.capstone.parallel_bench --smoke --pair small --out "$logs" "${bench_args[@]}" 2>&1 \
+  python3 -m course bench capstone parallel --smoke --pair small --out "$logs" "${bench_args[@]}" 2>&1 \
     | tee "$logs/parallel_bench.log"
 else
-  python3 -m course.capstone.parallel_bench "${bench_args[@]}" 2>&1 | tee "$logs/parallel_bench.log"
-  saved=$(sed -n 's/^saved //p' "$logs/parallel_bench.log" | tail -1)
+  python3 -m course bench capstone parallel "${bench_args[@]}" 2>&1 | tee "$logs/parallel_bench.log"
+  saved=$(sed -n 's/^saved \(.*\) (section parallel)$/\1/p' "$logs/parallel_bench.log" | tail -1)
   if [ -n "$saved" ]; then
     mkdir -p "$(dirname "$saved")/logs"
     cp "$logs"/parallel_*.log "$(dirname "$saved")/logs/"

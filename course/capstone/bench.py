@@ -1,7 +1,14 @@
-"""The capstone's measurements: `python -m course bench capstone` on a GPU writes
-results/<device>/capstone.json (its figures: `python -m course figures capstone`);
-`python -m course.capstone.gpu_run --out DIR` (what tools/gpu_capstone.sh runs) writes the same
-file into DIR, one row at a time, within a deadline.
+"""The capstone's measurements: `python -m course bench capstone [sections] [options]` on a GPU.
+
+Sections (the options, `add_options`, after them; `--out DIR` writes into DIR instead of results/<device>/):
+
+  decode        (the default) plain, chain and tree decoding side by side, below: capstone.json, each
+                row saved as it is measured (its figures: `python -m course figures capstone`);
+  graphs        a minute's check before the long run: the graphed decoders capture, replay and emit
+                what the eager ones emit (`graphs_check`; its rows only into --out);
+  step_profile  one draft step, kernel by kernel (`step_profile`): step_profile.json;
+  parallel      serial against parallel tree generation on two GPUs (`parallel_bench`, notebook 20):
+                results/<device>x2/parallel.json and its figure.
 
 The medium pair (`weights.load_pair("medium")`: a 12-layer target, a 1-layer draft), in float16,
 decodes held-out prompts (`prompts`) for MAX_NEW tokens each with the course's kernels (solutions/;
@@ -65,7 +72,6 @@ DYNAMIC = ((32, 4, 4, 8), (48, 4, 4, 10), (48, 6, 2, 12), (64, 4, 2, 12))
 # Modes as (mode, temperature): greedy, and sampling at T = 1 and 0.6.
 MODES = (("greedy", 1.0), ("sample", 1.0), ("sample", 0.6))
 DEFAULT_TREE = (16, 2, 4, 6)  # notebook 19's first tree
-DEFAULT_CHAIN = 5
 PROMPT_SEED = 7  # held-out text: training used seed 1, the held-out loss seed 2
 BUDGET_S = 300.0  # the whole measurement; settings past it are recorded as not measured
 
@@ -150,7 +156,7 @@ def count_kernels(run) -> int | None:
 # --------------------------------------------------------------------------- one setting
 
 
-def _mismatch(got: list[list[int]], want: list[list[int]]) -> float:
+def mismatch(got: list[list[int]], want: list[list[int]]) -> float:
     total = sum(len(w) for w in want)
     wrong = sum(sum(a != b for a, b in zip(g, w, strict=False)) + abs(len(g) - len(w))
                 for g, w in zip(got, want, strict=True))
@@ -290,7 +296,7 @@ class Bench:
             row.update(speedup=gen.tokens_per_s / p["tokens_per_s"], t_plain_ms=p["t_plain_ms"],
                        predicted_speedup=gen.tokens_per_call * p["t_plain_ms"] / round_ms)
         if mode == "greedy" and plain is not None:
-            row.update(max_abs_err=_mismatch(gen.tokens, plain["tokens"]),
+            row.update(max_abs_err=mismatch(gen.tokens, plain["tokens"]),
                        identical=gen.tokens == plain["tokens"])
         else:
             row["max_abs_err"] = 0.0
@@ -336,7 +342,7 @@ class Bench:
             settings = {}
         origin = middle[0][1]
         want = self.plain.get((1, "greedy", 1.0))
-        err = _mismatch(gen.tokens, want["tokens"]) if want else 0.0
+        err = mismatch(gen.tokens, want["tokens"]) if want else 0.0
         self.add(dict(self.base, name=name, B=1, mode="greedy", figure="timeline", graphs=graphs, **settings,
                       N=settings.get("tree_size", 1), median_ms=middle[-1][2] - origin, max_abs_err=err,
                       phases=[[n, s - origin, e - origin] for n, s, e in middle], means=phase_means(phases),
@@ -436,117 +442,132 @@ def drafts_of(name: str, dtype=torch.float16) -> list[tuple[str, object]]:
     return [(label, d) for label, d in drafts[:-1]] + [("final", drafts[-1][1])]
 
 
-def measure(pair=None, out: Path | None = None, budget_s: float = BUDGET_S, max_new: int = MAX_NEW,
-            repeats: int = REPEATS) -> list[dict]:
-    """Every row (see the module docstring). GPU only."""
+# --------------------------------------------------------------------------- python -m course bench capstone
+# The command's sections (`course.measure.benchcli`): decode (the default) writes capstone.json; the
+# others write files of their own (`SAVED_APART`). Every section gets every option (`add_options`) and
+# takes the ones it uses.
+
+DEFAULT_SECTIONS = ("decode",)
+DEFAULT_MODES = "greedy,sample:1.0,sample:0.6"
+
+
+def add_options(parser) -> None:
+    """The capstone bench's options, after its sections on the command line."""
+    parser.add_argument("--pair", default=None,
+                        help=f"the trained pair (default {PAIR}; the graphs section: small, which needs no "
+                             "training)")
+    parser.add_argument("--budget", type=float, default=BUDGET_S,
+                        help="decode: seconds for the whole measurement")
+    parser.add_argument("--until", type=float, default=None,
+                        help="decode: a wall-clock deadline (seconds since the epoch); the budget ends 20 s "
+                             "before")
+    parser.add_argument("--max-new", type=int, default=None, help="decode and parallel: tokens per prompt")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="decode: timed generations per setting")
+    parser.add_argument("--modes", default=DEFAULT_MODES,
+                        help="greedy and sample:TEMPERATURE, comma-separated (step_profile and parallel: the "
+                             "modes alone)")
+    parser.add_argument("--final-draft-only", action="store_true", help="decode: not the draft's snapshots")
+    parser.add_argument("--one-gpu", action="store_true", help="parallel: also both processes sharing cuda:0")
+    parser.add_argument("--smoke", action="store_true",
+                        help="parallel: a quick pass (one prompt, 16 tokens, d = 2), saved only into --out")
+
+
+def modes_of(text: str) -> list[tuple[str, float]]:
+    """--modes as (mode, temperature): "greedy,sample:0.6" -> [("greedy", 1.0), ("sample", 0.6)]."""
+    modes = []
+    for word in text.split(","):
+        mode, _, temperature = word.partition(":")
+        if mode not in ("greedy", "sample") or (mode == "greedy" and temperature):
+            raise ValueError(f"--modes must be greedy and sample:TEMPERATURE, comma-separated; got {word!r}")
+        modes.append((mode, float(temperature or 1.0)))
+    return modes
+
+
+def mode_names(text: str) -> tuple[str, ...]:
+    """The modes of --modes without their temperatures, each once, in order."""
+    return tuple(dict.fromkeys(mode for mode, _ in modes_of(text)))
+
+
+def decode_section(*, pair=None, budget=BUDGET_S, until=None, max_new=None, repeats=REPEATS,
+                   modes=DEFAULT_MODES, final_draft_only=False, smoke=False, out=None,
+                   **others) -> list[dict]:
+    """The side-by-side measurement of the module docstring, within `budget` seconds (or until the
+    deadline `until`); each row is saved as soon as it is measured, so that a run stopped at its
+    deadline keeps what it measured."""
+    from course.measure import results
+
     from . import weights
 
-    pair = pair or weights.load_pair(PAIR, dtype=torch.float16)
-    return Bench(pair, out, budget_s, max_new, repeats, drafts=drafts_of(pair.name)).run()
+    if smoke:
+        raise ValueError("--smoke is the parallel section's quick pass; the decode section's is the graphs "
+                         "section (`python -m course bench capstone graphs`)")
+    if until is not None:
+        budget = min(budget, until - time.time() - 20)
+    name = pair or PAIR
+    loaded = weights.load_pair(name, dtype=torch.float16)
+    drafts = [("final", loaded.draft)] if final_draft_only else drafts_of(name)
+    folder = out or results.RESULTS / results.device_folder(runtime.device_name())
+    print(f"capstone bench: pair {name}, {runtime.device_name()}, budget {budget:.0f} s", flush=True)
+    return Bench(loaded, folder, budget, max_new or MAX_NEW, repeats, drafts=drafts,
+                 modes=modes_of(modes)).run()
 
 
-SECTIONS = {"decode": measure}
+def graphs_section(*, pair=None, out=None, **others) -> list[dict]:
+    """A minute's check before the long run (`graphs_check`): the graphed decoders against the eager ones."""
+    from . import graphs_check
+
+    return graphs_check.rows(pair or "small")
+
+
+def step_profile_section(*, pair=None, modes=DEFAULT_MODES, **others) -> list[dict]:
+    """Where a draft step's time goes, kernel by kernel (`step_profile`)."""
+    from . import step_profile
+
+    return step_profile.rows(pair or PAIR, mode_names(modes))
+
+
+def parallel_section(*, pair=None, max_new=None, modes=DEFAULT_MODES, one_gpu=False, smoke=False,
+                     **others) -> list[dict]:
+    """Serial against parallel tree generation, on two GPUs (`parallel_bench`, notebook 20)."""
+    from . import parallel_bench
+
+    options = dict(pair=pair or parallel_bench.PAIR, max_new=max_new or parallel_bench.MAX_NEW,
+                   one_gpu=one_gpu, modes=mode_names(modes))
+    if smoke:
+        options.update(n_prompts=1, max_new=16, steps=(2,), repeats=1)
+    return parallel_bench.measure(**options)
+
+
+def _save_graphs(rows: list[dict], options: dict) -> Path | None:
+    """The check's rows go into --out only: they are not a measurement of the course."""
+    from course.measure import results
+
+    return results.save("capstone_graphs", rows, options["out"]) if options["out"] else None
+
+
+def _save_step_profile(rows: list[dict], options: dict) -> Path:
+    from course.measure import results
+
+    from . import step_profile
+
+    return results.save(step_profile.SUITE, rows, options["out"])
+
+
+def _save_parallel(rows: list[dict], options: dict) -> Path | None:
+    """results/<device>x2/parallel.json and its figure (`parallel_bench.save`); a quick pass only into
+    --out."""
+    from . import parallel_bench
+
+    if options["smoke"] and options["out"] is None:
+        return None
+    return parallel_bench.save(rows, min(torch.cuda.device_count(), 2), options["out"])
+
+
+SECTIONS = {"decode": decode_section, "graphs": graphs_section, "step_profile": step_profile_section,
+            "parallel": parallel_section}
+SAVED_APART = {"graphs": _save_graphs, "step_profile": _save_step_profile, "parallel": _save_parallel}
 
 
 def section_of(row: dict) -> str:
-    """Every row of capstone.json comes from the one section."""
+    """Every row of capstone.json comes from the decode section."""
     return "decode"
-
-
-# --------------------------------------------------------------------------- python -m course generate
-
-
-def tree_options(kind: str, loaded, mode: str, temperature: float, tree_size=None, width=None, branch=None,
-                 steps=None) -> dict:
-    """The tree decoder's settings for `--tree kind` (`shapes.settings_for`), checked; sequoia and
-    dynamic sampling measure the pair's acceptance vector first (`shapes.acceptance`). For sequoia,
-    tree_size is the budget and steps the depth limit."""
-    from . import shapes
-    from .decoder import settings
-
-    if kind not in shapes.TREES:
-        raise ValueError(f"tree must be one of {shapes.TREES}, got {kind!r}")
-    if kind == "sequoia" and (width is not None or branch is not None):
-        raise ValueError("width and branch are not settings of --tree sequoia: its dynamic program derives "
-                         "them from the budget (--tree-size) and the depth limit (--steps)")
-    needs_rates = kind == "sequoia" or (kind == "dynamic" and mode == "sample")
-    rates = shapes.acceptance(loaded, mode, temperature) if needs_rates else None
-    default = shapes.SMALL if loaded.name == "tiny" else shapes.FIXED
-    if kind == "sequoia":
-        tree = shapes.settings_for(kind, rates, mode, tree_size=tree_size, max_depth=steps, default=default)
-        tree.pop("predicted_tokens_per_call")
-    else:
-        tree = shapes.settings_for(kind, rates, mode, tree_size=tree_size, width=width, branch=branch,
-                                   steps=steps, default=default)
-    settings(**tree, mode=mode, temperature=temperature)  # the decoder's own checks, before any build
-    return tree
-
-
-def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | None = None,
-                    tree: str = "sequoia", tree_size: int | None = None, width: int | None = None,
-                    branch: int | None = None, steps: int | None = None, chain: int = DEFAULT_CHAIN,
-                    mode: str = "greedy", temperature: float = 1.0, seed: int = 0, backend: str = "kernels",
-                    impl: str | None = None, progress: bool = True) -> str:
-    """What `python -m course generate` prints: each prompt and its continuation, then tokens/s of
-    plain decoding, chain speculative decoding (`chain` drafted tokens) and tree speculative decoding
-    (the shape `tree`, `course.capstone.shapes`) of the same prompts, their speed-ups and tokens per
-    target call. Pair "medium" (fp16) on a GPU, "tiny" (fp32) in the simulator by default. On a GPU
-    each decoder is built (graphs captured) and warmed up before the timed run."""
-    from . import weights
-    from .decoder import PlainDecoder, SpeculativeDecoder, check_temperature, check_texts, settings
-
-    texts = [texts] if isinstance(texts, str) else list(texts)
-    pair = pair or runtime.pick(sim="tiny", gpu=PAIR)
-    max_new_tokens = max_new_tokens if max_new_tokens is not None else runtime.pick(sim=12, gpu=128)
-    dtype = torch.float16 if runtime.on_gpu() else torch.float32
-    encoded = check_texts(texts)  # clear errors before anything runs
-    check_temperature(temperature, mode)
-    settings(chain + 1, 1, 1, chain, mode)  # the chain's checks, before anything loads
-    try:
-        loaded = weights.load_pair(pair, dtype=dtype)
-    except FileNotFoundError as error:
-        raise ValueError(str(error)) from None
-    shape = tree_options(tree, loaded, mode, temperature, tree_size, width, branch, steps)
-    from course.exercise import ExerciseNotImplemented
-
-    options = dict(batch=len(encoded), max_len=max(len(p) for p in encoded) + max_new_tokens, mode=mode,
-                   backend=backend, impl=impl, temperature=temperature)
-    try:
-        decoders = {"plain": PlainDecoder(loaded.target, **options)}
-        decoders["chain"] = SpeculativeDecoder(loaded.target, loaded.draft, tree_size=chain + 1, width=1,
-                                               branch=1, steps=chain, **options)
-        decoders["tree"] = SpeculativeDecoder(loaded.target, loaded.draft, **shape, **options)
-        runs = {}
-        for label, built in decoders.items():
-            if runtime.on_gpu():
-                built.generate(encoded, max_new_tokens, seed=seed)  # warm-up
-            runs[label] = built.generate(encoded, max_new_tokens, seed=seed, progress=progress)
-    except ExerciseNotImplemented as error:
-        raise ValueError(f"{error}\nThe kernels backend runs your lessons/ copy of notebooks 16-18's "
-                         "kernels: write them, or pass --impl solutions (the reference copy) or "
-                         "--backend reference (torch)") from None
-    from .text import decode
-
-    graphs = decoders["plain"].graphs
-    lines = [f"pair {pair} ({runtime.MODE}, {str(dtype).replace('torch.', '')}, {backend}"
-             f"{', CUDA graphs' if graphs else ''}), mode {mode}"
-             + (f" at temperature {temperature:g}" if mode == "sample" else "")]
-    for text, more in zip(texts, runs["tree"].tokens, strict=True):
-        lines.append(f"{text!r} -> {decode(more)!r}")
-    plain = runs["plain"]
-    labels = {"plain": "plain decoding", "chain": f"chain (k = {chain})",
-              "tree": f"{tree} tree (bs {shape['tree_size']}, w {shape['width']}, branch {shape['branch']}, "
-                      f"{shape['steps']} steps)"}
-    for label, run in runs.items():
-        line = f"{labels[label]:52s} {run.tokens_per_s:9.1f} tokens/s"
-        if label != "plain":
-            line += (f"  {run.tokens_per_s / plain.tokens_per_s:5.2f}x plain, "
-                     f"{run.accepted_per_call:.2f} draft tokens accepted per target call "
-                     f"({run.tokens_per_call:.2f} tokens per call)")
-        lines.append(line)
-    if mode == "greedy":
-        same = all(run.tokens == plain.tokens for run in runs.values())
-        lines.append(f"greedy outputs identical: {same}")
-    if not runtime.on_gpu():
-        lines.append("(simulator: these speeds are the CPU's, not a GPU's; see results/h100/capstone.json)")
-    return "\n".join(lines)

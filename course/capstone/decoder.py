@@ -60,10 +60,33 @@ import torch
 from course.core import runtime
 
 from .backends import BACKENDS, TreeIndex, inverse_cdf, make_backend
-from .bookkeeping import BOOKKEEPING, make_bookkeeping
+from .bookkeeping import FusedBookkeeping, Moves, Progress, RoundState, TorchBookkeeping, reset_trees
 from .tree import KEYS, MODES, DraftTrees, check_bias, schedule
 
 CHECK_EVERY = 8  # plain decoding with an end token: steps between two looks at the finished flags
+
+# --------------------------------------------------------------------------- which implementation runs
+# The one place where a decoder's classes are chosen, once, when it is built (`implementations`):
+#
+#   backend="kernels"     backends.KernelBackend: the course's kernels (lessons/, or solutions/ with impl=)
+#   backend="reference"   backends.ReferenceBackend: torch with dense masks, the statement to compare with
+#   bookkeeping="fused"   bookkeeping.FusedBookkeeping: one Triton kernel per phase (the kernels' default)
+#   bookkeeping="torch"   bookkeeping.TorchBookkeeping: the same in torch operations (the reference's default)
+#
+# (`backends.make_backend` maps a backend's name to its class; the parallel draft's sides use it too.)
+BOOKKEEPING = {"fused": FusedBookkeeping, "torch": TorchBookkeeping}
+DEFAULT_BOOKKEEPING = {"kernels": "fused", "reference": "torch"}
+
+
+def implementations(backend: str, bookkeeping: str | None, impl: str | None):
+    """(the backend's operations, the bookkeeping) that a decoder of these settings runs (the table
+    above); errors name the setting."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    name = bookkeeping or DEFAULT_BOOKKEEPING[backend]
+    if not isinstance(name, str) or name not in BOOKKEEPING:
+        raise ValueError(f"bookkeeping must be one of {tuple(BOOKKEEPING)}, got {name!r}")
+    return make_backend(backend, impl), BOOKKEEPING[name]()
 
 
 @dataclass
@@ -294,9 +317,10 @@ class Decoder:
     A decoder is built for a batch size and a longest sequence (`max_len`: prompt plus new tokens);
     every buffer is allocated then, and on a GPU every step is captured as a CUDA graph then (the
     first build of a shape also compiles the Triton kernels). `generate` can then be called any
-    number of times with prompts that fit. bookkeeping: "fused" (one Triton kernel per phase, the
-    default with the kernels) or "torch" (the same in torch operations, the reference's default):
-    see `course.capstone.bookkeeping`.
+    number of times with prompts that fit. backend and bookkeeping choose the classes that run
+    (`implementations`). The bookkeeping reads and writes the decoder's buffers through `self.state`
+    (a `bookkeeping.Progress`, or a `RoundState` for speculative decoding): the same tensors, named
+    once, built after every buffer and before any graph is captured.
     """
 
     method = ""
@@ -309,11 +333,7 @@ class Decoder:
         self.max_len = _positive_int(max_len, "max_len")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        bookkeeping = bookkeeping or ("fused" if backend == "kernels" else "torch")
-        if bookkeeping not in BOOKKEEPING:
-            raise ValueError(f"bookkeeping must be one of {BOOKKEEPING}, got {bookkeeping!r}")
+        self.ops, self.book = implementations(backend, bookkeeping, impl)
         self.target, self.mode, self.backend = target, mode, backend
         self.temperature = check_temperature(temperature, mode)
         self.capacity = max_len + extra_rows
@@ -322,8 +342,6 @@ class Decoder:
                              f"reaches position {self.capacity}, more than the target's max_positions = "
                              f"{target.config.max_positions}")
         self.graphs = _check_graphs(graphs, backend, target.device)
-        self.ops = make_backend(backend, impl)
-        self.book = make_bookkeeping(bookkeeping, self)
         device = self.device = target.device
         B = batch
         self.t_cache = target.new_cache(B, self.capacity)
@@ -339,6 +357,11 @@ class Decoder:
         self.counter = torch.zeros(1, **long)  # rounds (or steps) so far: the row of the uniforms
         self.status = torch.zeros((3, B), **long)  # done, accepted this round (-1: inactive), n_out
         self.uniforms = None  # (rounds, B, per round) float64 in sample mode, drawn per generation
+
+    def _progress(self) -> Progress:
+        """The per-sample buffers above, for the bookkeeping (after `uniforms` is allocated)."""
+        return Progress(self.prefix, self.prefix32, self.root, self.n_out, self.done, self.limit, self.eos,
+                        self.out, self.counter, self.status, self.uniforms)
 
     # ------------------------------------------------------------------ building blocks
 
@@ -482,6 +505,7 @@ class PlainDecoder(Decoder):
         self.workspace = target.workspace(batch, 1)
         self.index = self._index(1, self.t_cache)
         self.attend = self.ops.tree_attention(target, self.t_cache, self.workspace, self.index)
+        self.state = self._progress()
         self.step = self._phase(self._step)
 
     def _step(self) -> None:
@@ -493,7 +517,7 @@ class PlainDecoder(Decoder):
         if self.mode == "sample":
             probs = torch.softmax(self._scaled(logits), dim=-1, dtype=torch.float32)
             token = inverse_cdf(probs, self._uniform_slice(0, 1))[:, 0]
-        self.book.advance(logits, token)
+        self.book.advance(self.state, logits, token)
 
     def _loop(self, max_new_tokens, eos, accepted, bar, trace, clock) -> tuple[int, int]:
         steps = max_new_tokens
@@ -551,6 +575,7 @@ class SpeculativeDecoder(Decoder):
                                         device=device)
         self._build_draft_steps()
         self._build_verification()
+        self.state = self._round_state()
         self.draft_steps = [self._phase(lambda s=s: self._draft_step(s)) for s in range(plan.steps)]
         self.verify = self._phase(self._verify)
         self.commit = self._phase(self._commit)
@@ -610,6 +635,17 @@ class SpeculativeDecoder(Decoder):
             counts = torch.zeros(B, **int32)
             self.moves[name] = (src, dst, counts, self.ops.compactor(cache, src, dst, counts))
 
+    def _round_state(self) -> RoundState:
+        """The buffers of a round, for the bookkeeping (after every one of them is allocated)."""
+        return RoundState(
+            progress=self._progress(), tree=self.tree, plan=self.plan, tree_size=self.settings.tree_size,
+            draft_inputs=self.step_inputs, draft_index=self.d_index, draft_kv_start=self.d_kv_start,
+            draft_kv_end=self.d_kv_end, scratch_row=self.d_cache.scratch_row, lag=self.lag,
+            lag_token=self.lag_token, local=self.local, slots=self.slots, chosen=self.chosen,
+            target_inputs=self.t_inputs, target_index=self.t_index, verify_parents=self.v_parents,
+            verify_tokens=self.v_tokens, path=self.path, next_token=self.next_token,
+            moves={name: Moves(*buffers[:3]) for name, buffers in self.moves.items()})
+
     def built_for(self) -> dict:
         s = self.settings
         return {"tree_size": s.tree_size, "width": s.width, "branch": s.branch, "steps": s.steps,
@@ -619,7 +655,7 @@ class SpeculativeDecoder(Decoder):
     # ------------------------------------------------------------------ the phases of a round
 
     def _draft_step(self, step: int) -> None:
-        self.book.draft_inputs(step)
+        self.book.draft_inputs(self.state, step)
         inputs = self.step_inputs[step]
         attend, workspace = self._d_attend[step], self._d_workspace[step]
         logits = self.draft.step(inputs.tokens, inputs.positions, self.d_cache, inputs.rows, attend,
@@ -632,10 +668,10 @@ class SpeculativeDecoder(Decoder):
             count = self.plan.runs[step] * per_run
             uniforms = self._uniform_slice(self._draw_at[step], count).view(self.batch, -1, per_run)
         tokens, logp = self.tree.children(self._scaled(logits), inputs.ids, uniforms)
-        self.book.add_children(step, tokens, logp)
+        self.book.add_children(self.state, step, tokens, logp)
 
     def _verify(self) -> None:
-        self.book.choose()
+        self.book.choose(self.state)
         inputs = self.t_inputs
         logits = self.target.step(inputs.tokens, inputs.positions, self.t_cache, inputs.rows, self.t_attend,
                                   workspace=self.t_workspace, validate=False, padding=False,
@@ -652,15 +688,9 @@ class SpeculativeDecoder(Decoder):
 
     def _commit(self) -> None:
         """Move the accepted path's KV into both prefixes, emit its tokens, start the next trees."""
-        self.book.commit()
+        self.book.commit(self.state)
         for name in ("target", "draft"):
             self.moves[name][3]()
-
-    def new_trees(self) -> None:
-        """Every sample's next tree: its root alone, its interval at the root's draft cache row."""
-        self.tree.reset(self.root)
-        self.d_kv_start.scatter_(1, self.prefix[:, None], 0)
-        self.d_kv_end.scatter_(1, self.prefix[:, None], self.plan.spans[0] - 1)
 
     # ------------------------------------------------------------------ a generation
 
@@ -671,7 +701,7 @@ class SpeculativeDecoder(Decoder):
     def start(self, prompts, max_new_tokens: int, eos=None, seed: int = 0) -> None:
         super().start(prompts, max_new_tokens, eos, seed)
         self.lag.zero_()
-        self.new_trees()
+        reset_trees(self.state)
 
     def round(self) -> None:
         """Launch one round's phases (no wait for the GPU)."""

@@ -1,7 +1,7 @@
 """Serial against parallel tree generation on a machine with two GPUs (notebook 20): SwiftSpec's
-Table 6 in miniature. `tools/gpu_parallel.sh` runs it:
+Table 6 in miniature. `tools/gpu_parallel.sh` runs it, as the capstone bench's parallel section:
 
-    python -m course.capstone.parallel_bench [--smoke] [--one-gpu] [--pair small] [--max-new N]
+    python -m course bench capstone parallel [--smoke] [--one-gpu] [--pair small] [--max-new N] [--out DIR]
 
 Every generation has B = 1 (one prompt of `prompts`), the pair in float16 and the course's kernels
 (solutions/), in one run of this command, greedy and sampling:
@@ -31,7 +31,6 @@ Writes results/<device>x2/parallel.json (results/<device>/ with one GPU) and par
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
@@ -279,37 +278,3 @@ def target_met(document: dict) -> tuple[float, bool]:
     best = best_parallel(document["rows"], "greedy")
     speedup = best["speedup_vs_serial_decoder"]
     return speedup, best["gpus"] >= 2 and speedup >= TARGET_SPEEDUP and bool(best.get("identical"))
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course.capstone.parallel_bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="one prompt, 16 tokens, d = 2, one repeat")
-    parser.add_argument("--one-gpu", action="store_true", help="also both processes sharing cuda:0")
-    parser.add_argument("--pair", default=PAIR, help=f"the trained pair (default {PAIR})")
-    parser.add_argument("--max-new", type=int, default=MAX_NEW, help=f"tokens per prompt (default {MAX_NEW})")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="write parallel.json and parallel.png here instead of results/<device>/")
-    args = parser.parse_args(argv)
-    options = dict(pair=args.pair, max_new=args.max_new, one_gpu=args.one_gpu)
-    if args.smoke:
-        options.update(n_prompts=1, max_new=16, steps=(2,), repeats=1)
-    from course.core import runtime
-
-    if runtime.SIMULATOR:
-        print("the parallel bench measures GPUs, and this machine runs the simulator; "
-              "`python -m course generate --parallel` shows the protocol on the CPU")
-        return 2
-    rows = measure(**options)
-    if args.smoke and args.out is None:
-        return 0  # a smoke run's numbers are not the course's measurements
-    print(f"saved {save(rows, min(torch.cuda.device_count(), 2), args.out)}")
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    import course  # noqa: F401  (first: GPU or simulator)
-
-    sys.exit(main())

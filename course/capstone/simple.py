@@ -26,6 +26,9 @@ from `lessons/` or `solutions/` (`course.core.impl`):
 Cache layout: rows [0, P) of each cache hold the committed tokens before the root; during a round,
 row P + i of the draft's cache holds node i of the tree (the root is node 0, at row P), and row
 P + j of the target's the j-th node it verifies.
+
+Its `Tree` is the course's draft-tree model to read first; `course.capstone.tree`'s docstring says
+why each of the others exists.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where a draft step's time goes: one query (a chain) against several (a tree), kernel by kernel.
 
-    python -m course.capstone.step_profile --out DIR [--pair small]
+    python -m course bench capstone step_profile [--pair medium] [--modes greedy] [--out DIR]
 
 A draft step of the capstone's 1-layer draft is a few dozen small kernels, each shorter than its
 launch, so its time is set by how many kernels it runs and how long each one lasts, not by its
@@ -14,16 +14,13 @@ queries costs beyond a step of one query:
 * the verification phase (the target's pass and the walk) as its graph;
 * all of it with RoPE and SwiGLU as torch's kernels and as `model_kernels`' fused ones.
 
-It writes DIR/step_profile.json (GPU only), a results document of suite "step_profile": one row per
-(shape, mode, fused or not), its median_ms the graphed time of draft step 1.
+Its rows (`rows`, GPU only) go to results/<device>/step_profile.json, a results document of suite
+"step_profile": one row per (shape, mode, fused or not), its median_ms the graphed time of draft step 1.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
@@ -133,26 +130,9 @@ def _compare(chain: dict, tree: dict, suffix: str) -> None:
         print(f"{n:80s} {chain_us:9.2f} {tree_us:9.2f}")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course.capstone.step_profile",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--pair", default="small")
-    parser.add_argument("--modes", default="greedy,sample", help="comma-separated: greedy, sample")
-    args = parser.parse_args(argv)
-    if runtime.SIMULATOR:
-        print("the step profile needs a GPU", file=sys.stderr)
-        return 2
-    report = profile_pair(args.pair, tuple(args.modes.split(",")))
-    from course.measure import results
-
-    rows = [dict(row, name=key.split()[0], mode=key.split()[1], pair=report["pair"], key=key,
+def rows(pair_name: str, modes=("greedy", "sample")) -> list[dict]:
+    """The profile of `profile_pair`, one results row per (shape, mode, fused or not)."""
+    report = profile_pair(pair_name, tuple(modes))
+    return [dict(row, name=key.split()[0], mode=key.split()[1], pair=report["pair"], key=key,
                  median_ms=row["per_step_ms"][1], statistic="draft step profile")
             for key, row in report["shapes"].items()]
-    args.out.mkdir(parents=True, exist_ok=True)
-    results.save(SUITE, rows, args.out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,11 +11,19 @@ figures:
   document) and may have `summary(document)`, a text of the paper's targets met or missed.
 
 A bench refuses the simulator (its times say nothing about a GPU); figures read committed JSON,
-so they draw on any machine.
+so they draw on any machine. `--out DIR` writes a bench's file into DIR instead of results/<device>/.
+
+A bench may also have (the capstone's does):
+* `DEFAULT_SECTIONS`, the sections measured when none is named (otherwise all of them);
+* `add_options(parser)`, options of its own on the command line after the sections: each section then
+  gets them, and `out`, as keyword arguments;
+* `SAVED_APART` (section -> save(rows, options) -> the path written, or None), for a section whose
+  rows go to a results file of its own rather than to `<SUITE>.json`.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib
 import json
@@ -66,11 +74,30 @@ def chosen_sections(sections: Sequence[str], named: Sequence[str]) -> list[str]:
     return chosen
 
 
-def bench(room: str, named: Sequence[str] = (), log=print) -> Path | None:
+def room_options(module: ModuleType, room: str, words: Sequence[str], out: Path | None) -> dict:
+    """The keyword arguments of a room's sections: none, or (a bench with `add_options`) its options
+    parsed from `words` and `out`; words a bench does not take are a UsageError."""
+    if not hasattr(module, "add_options"):
+        if words:
+            raise UsageError(f"the {room} bench takes no options; got {' '.join(words)}")
+        return {}
+    parser = argparse.ArgumentParser(prog=f"python -m course bench {room}", add_help=False)
+    module.add_options(parser)
+    parsed, unknown = parser.parse_known_args(list(words))
+    if unknown:
+        raise UsageError(f"the {room} bench does not take {' '.join(unknown)} (sections first, then "
+                         f"options); {parser.format_usage()}")
+    return dict(vars(parsed), out=out)
+
+
+def bench(room: str, named: Sequence[str] = (), log=print, words: Sequence[str] = (),
+          out: Path | None = None) -> Path | None:
     """Measure the chosen sections of a room's bench and save them with this device's committed
-    rows of the other sections; None (after saying why) in the simulator."""
+    rows of the other sections (into `out` if given); None (after saying why) in the simulator.
+    `words`: the command line's options after the sections, for a bench with `add_options`."""
     module = part_of(room, "bench")
-    sections = chosen_sections(module.SECTIONS, named)
+    sections = chosen_sections(module.SECTIONS, named or getattr(module, "DEFAULT_SECTIONS", ()))
+    options = room_options(module, room, words, out)
     if runtime.SIMULATOR:
         log(SIMULATOR_REFUSAL)
         return None
@@ -81,9 +108,14 @@ def bench(room: str, named: Sequence[str] = (), log=print) -> Path | None:
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     rows, path = [], None
     for section in sections:
-        rows += [dict(row, run=stamp) for row in module.SECTIONS[section]()]
-        path = results.save(module.SUITE, kept + rows)  # after every section: partial results survive
-        log(f"saved {path} (section {section})")
+        measured = [dict(row, run=stamp) for row in module.SECTIONS[section](**options)]
+        save_apart = getattr(module, "SAVED_APART", {}).get(section)
+        if save_apart is not None:
+            path = save_apart(measured, options)
+        else:
+            rows += measured
+            path = results.save(module.SUITE, kept + rows, out)  # after every section: partial results last
+        log(f"saved {path} (section {section})" if path else f"section {section}: not saved")
     return path
 
 

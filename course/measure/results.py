@@ -113,7 +113,7 @@ MEASURED_BY = {
     "sampling": "python -m course bench sampling` and `python -m course bench verification",
     "kvcache": "python -m course bench kvcache",
     "capstone": "python -m course bench capstone",
-    "step_profile": "python -m course.capstone.step_profile --out results/<device>",
+    "step_profile": "python -m course bench capstone step_profile",
 }
 
 
