@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course import release
-from course.exercises import EXERCISES
+from course.registry import EXERCISES
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"

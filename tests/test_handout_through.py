@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from course import release
-from course.exercises import EXERCISES
+from course.registry import EXERCISES
 from course.topics.ladder.rungs import RUNGS, builds_on
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,8 +11,8 @@ import pytest
 from course import release
 from course.checks import run_cases
 from course.core import runtime
-from course.exercise import ExerciseNotImplemented, kernel_stub_name
-from course.exercises import EXERCISES
+from course.core.stubs import ExerciseNotImplemented, kernel_stub_name
+from course.registry import EXERCISES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ def test_lessons_match_a_fresh_release():
 
 def test_every_region_becomes_a_named_stub():
     source = textwrap.dedent('''
-        from course.exercise import todo
+        from course.core.stubs import todo
 
         def area(w, h):
             """Docstring stays."""
@@ -41,7 +41,7 @@ def test_every_region_becomes_a_named_stub():
 
 def test_a_helper_region_may_belong_to_the_exercise_of_its_caller():
     source = textwrap.dedent('''
-        from course.exercise import todo
+        from course.core.stubs import todo
 
         def _rows(n):
             ### BEGIN SOLUTION (shapes.kernel)
@@ -65,7 +65,7 @@ def test_a_helper_region_may_belong_to_the_exercise_of_its_caller():
     ("def f():\n    ### BEGIN SOLUTION g\n    pass\n    ### END SOLUTION\n", "names its exercise"),
 ])
 def test_malformed_regions_are_rejected(broken, message):
-    source = "from course.exercise import todo\n" + broken
+    source = "from course.core.stubs import todo\n" + broken
     with pytest.raises(release.ReleaseError, match=message):
         release.stub_source(source, "m", "m.py")
 
@@ -102,7 +102,7 @@ def test_every_exercise_has_a_stub_in_lessons():
     stubs, bugs = _lesson_stubs(), _bug_exercises()
     assert bugs == {"ladder_bug.tree_attention_kernel"}
     assert not stubs & bugs
-    assert stubs | bugs == set(EXERCISES), "each exercise region must be registered in course/exercises.py"
+    assert stubs | bugs == set(EXERCISES), "each exercise region must be declared by its topic (exercises.py)"
 
 
 def test_lessons_have_the_same_public_api_as_solutions():

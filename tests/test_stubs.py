@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from course import release
-from course.exercise import ExerciseNotImplemented, require_written, todo
+from course.core.stubs import ExerciseNotImplemented, require_written, todo
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _stub(source: str) -> str:
-    return release.stub_source("from course.exercise import todo\n" + textwrap.dedent(source), "m", "m.py")
+    return release.stub_source("from course.core.stubs import todo\n" + textwrap.dedent(source), "m", "m.py")
 
 
 def test_a_stub_counts_the_lines_and_names_what_the_code_after_it_reads():

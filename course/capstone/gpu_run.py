@@ -6,7 +6,7 @@
 The first is `course.capstone.bench`'s measurement with what a one-try run needs: every row saved
 into DIR/capstone.json as soon as it is measured (a setting that fails becomes an "error" row and the
 others go on), settings past a deadline recorded as not measured, then the figures beside the JSON
-(`course.measure.benchcli.save_figures`) and the targets met or missed. `python -m course bench
+(`course.measure.plots.save_figures`) and the targets met or missed. `python -m course bench
 capstone` measures the same rows into results/<device>/.
 
 --smoke: a minute to check, before the long run, that the graphed decoders capture and replay on
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         return 2
     if args.smoke:
         return 0 if smoke(args.pair if args.pair != bench.PAIR else "small", args.out) else 1
-    from course.measure import benchcli
+    from course.measure.plots import save_figures
 
     from . import figures, weights
 
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         import matplotlib
 
         matplotlib.use("Agg")
-        for path in benchcli.save_figures(figures, document, args.out):
+        for path in save_figures(figures, document, args.out):
             print(f"wrote {path}")
     except Exception as error:  # the JSON is what matters; `python -m course figures` can draw later
         print(f"figures failed: {error}", file=sys.stderr)
