@@ -12,7 +12,7 @@ it reads. The exercise is named after the module and the function that holds the
 by the marker itself, `### BEGIN SOLUTION (module.function)`, for a helper that two kernels
 share and whose region belongs to the exercise of the kernel a notebook introduces it with.
 
-A ladder rung's kernel is the previous rung's with a few changes (`course.ladder`), so outside
+A ladder rung's kernel is the previous rung's with a few changes (`course.topics.ladder.rungs`), so outside
 its own regions it holds the earlier rungs' answers. Those lines become stubs too, naming the
 earlier rung's exercise and region: the student pastes their own code there. A release can
 leave an exercise's regions filled instead (`solved`), so that a hand-out may give a later

@@ -77,3 +77,38 @@ def test_the_check_sees_a_wrong_command():
     assert [(m, w.split()) for m, w in found] == [("course.deft_bench", ["--rep-ms", "50"]),
                                                   ("course", ["figures", "deft"])]
     assert importlib.util.find_spec("course.deft_bench") is None
+
+
+# `course.x.y` between backticks: a module of the course, or a name in one.
+NAMED = re.compile(r"`(course(?:\.\w+)+)`")
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a name inside a module, not a package: no module below it
+        return False
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether the longest importable module that starts `dotted` holds the rest as attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        if not _is_module(".".join(parts[:cut])):
+            continue
+        held = importlib.import_module(".".join(parts[:cut]))
+        for attribute in parts[cut:]:
+            if not hasattr(held, attribute):
+                return False
+            held = getattr(held, attribute)
+        return True
+    return False
+
+
+def test_every_named_module_of_the_course_exists():
+    named = {(str(text.relative_to(ROOT)), name) for text in READMES + sorted((ROOT / "course").rglob("*.py"))
+             for name in NAMED.findall(text.read_text())}
+    assert len(named) > 50
+    missing = sorted((text, name) for text, name in named if not _resolves(name))
+    assert not missing, f"texts that name a module or name the course does not have: {missing}"
+    assert not _resolves("course.ladder") and _resolves("course.topics.ladder.rungs.builds_on")
