@@ -10,7 +10,7 @@ import pytest
 
 from course import release
 from course.checks import run_cases
-from course.core import runtime
+from course.core import regions, runtime
 from course.core.stubs import ExerciseNotImplemented, kernel_stub_name
 from course.registry import EXERCISES
 
@@ -51,7 +51,7 @@ def test_a_helper_region_may_belong_to_the_exercise_of_its_caller():
         def kernel(n):
             return _rows(n)
     ''')
-    assert [r.exercise for r in release.find_regions(source, "shapes", "shapes.py")] == ["shapes.kernel"]
+    assert [r.exercise for r in regions.find_regions(source, "shapes", "shapes.py")] == ["shapes.kernel"]
     assert 'todo("shapes.kernel", region=1, lines=1)' in release.stub_source(source, "shapes", "shapes.py")
 
 
@@ -81,7 +81,7 @@ def _lesson_stubs(module: str = "*") -> set[str]:
     stubs = set()
     for path in (ROOT / "lessons").rglob(f"{module}.py"):
         for line in path.read_text().splitlines():
-            if stub := release.TODO_LINE.match(line):
+            if stub := regions.TODO_LINE.match(line):
                 stubs.add(stub.group(1))
     return stubs
 
@@ -92,8 +92,8 @@ def _bug_exercises() -> set[str]:
     for path in (ROOT / "solutions").glob("*.py"):
         source = path.read_text()
         lines = source.splitlines()
-        for region in release.find_regions(source, path.stem, path.name):
-            if any(line.strip() == release.LESSON for line in lines[region.first:region.last]):
+        for region in regions.find_regions(source, path.stem, path.name):
+            if any(line.strip() == regions.LESSON for line in lines[region.first:region.last]):
                 found.add(region.exercise)
     return found
 
