@@ -6,10 +6,11 @@ before Numba or Triton is loaded (see `course.core.runtime`).
 
 from .core import runtime  # noqa: I001  (must run before anything imports numba or triton)
 from .core.runtime import MODE, SIMULATOR, describe, on_gpu, pick, torch_device
-from . import checks, exercises  # none of these imports numba
+from . import checks, registry  # none of these imports numba
 from .core import impl, inputs
+from .registry import check
 from . import answers
 from .answers import compare_with_ours, reveal
 
-__all__ = ["MODE", "SIMULATOR", "answers", "checks", "compare_with_ours", "describe", "exercises", "impl",
-           "inputs", "on_gpu", "pick", "reveal", "runtime", "torch_device"]
+__all__ = ["MODE", "SIMULATOR", "answers", "check", "checks", "compare_with_ours", "describe", "impl",
+           "inputs", "on_gpu", "pick", "registry", "reveal", "runtime", "torch_device"]

@@ -19,7 +19,7 @@ def _info(args) -> int:
 
 
 def _list(args) -> int:
-    from .exercises import EXERCISES
+    from .registry import EXERCISES
 
     for exercise in EXERCISES.values():
         print(f"{exercise.notebook:<18} {exercise.id:<28} {exercise.points:>2} pts  {exercise.summary}")
@@ -27,8 +27,7 @@ def _list(args) -> int:
 
 
 def _check(args) -> int:
-    from .checks import check
-    from .exercises import select
+    from .registry import check, select
 
     if args.racecheck:
         from .core.impl import impl_name
@@ -54,14 +53,14 @@ def _reveal(args) -> int:
 
 
 def _bench(args) -> int:
-    from course.measure import benchcli
+    from course import benchcli
 
     saved = benchcli.bench(args.topic, args.sections, words=args.options, out=args.out)
     return 2 if saved is None and runtime.SIMULATOR else 0  # a quick pass may save nothing
 
 
 def _figures(args) -> int:
-    from course.measure import benchcli
+    from course import benchcli
 
     benchcli.draw_figures(args.topic, args.results)
     return 0

@@ -6,105 +6,23 @@ stands now, or when the course runs on the reference itself (`COURSE_IMPL=soluti
 and CI). Otherwise it prints one line saying how to get there. `reveal(exercise)` prints it
 whenever you ask: reading an answer is a choice, never an accident one cell below the exercise.
 
-A check of your lessons that passes (`course.checks.check`, `python -m course check`) records the
-exercise in `.course/passed.json` at the repository root (git ignores it), with a hash of the
-lesson functions that hold the exercise's regions. Edit them after the pass, and the reference
-hides again until the check passes anew.
+A check of your lessons that passes (`course.check`, `python -m course check`) records the
+exercise (`course.progress`), with a hash of the lesson functions that hold the exercise's
+regions. Edit them after the pass, and the reference hides again until the check passes anew.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-from pathlib import Path
-
-from .core import impl
+from .checks import Exercise
+from .core import impl, regions
+from .core.regions import LESSON, marked_lines
 from .core.source import diff_sources, function_in_file
-from .exercises import EXERCISES, Exercise, checked_together
+from .progress import fingerprint, holders, passes
+from .registry import EXERCISES
+from .topics.ladder.rungs import builds_on
 
-PASSES_ENV = "COURSE_PASSES"  # a file to keep the record of passes in, instead of the default
 NO_REFERENCE = ("This copy of the course has no reference answers (a hand-out leaves solutions/ out): "
                 "your passing check is the answer; your instructor may show theirs once the exercise closes.")
-
-
-# ------------------------------------------------------------------------------ the record of passes
-
-def _places() -> list[Path]:
-    """Where the record may live, first choice first: the repository, else (a read-only copy of the
-    course) the user's cache, one file per repository."""
-    override = os.environ.get(PASSES_ENV, "").strip()
-    if override:
-        return [Path(override)]
-    repository = hashlib.sha256(str(impl.ROOT).encode()).hexdigest()[:12]
-    return [impl.ROOT / ".course" / "passed.json",
-            Path.home() / ".cache" / "speckernels" / f"passed-{repository}.json"]
-
-
-def _read(path: Path) -> dict[str, str]:
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):  # absent, unreadable or damaged: as if nothing had passed
-        return {}
-    return {k: v for k, v in record.items() if isinstance(k, str) and isinstance(v, str)} \
-        if isinstance(record, dict) else {}
-
-
-def passes() -> dict[str, str]:
-    """Exercise id -> the hash of your code when its check last passed."""
-    record: dict[str, str] = {}
-    for path in reversed(_places()):  # the first place wins
-        record.update(_read(path))
-    return record
-
-
-def _write(record: dict[str, str]) -> bool:
-    for path in _places():
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(path.name + ".partial")
-            partial.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-            partial.replace(path)  # whole or not at all: a notebook and a terminal may both write
-            return True
-        except OSError:
-            continue
-    return False
-
-
-def _holders(exercise: Exercise) -> tuple[str, ...]:
-    """The functions that hold the exercise's regions (a helper's too), from the solution where it
-    is here; else the function the exercise is named after."""
-    from .release import region_functions
-
-    own = (exercise.id.split(".", 1)[1],)
-    solution = impl.ROOT / "solutions" / f"{exercise.module}.py"
-    if not impl.has_solutions() or not solution.is_file():
-        return own
-    found = region_functions(solution.read_text(), exercise.module, f"solutions/{solution.name}")
-    return found.get(exercise.id) or own
-
-
-def fingerprint(exercise: Exercise) -> str | None:
-    """A hash of your lesson functions that hold the exercise's regions, read from lessons/ (None
-    if the file cannot be read or parsed)."""
-    try:
-        text = (impl.ROOT / "lessons" / f"{exercise.module}.py").read_text()
-        names = dict.fromkeys((*_holders(exercise), exercise.id.split(".", 1)[1]))
-        sources = [function_in_file(text, name) or "" for name in names]
-    except (OSError, SyntaxError, ValueError):
-        return None
-    return hashlib.sha256("\n\x00\n".join(sources).encode()).hexdigest()
-
-
-def record_pass(exercise_id: str) -> bool:
-    """Note that the exercise's check passed on your lessons/ code as it stands. False if the record
-    could not be written anywhere (the check's result stands all the same)."""
-    record = passes()
-    for exercise in checked_together(_exercise(exercise_id)):
-        code = fingerprint(exercise)
-        if code is not None:
-            record[exercise.id] = code
-    return _write(record)
 
 
 def earned(exercise_id: str) -> bool:
@@ -125,7 +43,7 @@ def not_yet(exercise_id: str) -> str:
         return (f"{exercise.id}: your code changed since its check passed. Run the check again to "
                 f"compare with ours here, or ask for ours now with {ask}.")
     return (f"{exercise.id}: our reference appears here once your check passes "
-            f'(course.checks.check("{exercise.id}")). To see it now anyway: {ask}.')
+            f'(course.check("{exercise.id}")). To see it now anyway: {ask}.')
 
 
 # --------------------------------------------------------------------------------- the reference
@@ -152,7 +70,7 @@ def exercises_of(target: str) -> list[Exercise]:
 
 
 def _solution_text(module: str) -> str:
-    path = impl.ROOT / "solutions" / f"{module}.py"
+    path = regions.ROOT / "solutions" / f"{module}.py"
     if not impl.has_solutions() or not path.is_file():
         raise impl.SolutionsMissing(NO_REFERENCE)
     return path.read_text()
@@ -163,19 +81,16 @@ def reference(exercise_id: str) -> str:
     it builds on, as a diff. A find-the-bug exercise: its regions (the fix, then after `### LESSON`
     the defect, commented out). Otherwise the solution's functions that hold the exercise's
     regions, whole, the answer's lines between `### BEGIN SOLUTION` and `### END SOLUTION`."""
-    from .release import LESSON
-    from .topics.ladder.rungs import builds_on
-
     exercise = _exercise(exercise_id)
     text = _solution_text(exercise.module)
     shown = []
-    for name in _holders(exercise):
+    for name in holders(exercise):
         mine = function_in_file(text, name) or ""
         base = builds_on().get(exercise.module)
         before = None if base is None or LESSON in mine else function_in_file(_solution_text(base), name)
         if LESSON in mine:
             shown.append(f"# ours, solutions/{exercise.module}.py, {name}: the region of the defect\n"
-                         + _regions(mine))
+                         + marked_lines(mine))
         elif before is not None:
             shown.append(f"# ours: what rung {exercise.module} changes in {name}, from {base}'s solution\n"
                          + diff_sources(before, mine, f"{base}.{name}", f"{exercise.module}.{name}"))
@@ -183,21 +98,6 @@ def reference(exercise_id: str) -> str:
             shown.append(f"# ours, solutions/{exercise.module}.py: the answer stands between "
                          f"### BEGIN SOLUTION and ### END SOLUTION\n{mine}")
     return "\n\n".join(shown)
-
-
-def _regions(source: str) -> str:
-    """The exercise regions of a function's source, markers included, separated by '...'."""
-    from .release import BEGIN, END
-
-    kept, inside = [], False
-    for line in source.splitlines():
-        inside = inside or line.strip().startswith(BEGIN)
-        if inside:
-            kept.append(line)
-        if line.strip().startswith(END):
-            inside = False
-            kept.append("...")
-    return "\n".join(kept[:-1])
 
 
 def compare_with_ours(target: str) -> None:

@@ -12,7 +12,7 @@ it reads. The exercise is named after the module and the function that holds the
 by the marker itself, `### BEGIN SOLUTION (module.function)`, for a helper that two kernels
 share and whose region belongs to the exercise of the kernel a notebook introduces it with.
 
-A ladder rung's kernel is the previous rung's with a few changes (`course.ladder`), so outside
+A ladder rung's kernel is the previous rung's with a few changes (`course.topics.ladder.rungs`), so outside
 its own regions it holds the earlier rungs' answers. Those lines become stubs too, naming the
 earlier rung's exercise and region: the student pastes their own code there. A release can
 leave an exercise's regions filled instead (`solved`), so that a hand-out may give a later
@@ -42,119 +42,37 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from course.core.impl import ROOT
+from course.checks import barriers
+from course.core.regions import (
+    BEGIN,
+    END,
+    LESSON,
+    ROOT,
+    TODO_LINE,
+    Hole,
+    Piece,
+    Region,
+    ReleaseError,
+    bug_part,
+    find_regions,
+    functions_of,
+    innermost,
+    is_code,
+    lesson_text,
+)
+from course.registry import EXERCISES, notebook_number
+from course.topics.ladder.rungs import builds_on
 
-BEGIN = "### BEGIN SOLUTION"
-LESSON = "### LESSON"
-END = "### END SOLUTION"
 HEADER = (
     "# Student copy, generated from solutions/{path} by `python -m course release`.\n"
     "# Write your code where a todo(...) line stands; everything else matches the solution.\n"
 )
-# A todo(...) line of a lesson; group 1 is the exercise it names.
-TODO_LINE = re.compile(r'^\s*todo\("([\w.]+)"')
-
-
-class ReleaseError(ValueError):
-    """The solutions cannot be turned into lessons (unbalanced markers, a missing import...)."""
-
-
-@dataclass(frozen=True)
-class Region:
-    first: int  # 0-based line index of the BEGIN marker
-    last: int  # 0-based line index of the END marker
-    exercise: str
-    number: int = 1  # its place among its exercise's regions, counted from 1 as the notebooks count
-
-
-@dataclass(frozen=True)
-class Hole:
-    """Lines of a lesson that hold an open exercise's answer, and what the todo(...) there says."""
-    first: int  # 0-based first line replaced (a BEGIN marker for the module's own region)
-    last: int  # 0-based last line replaced
-    region: Region  # whose answer the lines are: a region of this module or of a rung it builds on
-    module: str  # the module that holds `region`
-    lines: int  # lines of code it replaces
-    defines: tuple[str, ...]  # names it assigns that the code after it reads
-
-
-def _enclosing_functions(tree: ast.AST) -> list[ast.FunctionDef]:
-    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-
-
-def _innermost(functions, line_number: int):
-    holders = [f for f in functions if f.lineno <= line_number <= (f.end_lineno or f.lineno)]
-    return max(holders, key=lambda f: f.lineno) if holders else None
-
-
-def _exercise_name(module: str, functions, line_number: int, where: str) -> str:
-    innermost = _innermost(functions, line_number)
-    if innermost is None:
-        raise ReleaseError(f"{where}: a solution region must sit inside a function")
-    return f"{module}.{innermost.name}"
-
-
-def _named_exercise(marker: str, module: str, where: str) -> str | None:
-    """The exercise a region names after its marker, as in `### BEGIN SOLUTION (deft.deft_node_kernel)`:
-    the region of a helper that two kernels call belongs to the exercise of the kernel the
-    notebook introduces it with. None for a plain marker (the enclosing function names it)."""
-    named = marker[len(BEGIN):].strip()
-    if not named:
-        return None
-    match = re.fullmatch(r"\((\w+)\.(\w+)\)", named)
-    if match is None or match.group(1) != module:
-        raise ReleaseError(f"{where}: a region names its exercise as ({module}.<function>), got {named!r}")
-    return f"{module}.{match.group(2)}"
-
-
-def find_regions(source: str, module: str, where: str) -> list[Region]:
-    """The exercise regions of one solution module, in order."""
-    functions = _enclosing_functions(ast.parse(source))
-    lines = source.splitlines()
-    regions, opened, counts = [], None, {}
-    for index, line in enumerate(lines):
-        marker = line.strip()
-        if marker.startswith(BEGIN):
-            if opened is not None:
-                raise ReleaseError(f"{where}:{index + 1}: {BEGIN} inside another region")
-            opened = index
-        elif marker.startswith(END):
-            if opened is None:
-                raise ReleaseError(f"{where}:{index + 1}: {END} without {BEGIN}")
-            name = (_named_exercise(lines[opened].strip(), module, f"{where}:{opened + 1}")
-                    or _exercise_name(module, functions, opened + 1, f"{where}:{opened + 1}"))
-            counts[name] = counts.get(name, 0) + 1
-            regions.append(Region(opened, index, name, counts[name]))
-            opened = None
-    if opened is not None:
-        raise ReleaseError(f"{where}:{opened + 1}: {BEGIN} is never closed")
-    return regions
-
-
-def region_functions(source: str, module: str, where: str) -> dict[str, tuple[str, ...]]:
-    """Exercise -> the names of the functions that hold its regions, in order (a helper's region
-    that names another exercise counts for that exercise)."""
-    functions = _enclosing_functions(ast.parse(source))
-    holders: dict[str, dict[str, None]] = {}
-    for region in find_regions(source, module, where):
-        holders.setdefault(region.exercise, {})[_innermost(functions, region.first + 1).name] = None
-    return {exercise: tuple(names) for exercise, names in holders.items()}
-
-
-def _is_code(line: str) -> bool:
-    stripped = line.strip()
-    return bool(stripped) and not stripped.startswith("#")
-
-
-def _bug_part(lines: list[str], region: Region) -> int | None:
-    """Index of a find-the-bug region's `### LESSON` line, or None for an ordinary region."""
-    return next((i for i in range(region.first + 1, region.last) if lines[i].strip() == LESSON), None)
 
 
 def _defines(tree: ast.AST, first: int, last: int) -> tuple[str, ...]:
     """Names assigned on lines first..last (0-based) that the enclosing function reads after them
     before assigning them again, in the order they are assigned: what the code after a hole needs."""
-    function = _innermost(_enclosing_functions(tree), first + 1)
+    function = innermost(functions_of(tree), first + 1)
     names = [n for n in ast.walk(function) if isinstance(n, ast.Name)] if function is not None else []
     assigned = sorted((n.lineno, n.col_offset, n.id) for n in names
                       if isinstance(n.ctx, ast.Store) and first < n.lineno <= last + 1)
@@ -171,8 +89,8 @@ def _own_holes(source: str, module: str, where: str, tree: ast.AST) -> list[Hole
     lines = source.splitlines()
     holes = []
     for region in find_regions(source, module, where):
-        end = _bug_part(lines, region) or region.last
-        code = sum(_is_code(line) for line in lines[region.first + 1 : end])
+        end = bug_part(lines, region) or region.last
+        code = sum(is_code(line) for line in lines[region.first + 1 : end])
         holes.append(Hole(region.first, region.last, region, module, code,
                           _defines(tree, region.first, end)))
     return holes
@@ -190,8 +108,6 @@ def answer_lines(module: str, sources: Mapping[str, str]) -> dict[int, tuple[str
     """Line index of `module`'s solution -> (module, region) whose answer that line is: its own
     regions, and the lines it keeps unchanged from the answers of the rung it builds on (and so,
     through that rung, from every earlier one)."""
-    from .topics.ladder.rungs import builds_on
-
     source = sources[module]
     answers = {}
     for region in find_regions(source, module, f"solutions/{module}.py"):
@@ -232,7 +148,7 @@ def _inherited_statements(body, lines, answers, is_open, base: str) -> list[tupl
     found = []
     for statement in body:
         span = _statement_lines(statement)
-        owners = {answers.get(i) for i in span if _is_code(lines[i])}
+        owners = {answers.get(i) for i in span if is_code(lines[i])}
         owner = next(iter(owners)) if len(owners) == 1 else None
         if owner is not None and is_open(owner[1].exercise) \
                 and _together(lines[span.start : span.stop]) in base:
@@ -249,8 +165,6 @@ def _inherited_holes(module: str, sources, tree, is_open, own: list[Hole]) -> li
     """Holes where `module`'s lesson would show an earlier rung's open answer: consecutive statements
     from one region become one hole, with the comments just above them, as long as they stand in one
     piece in the rung this one builds on (where the student copies them from)."""
-    from .topics.ladder.rungs import builds_on
-
     lines = sources[module].splitlines()
     answers = {i: owner for i, owner in answer_lines(module, sources).items() if owner[0] != module}
     if not answers:
@@ -261,18 +175,18 @@ def _inherited_holes(module: str, sources, tree, is_open, own: list[Hole]) -> li
     for statement, owner in _inherited_statements(tree.body, lines, answers, is_open, base):
         span = _statement_lines(statement)
         first, last = span.start, span.stop - 1
-        while first > 0 and not _is_code(lines[first - 1]) and lines[first - 1].strip() \
+        while first > 0 and not is_code(lines[first - 1]) and lines[first - 1].strip() \
                 and answers.get(first - 1) == owner and first - 1 not in inside_own \
                 and _together(lines[first - 1 : last + 1]) in base:
             first -= 1
         between = range(spans[-1][1] + 1, first) if spans else range(0)
         if spans and spans[-1][2] == owner and spans[-1][3] == statement.col_offset \
-                and all(not _is_code(lines[i]) and i not in inside_own for i in between) \
+                and all(not is_code(lines[i]) and i not in inside_own for i in between) \
                 and _together(lines[spans[-1][0] : last + 1]) in base:
             spans[-1][1] = last
         else:
             spans.append([first, last, owner, statement.col_offset])  # one hole stands at one depth
-    return [Hole(first, last, owner[1], owner[0], sum(_is_code(line) for line in lines[first : last + 1]),
+    return [Hole(first, last, owner[1], owner[0], sum(is_code(line) for line in lines[first : last + 1]),
                  _defines(tree, first, last)) for first, last, owner, _ in spans]
 
 
@@ -291,8 +205,6 @@ def lesson_holes(module: str, sources: Mapping[str, str],
 def _stub_lines(hole: Hole, module: str, indent: str) -> list[str]:
     """The comment and the todo(...) line of a hole. In a hole of an earlier rung's answer the
     student pastes their own lines, which stand at the same place in the rung this one builds on."""
-    from .topics.ladder.rungs import builds_on
-
     region = hole.region
     arguments = f'"{region.exercise}", region={region.number}, lines={hole.lines}'
     arguments += f', defines="{", ".join(hole.defines)}"' if hole.defines else ""
@@ -305,23 +217,14 @@ def _stub_lines(hole: Hole, module: str, indent: str) -> list[str]:
     return [f"{indent}{comment}\n", f"{indent}todo({arguments})\n"]
 
 
-@dataclass(frozen=True)
-class Piece:
-    """A run of a lesson's lines: copied from the solution (`hole` None), or what stands in a hole
-    (its stub, or a find-the-bug region's defective lines). Grading lines a student's file up with
-    these to find what the student wrote in each hole (`course.grading.splice`)."""
-    lines: tuple[str, ...]
-    hole: Hole | None = None
-
-
 def lesson_pieces(source: str, module: str, where: str, sources: Mapping[str, str] | None = None,
                   is_open: Callable[[str], bool] = lambda exercise: True) -> list[Piece]:
     """The lesson version of one solution module, as pieces in order. `sources` (module -> solution
     source) holds the rungs it builds on, whose open answers it must not show either; `is_open` as
     in lesson_holes."""
     regions = find_regions(source, module, where)
-    if regions and not re.search(r"^from course\.exercise import .*\btodo\b", source, re.MULTILINE):
-        raise ReleaseError(f"{where}: has exercise regions, so it must import todo from course.exercise")
+    if regions and not re.search(r"^from course\.core\.stubs import .*\btodo\b", source, re.MULTILINE):
+        raise ReleaseError(f"{where}: has exercise regions, so it must import todo from course.core.stubs")
     sources = {**(sources or {}), module: source}
     lines = source.splitlines(keepends=True)
     holes = {hole.first: hole for hole in lesson_holes(module, sources, is_open)}
@@ -336,8 +239,8 @@ def lesson_pieces(source: str, module: str, where: str, sources: Mapping[str, st
     while index < len(lines):
         stripped = lines[index].strip()
         hole = holes.get(index)
-        if hole is not None and hole.module == module and _bug_part(source.splitlines(), hole.region):
-            lesson = _bug_part(source.splitlines(), hole.region)
+        if hole is not None and hole.module == module and bug_part(source.splitlines(), hole.region):
+            lesson = bug_part(source.splitlines(), hole.region)
             stand_in(hole, [_uncomment(line) for line in lines[lesson + 1 : hole.last]])
             index = hole.last + 1
         elif hole is not None:
@@ -361,9 +264,6 @@ def stub_source(source: str, module: str, where: str, sources: Mapping[str, str]
     """The lesson version of one solution module (see lesson_pieces)."""
     return lesson_text(lesson_pieces(source, module, where, sources, is_open))
 
-
-def lesson_text(pieces: list[Piece]) -> str:
-    return "".join(line for piece in pieces for line in piece.lines)
 
 
 def _uncomment(line: str) -> str:
@@ -440,9 +340,7 @@ def differences(solutions: Path = ROOT / "solutions", lessons: Path = ROOT / "le
         for p in sorted(set(expected) & present)
         if (lessons / p).read_bytes() != expected[p]
     ]
-    from course.checks import barriers
-
-    if lessons == ROOT / "lessons" and barriers.DATA.read_text() != barriers.rendered(solutions):
+    if lessons == ROOT / "lessons" and barriers.DATA.read_text() != barriers.rendered(solutions, EXERCISES):
         problems.append(f"differs: {barriers.DATA.relative_to(ROOT).as_posix()} (the solutions' barriers)")
     return problems
 
@@ -456,10 +354,8 @@ def release(solutions: Path = ROOT / "solutions", lessons: Path = ROOT / "lesson
         target = lessons / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
-    from course.checks import barriers
-
     if lessons == ROOT / "lessons":  # where the solutions' barriers stand, for checks without solutions/
-        barriers.DATA.write_text(barriers.rendered(solutions))
+        barriers.DATA.write_text(barriers.rendered(solutions, EXERCISES))
     return sorted(files)
 
 
@@ -589,12 +485,6 @@ def handout_notebook(text: str, where: str) -> str:
     return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
 
 
-def notebook_number(name: str) -> str:
-    """'06' for notebooks/06_coalesced_tiles.ipynb (or the exercise table's '06_coalesced_tiles'). As
-    strings the numbers sort in course order: '11' < '11a' < '11c' < '12'."""
-    return Path(name).name.split("_")[0]
-
-
 @dataclass(frozen=True)
 class Selection:
     """What a hand-out gives: the notebooks up to `through` (all when None) with their lessons, and the
@@ -617,14 +507,10 @@ class Selection:
         return self.through is None or notebook_number(notebook) <= self.through
 
     def is_open(self, exercise: str) -> bool:
-        from .exercises import EXERCISES
-
         return self.solved is None or notebook_number(EXERCISES[exercise].notebook) > self.solved
 
     def gives_lesson(self, module: str) -> bool:
         """A lesson module comes with the first notebook that has one of its exercises."""
-        from .exercises import EXERCISES
-
         notebooks = [e.notebook for e in EXERCISES.values() if e.module == module]
         return not notebooks or self.gives(min(notebooks, key=notebook_number))
 

@@ -84,7 +84,7 @@ def racecheck(selector: str | None, impl: str, sanitizer: Path = SANITIZER, time
     each selected exercise, in `impl`'s copy, on a GPU. The simulator and Triton's interpreter cannot
     show a race between a block's threads; racecheck sees every shared-memory hazard."""
     from course.core.runtime import SIMULATOR
-    from course.exercises import select
+    from course.registry import select
 
     if SIMULATOR:
         print("--racecheck runs compute-sanitizer, which needs an NVIDIA GPU. On the CPU each check "

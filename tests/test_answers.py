@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from course import answers
-from course.checks import CaseResult, Report, check
-from course.core import impl
-from course.exercises import Exercise
+from course import answers, progress
+from course.checks import CaseResult, Exercise, Report
+from course.core import impl, regions
+from course.registry import EXERCISES, check, checked_together
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSWER_LINE = "l = l * torch.exp(m - m_new) + torch.exp(tile - m_new.unsqueeze(-1)).sum(dim=-1)"
@@ -28,11 +28,16 @@ def course_copy(tmp_path, monkeypatch):
         (root / folder / "__init__.py").write_text("")
         for module in ("attention", "triton_attention"):
             shutil.copy(ROOT / "solutions" / f"{module}.py", root / folder / f"{module}.py")
-    monkeypatch.setattr(impl, "ROOT", root)
-    monkeypatch.setenv(answers.PASSES_ENV, str(tmp_path / "passed.json"))
+    monkeypatch.setattr(regions, "ROOT", root)
+    monkeypatch.setenv(progress.PASSES_ENV, str(tmp_path / "passed.json"))
     monkeypatch.setenv(impl.IMPL_ENV, "lessons")
     assert ANSWER_LINE in (root / "solutions" / "attention.py").read_text()
     return root
+
+
+def _record_pass(exercise_id: str) -> bool:
+    """What a passing check of the lessons records: the exercises its run checks."""
+    return progress.record_pass(checked_together(EXERCISES[exercise_id]))
 
 
 def _shown(capsys, call, target) -> str:
@@ -49,13 +54,13 @@ def _edit(path: Path, old: str, new: str) -> None:
 def test_not_passed_hides_the_reference_and_says_how_to_get_it(course_copy, capsys):
     shown = _shown(capsys, answers.compare_with_ours, "attention.online_softmax")
     assert ANSWER_LINE not in shown
-    assert 'course.checks.check("attention.online_softmax")' in shown
+    assert 'course.check("attention.online_softmax")' in shown
     assert 'course.reveal("attention.online_softmax")' in shown
     assert len(shown.strip().splitlines()) == 1
 
 
 def test_a_pass_shows_it_until_the_code_changes(course_copy, capsys):
-    assert answers.record_pass("attention.online_softmax")
+    assert _record_pass("attention.online_softmax")
     assert answers.earned("attention.online_softmax")
     assert ANSWER_LINE in _shown(capsys, answers.compare_with_ours, "attention.online_softmax")
     assert not answers.earned("attention.flash_attention")  # only the exercise that passed
@@ -76,7 +81,7 @@ def test_a_passing_check_of_the_lessons_records_it(course_copy, monkeypatch):
     check("attention.online_softmax", impl="solutions", quiet=True)  # the reference's pass is not yours
     assert not answers.earned("attention.online_softmax")
     check("attention.online_softmax", quiet=True)
-    assert answers.passes() == {"attention.online_softmax": answers.fingerprint(
+    assert progress.passes() == {"attention.online_softmax": progress.fingerprint(
         answers.exercises_of("attention.online_softmax")[0])}
     assert answers.earned("attention.online_softmax")
 
@@ -85,11 +90,11 @@ def test_a_failing_check_records_nothing(course_copy, monkeypatch):
     monkeypatch.setattr(Exercise, "run", lambda self, impl=None, seed=0, full=False: Report(
         self.id, [CaseResult("a", True), CaseResult("b", False, "row 3 differs")]))
     check("attention.online_softmax", quiet=True, raise_on_failure=False)
-    assert answers.passes() == {}
+    assert progress.passes() == {}
 
 
 def test_one_check_that_runs_two_exercises_earns_both(course_copy):
-    answers.record_pass("triton_attention.tree_attention_kernel")
+    _record_pass("triton_attention.tree_attention_kernel")
     assert answers.earned("triton_attention.online_softmax_step")
     assert answers.earned("triton_attention.tree_attention_kernel")
 
@@ -102,21 +107,21 @@ def test_solutions_mode_shows_it(course_copy, capsys, monkeypatch):
 def test_reveal_shows_it_whenever_asked(course_copy, capsys):
     shown = _shown(capsys, answers.reveal, "attention")
     assert ANSWER_LINE in shown and "def merge_attention" in shown
-    assert answers.passes() == {}  # asking is not passing
+    assert progress.passes() == {}  # asking is not passing
 
 
 def test_a_handout_says_there_is_no_reference(course_copy, capsys):
     shutil.rmtree(course_copy / "solutions")
     for call in (answers.reveal, answers.compare_with_ours):
         assert _shown(capsys, call, "attention.online_softmax").strip() == answers.NO_REFERENCE
-    assert answers.record_pass("attention.online_softmax")  # recording still works, for later
+    assert _record_pass("attention.online_softmax")  # recording still works, for later
 
 
 def test_a_read_only_repository_keeps_the_record_in_the_users_cache(course_copy, tmp_path, monkeypatch):
-    monkeypatch.delenv(answers.PASSES_ENV)
+    monkeypatch.delenv(progress.PASSES_ENV)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     (course_copy / ".course").write_text("")  # a file where the folder should be: nothing can go there
-    assert answers.record_pass("attention.online_softmax")
+    assert _record_pass("attention.online_softmax")
     assert answers.earned("attention.online_softmax")
     assert list((tmp_path / "home" / ".cache" / "speckernels").glob("passed-*.json"))
 
@@ -124,7 +129,7 @@ def test_a_read_only_repository_keeps_the_record_in_the_users_cache(course_copy,
 def test_a_damaged_record_counts_as_no_pass(course_copy, tmp_path):
     (tmp_path / "passed.json").write_text("{not json")
     assert not answers.earned("attention.online_softmax")
-    assert answers.record_pass("attention.online_softmax")
+    assert _record_pass("attention.online_softmax")
     assert answers.earned("attention.online_softmax")
 
 

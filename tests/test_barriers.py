@@ -11,10 +11,10 @@ import sys
 import pytest
 
 import course  # noqa: F401  (the simulator before numba)
-from course import exercises
+from course import checks, registry
 from course.__main__ import main
 from course.checks import barriers
-from course.core.impl import ROOT
+from course.core.regions import ROOT
 from course.core.source import function_in_file
 
 BARRIER_LINE = re.compile(r"^\s*(tl\.debug_barrier|cuda\.syncthreads)\(\)\s*(#.*)?$")
@@ -30,7 +30,7 @@ def kernel_text(exercise: str) -> tuple[str, int]:
 
 
 def test_the_record_is_what_the_solutions_hold():
-    assert barriers.DATA.read_text() == barriers.rendered(ROOT / "solutions")
+    assert barriers.DATA.read_text() == barriers.rendered(ROOT / "solutions", registry.EXERCISES)
     assert "swiftspec.compact_kernel" in barriers.read()
     assert "ladder_k11.tree_attention_kernel" in barriers.read()
 
@@ -94,9 +94,9 @@ def compact_without_barrier(tmp_path, monkeypatch):
 def test_a_passing_compaction_without_its_barrier_fails_at_the_students_line(
         compact_without_barrier, monkeypatch):
     module, store_line = compact_without_barrier
-    exercise = exercises.get("swiftspec.compact_kernel")
+    exercise = registry.get("swiftspec.compact_kernel")
     passing = dataclasses.replace(exercise, cases=lambda module, seed: [("every case", lambda: None)])
-    monkeypatch.setattr(exercises.implementations, "load", lambda name, impl=None: module)
+    monkeypatch.setattr(checks.implementations, "load", lambda name, impl=None: module)
     report = passing.run(impl="lessons")
     assert not report.passed
     failure = next(r for r in report.results if not r.passed)
@@ -107,7 +107,7 @@ def test_a_passing_compaction_without_its_barrier_fails_at_the_students_line(
 
 
 def test_a_passing_triton_check_says_what_the_interpreter_cannot_show(monkeypatch):
-    exercise = exercises.get("swiftspec.compact_kernel")
+    exercise = registry.get("swiftspec.compact_kernel")
     passing = dataclasses.replace(exercise, cases=lambda module, seed: [("every case", lambda: None)])
     report = passing.run(impl="solutions")
     assert report.passed
@@ -127,15 +127,15 @@ def test_racecheck_without_a_gpu_says_so(capsys):
 
 
 def test_a_stub_is_not_blamed_for_missing_barriers(compact_without_barrier, monkeypatch):
-    from course.exercise import ExerciseNotImplemented
+    from course.core.stubs import ExerciseNotImplemented
 
     module, _ = compact_without_barrier
 
     def stub():
         raise ExerciseNotImplemented("swiftspec.compact_kernel is not implemented yet")
 
-    exercise = exercises.get("swiftspec.compact_kernel")
+    exercise = registry.get("swiftspec.compact_kernel")
     unwritten = dataclasses.replace(exercise, cases=lambda module, seed: [("every case", stub)])
-    monkeypatch.setattr(exercises.implementations, "load", lambda name, impl=None: module)
+    monkeypatch.setattr(checks.implementations, "load", lambda name, impl=None: module)
     report = unwritten.run(impl="lessons")
     assert report.results == [] and "not implemented yet" in report.text()

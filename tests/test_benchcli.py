@@ -5,9 +5,10 @@ import types
 
 import pytest
 
+from course import benchcli
 from course.__main__ import main
 from course.core import runtime
-from course.measure import benchcli, results
+from course.measure import results
 
 SECTIONS = ("timing", "quality")
 

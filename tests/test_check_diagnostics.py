@@ -18,7 +18,7 @@ from course.checks.diagnose_attention import most_values_wrong
 from course.core import impl as implementations
 from course.core import runtime
 from course.core.launch import never_written, poisoned_empty
-from course.exercises import get
+from course.registry import get
 from tests.test_planted_bugs import mutant, planted
 
 # An index out of bounds raises, at the student's line, only in the simulator and the interpreter: on a

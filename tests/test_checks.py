@@ -12,7 +12,7 @@ from course import checks
 from course.checks import CheckFailed, run_cases
 from course.core import impl as course_impl
 from course.core import runtime
-from course.exercises import EXERCISES, checked_together, get, select
+from course.registry import EXERCISES, check, checked_together, get, select
 from solutions import attention, trees
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -33,7 +33,7 @@ def _checked_by_its_notebook(exercise) -> bool:
 def test_solutions_pass_every_check(exercise):
     if runtime.SIMULATOR and _checked_by_its_notebook(exercise):
         pytest.skip("its notebook runs this check (nbval)")
-    report = checks.check(exercise, impl="solutions", seed=1234, quiet=True)
+    report = check(exercise, impl="solutions", seed=1234, quiet=True)
     assert report.passed and report.fraction == 1.0 and len(report.results) >= 4
 
 
@@ -138,7 +138,7 @@ def test_check_raises_with_the_report_and_a_crash_is_one_failed_case(monkeypatch
     monkeypatch.setattr("course.core.impl.load", lambda module, impl=None: SimpleNamespace(
         dfs_times=crashing))
     with pytest.raises(CheckFailed, match="raised RuntimeError: boom"):
-        checks.check("trees.dfs_times_kernel", quiet=True)
+        check("trees.dfs_times_kernel", quiet=True)
 
 
 def test_exercise_selection_is_validated():

@@ -17,7 +17,7 @@ import torch
 import course
 import pyspec_ref.deft as spec
 from course.core import inputs
-from course.exercise import ExerciseNotImplemented
+from course.core.stubs import ExerciseNotImplemented
 from course.topics.deft import check as deft_checks
 from course.topics.deft import tuning
 from course.topics.deft.check import KVTreeCase, case_tensors

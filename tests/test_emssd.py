@@ -11,7 +11,7 @@ import pyspec_ref.kvcache as spec
 from course import oracle
 from course.checks import run_cases
 from course.core import runtime
-from course.exercise import ExerciseNotImplemented
+from course.core.stubs import ExerciseNotImplemented
 from course.oracle import kvcache as kv_oracle
 from course.topics.kvcache import bench as kv_bench
 from course.topics.kvcache import check as checks

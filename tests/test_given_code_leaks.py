@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course import release
-from course.exercises import EXERCISES
+from course.core import regions
+from course.registry import EXERCISES
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
@@ -107,9 +108,9 @@ def answers(solutions: Path = SOLUTIONS) -> list[tuple[Answer, list[str], ast.Mo
         source = path.read_text()
         lines = source.splitlines()
         functions = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)]
-        for region in release.find_regions(source, path.stem, path.name):
+        for region in regions.find_regions(source, path.stem, path.name):
             end = next((i for i in range(region.first + 1, region.last)
-                        if lines[i].strip() == release.LESSON), region.last)
+                        if lines[i].strip() == regions.LESSON), region.last)
             body = lines[region.first + 1 : end]
             inside = [f.name for f in functions if f.lineno <= region.first + 1 <= f.end_lineno]
             answer = Answer(region.exercise, region.number,

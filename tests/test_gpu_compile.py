@@ -1,6 +1,6 @@
 """Every Triton kernel compiles for an H100 (sm_90) as the CPU tests launch it, without a GPU.
 
-`python -m course.core.gpu_compile` compiles each launch recorded in course/core/triton_launches.json
+`python -m course.gpu_compile` compiles each launch recorded in course/triton_launches.json
 (its arguments' types and constexprs) in a process of its own with TRITON_INTERPRET=0.
 """
 
@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import course  # noqa: F401  (the simulator before numba)
-from course.core import gpu_compile, runtime
+from course import gpu_compile
+from course.core import runtime
 from tests.test_triton_globals import SYNTHETIC
 
 RECORD = json.loads(gpu_compile.RECORD.read_text())
@@ -58,7 +59,7 @@ def test_the_record_holds_every_kernel_with_its_parameters(name):
         if entry is None or entry["parameters"] != gpu_compile.fingerprint(function) or not entry["launches"]:
             stale.append(function.__name__)
     assert not stale, (f"{name}: the launches of {', '.join(stale)} are not recorded as the kernel now "
-                       "stands: run `python -m course.core.gpu_compile --record`")
+                       "stands: run `python -m course.gpu_compile --record`")
 
 
 def test_the_search_finds_the_kernels_and_not_their_helpers():

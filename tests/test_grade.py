@@ -496,24 +496,31 @@ def test_find_submissions(tmp_path):
 
 
 def test_every_ladder_rung_and_the_triton_kernel_have_a_bench_hook():
-    from course.exercises import EXERCISES
-    from course.grading.speed import hook_from_spec
+    from course import topics
+    from course.grading.speed import hook_from_spec, hook_of
+    from course.registry import EXERCISES
     from course.topics.ladder.rungs import RUNGS
 
-    hooked = {e.id: e.bench for e in EXERCISES.values() if e.bench is not None}
+    hooked = {e.id: hook_of(e) for e in EXERCISES.values() if e.timed}
     assert {f"{rung.module}.tree_attention_kernel" for rung in RUNGS} <= set(hooked)
     assert "triton_attention.tree_attention_kernel" in hooked
     assert all(hook_from_spec(hook.spec) == hook for hook in hooked.values())  # what the child rebuilds
+    # each timed exercise's topic bench builds what grading times (speed asks it, by this name)
+    assert all(callable(topics.part_of(hook.topic, "bench").grading_kernels) for hook in hooked.values())
+    with pytest.raises(ValueError, match="not a bench hook"):
+        hook_from_spec(["no_such_topic", "ladder_k1.tree_attention_kernel"])
 
 
-def _fake(exercise_id: str, points: int, hook):
-    from course.exercises import Exercise
+def _fake(exercise_id: str, points: int, hook, hooks: dict):
+    from course.checks import Exercise
 
-    return Exercise(exercise_id, "99_fake", points, lambda module, seed: [], "fake", bench=hook)
+    hooks[exercise_id] = hook
+    return Exercise(exercise_id, "99_fake", points, lambda module, seed: [], "fake", timed=hook is not None)
 
 
-def test_timed_results_are_reported_with_a_fake_timer(tmp_path):
+def test_timed_results_are_reported_with_a_fake_timer(tmp_path, monkeypatch):
     from course.grading import report
+    from course.grading import speed as timing
     from course.grading.runner import ExerciseGrade, SubmissionGrade
     from course.grading.speed import Speed, time_impl
 
@@ -526,8 +533,10 @@ def test_timed_results_are_reported_with_a_fake_timer(tmp_path):
     def broken(impl):
         raise RuntimeError("out of shared memory")
 
-    fast, slow = _fake("m.fast", 2, hook), _fake("m.slow", 2, hook)
-    untimed, failing = _fake("m.none", 1, None), _fake("m.broken", 1, broken)
+    hooks = {}  # what the topics' benches would build: fakes
+    monkeypatch.setattr(timing, "hook_of", lambda exercise: hooks.get(exercise.id))
+    fast, slow = _fake("m.fast", 2, hook, hooks), _fake("m.slow", 2, hook, hooks)
+    untimed, failing = _fake("m.none", 1, None, hooks), _fake("m.broken", 1, broken, hooks)
     exercises = [fast, slow, untimed, failing]
 
     def timer(fn):  # the solution takes 2 ms; lessons' kernels what the test says

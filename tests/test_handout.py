@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from course import release
-from course.core import impl
+from course.core import impl, regions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,7 +109,7 @@ def test_release_and_solutions_refuse_clearly_in_handout(handout):
 
 
 def test_solutions_missing_is_an_import_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(impl, "ROOT", tmp_path)
+    monkeypatch.setattr(regions, "ROOT", tmp_path)
     assert not impl.has_solutions() and impl.bench_impl() == "lessons"
     with pytest.raises(ImportError, match=r"course.impl.load\('trees'\)"):
         impl.load("trees", "solutions")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from course import release
-from course.exercises import EXERCISES
+from course.core import regions
+from course.registry import EXERCISES
 from course.topics.ladder.rungs import RUNGS, builds_on
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,9 +28,9 @@ def _normalised(line: str) -> str:
     return indent + " ".join(line.split())
 
 
-def _region_lines(lines: list[str], region: release.Region) -> list[str]:
+def _region_lines(lines: list[str], region: regions.Region) -> list[str]:
     """A region's non-blank lines, whitespace normalised (a find-the-bug region: its correct part)."""
-    end = next((i for i in range(region.first + 1, region.last) if lines[i].strip() == release.LESSON),
+    end = next((i for i in range(region.first + 1, region.last) if lines[i].strip() == regions.LESSON),
                region.last)
     return [_normalised(line) for line in lines[region.first + 1 : end] if line.strip()]
 
@@ -45,13 +46,13 @@ def _closed_code(module: str, selection: release.Selection) -> set[str]:
     return lines
 
 
-def open_regions(selection: release.Selection) -> list[tuple[str, release.Region, list[str]]]:
+def open_regions(selection: release.Selection) -> list[tuple[str, regions.Region, list[str]]]:
     """(module, region, its lines) of every open exercise's region, without the lines it keeps from
     closed rungs, where at least 2 lines are left."""
     found = []
     for path in sorted(SOLUTIONS.glob("*.py")):
         source, given = path.read_text(), _closed_code(path.stem, selection)
-        for region in release.find_regions(source, path.stem, path.name):
+        for region in regions.find_regions(source, path.stem, path.name):
             lines = [line for line in _region_lines(source.splitlines(), region) if line not in given]
             if len(lines) >= 2 and selection.is_open(region.exercise):
                 found.append((path.stem, region, lines))
@@ -138,7 +139,7 @@ def test_handout_through_a_rung_has_its_notebooks_and_lessons_only(rung_handouts
 
 def _todo_exercises(content: bytes) -> list[str]:
     """The exercise each todo(...) line names, in order."""
-    return [m.group(1) for line in content.decode().splitlines() if (m := release.TODO_LINE.match(line))]
+    return [m.group(1) for line in content.decode().splitlines() if (m := regions.TODO_LINE.match(line))]
 
 
 def test_solved_handout_gives_the_rung_on_the_finished_previous_ones(rung_handouts):
@@ -149,7 +150,7 @@ def test_solved_handout_gives_the_rung_on_the_finished_previous_ones(rung_handou
     for rung in RUNGS:
         if release.notebook_number(rung.notebook) == number:
             source = (SOLUTIONS / f"{rung.module}.py").read_text()
-            own = [r.exercise for r in release.find_regions(source, rung.module, rung.module)]
+            own = [r.exercise for r in regions.find_regions(source, rung.module, rung.module)]
             assert _todo_exercises(files[Path("lessons") / f"{rung.module}.py"]) == own, rung.module
 
 

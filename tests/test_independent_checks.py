@@ -13,8 +13,8 @@ from course import release
 from course.checks import run_cases
 from course.core import runtime
 from course.core.impl import load
-from course.exercise import kernel_stub_name
-from course.exercises import EXERCISES
+from course.core.stubs import kernel_stub_name
+from course.registry import EXERCISES
 from course.topics.sampling import check as sampling_checks
 
 ROOT = Path(__file__).resolve().parent.parent

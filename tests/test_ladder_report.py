@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import course  # noqa: E402, F401  (picks GPU or simulator first)
 from course.__main__ import main
 from course.core import runtime
-from course.measure import benchcli, plots, results
+from course.measure import plots, results
 from course.topics.ladder import bench as ladder_bench
 from course.topics.ladder import figures as ladder_figures
 from course.topics.ladder import rungs as ladder  # noqa: E402
@@ -142,7 +142,7 @@ def test_figures_build():
 
 
 def test_save_figures_writes_the_pngs(tmp_path):
-    paths = benchcli.save_figures(ladder_figures, synthetic(), tmp_path)
+    paths = plots.save_figures(ladder_figures, synthetic(), tmp_path)
     assert sorted(p.name for p in paths) == sorted(f"{name}.png" for name in ladder_figures.FIGURES)
     assert all(p.stat().st_size > 1000 for p in paths)
 

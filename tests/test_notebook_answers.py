@@ -16,8 +16,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from course import answers, release
-from course.core import impl
+from course import answers
+from course.core import impl, regions
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -33,9 +33,9 @@ def answer_lines() -> dict[str, str]:
     found: dict[str, str] = {}
     for path in sorted((ROOT / "solutions").glob("*.py")):
         lines = path.read_text().splitlines()
-        for region in release.find_regions("\n".join(lines), path.stem, path.name):
+        for region in regions.find_regions("\n".join(lines), path.stem, path.name):
             end = next((i for i in range(region.first + 1, region.last)
-                        if lines[i].strip() == release.LESSON), region.last)
+                        if lines[i].strip() == regions.LESSON), region.last)
             for line in lines[region.first + 1 : end]:
                 code = line.strip()
                 if len(code.replace(" ", "")) >= LONG and code not in public:

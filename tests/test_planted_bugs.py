@@ -22,7 +22,7 @@ import pytest
 
 from course.checks import run_cases
 from course.core import runtime
-from course.exercises import EXERCISES, get
+from course.registry import EXERCISES, get
 
 SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
 

@@ -1,6 +1,6 @@
 """Every Numba kernel compiles to PTX for an H100 (sm_90) as the CPU checks launch it, without a GPU.
 
-`python -m course.core.ptx_compile` compiles each launch recorded in course/core/numba_launches.json
+`python -m course.ptx_compile` compiles each launch recorded in course/numba_launches.json
 (its arguments' Numba types and the constants it was specialized with) with NVVM, which the CPU
 install brings (the `ptx` extra). CI (CI=true) must have NVVM; elsewhere these tests skip without it.
 """
@@ -15,8 +15,8 @@ import re
 import pytest
 
 import course  # noqa: F401  (the simulator before numba)
-from course.core import ptx_compile
-from course.exercises import EXERCISES
+from course import ptx_compile
+from course.registry import EXERCISES
 
 
 def nvvm_installed() -> bool:
@@ -92,4 +92,4 @@ def test_the_record_holds_every_numba_exercise_with_its_parameters():
         if entry is None or entry["parameters"] != ptx_compile.fingerprint(function) or not entry["launches"]:
             stale.append(exercise.id)
     assert not stale, (f"the launches of {', '.join(stale)} are not recorded as the kernels now stand: "
-                       "run `python -m course.core.ptx_compile --record`")
+                       "run `python -m course.ptx_compile --record`")

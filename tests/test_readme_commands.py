@@ -1,5 +1,6 @@
-"""The READMEs and the notebooks name only commands that exist: every `python -m X` of README.md, of
-the results READMEs and of the notebooks runs a module that resolves, every `python -m course <verb>`
+"""The READMEs, the notebooks and the course's own code name only commands that exist: every
+`python -m X` of README.md, of the results READMEs, of the notebooks and of course/'s docstrings,
+comments and messages runs a module that resolves, every `python -m course <verb>`
 a verb of the course's command line, and every `python -m course bench|figures <topic>` a room that
 has a bench."""
 
@@ -12,18 +13,18 @@ from pathlib import Path
 import pytest
 
 import course  # noqa: F401  (first: chooses the simulator / interpreter)
+from course import benchcli
 from course.__main__ import main
-from course.measure import benchcli
 
 ROOT = Path(__file__).resolve().parent.parent
 READMES = [ROOT / "README.md", *sorted((ROOT / "results").rglob("README.md"))]
-TEXTS = READMES + sorted((ROOT / "notebooks").glob("*.ipynb"))
+TEXTS = READMES + sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "course").rglob("*.py"))
 # `python -m module [word [word]]` on one line; a word is what a command's next argument can be.
 COMMAND = re.compile(r"python3? -m ([A-Za-z_][\w.]*)((?:[ \t]+[\w<>-]+){0,2})")
 
 
 def commands() -> list[tuple[str, str, list[str]]]:
-    """(file, module, the words after it) of every `python -m` in the READMEs and notebooks."""
+    """(file, module, the words after it) of every `python -m` in the READMEs, notebooks and course/."""
     found = []
     for text in TEXTS:
         for match in COMMAND.finditer(text.read_text()):
@@ -45,6 +46,7 @@ def test_the_texts_have_commands_to_check():
     assert len(READMES) >= 3 and len(TEXTS) > 20
     named = {module for _, module, _ in commands()}
     assert {"course", "course.capstone.train"} <= named
+    assert any(text.startswith("course/") for text, _, _ in commands())  # the code's own texts are read
 
 
 def test_every_module_resolves():
@@ -75,3 +77,38 @@ def test_the_check_sees_a_wrong_command():
     assert [(m, w.split()) for m, w in found] == [("course.deft_bench", ["--rep-ms", "50"]),
                                                   ("course", ["figures", "deft"])]
     assert importlib.util.find_spec("course.deft_bench") is None
+
+
+# `course.x.y` between backticks: a module of the course, or a name in one.
+NAMED = re.compile(r"`(course(?:\.\w+)+)`")
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a name inside a module, not a package: no module below it
+        return False
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether the longest importable module that starts `dotted` holds the rest as attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        if not _is_module(".".join(parts[:cut])):
+            continue
+        held = importlib.import_module(".".join(parts[:cut]))
+        for attribute in parts[cut:]:
+            if not hasattr(held, attribute):
+                return False
+            held = getattr(held, attribute)
+        return True
+    return False
+
+
+def test_every_named_module_of_the_course_exists():
+    named = {(str(text.relative_to(ROOT)), name) for text in READMES + sorted((ROOT / "course").rglob("*.py"))
+             for name in NAMED.findall(text.read_text())}
+    assert len(named) > 50
+    missing = sorted((text, name) for text, name in named if not _resolves(name))
+    assert not missing, f"texts that name a module or name the course does not have: {missing}"
+    assert not _resolves("course.ladder") and _resolves("course.topics.ladder.rungs.builds_on")

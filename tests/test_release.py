@@ -10,9 +10,9 @@ import pytest
 
 from course import release
 from course.checks import run_cases
-from course.core import runtime
-from course.exercise import ExerciseNotImplemented, kernel_stub_name
-from course.exercises import EXERCISES
+from course.core import regions, runtime
+from course.core.stubs import ExerciseNotImplemented, kernel_stub_name
+from course.registry import EXERCISES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ def test_lessons_match_a_fresh_release():
 
 def test_every_region_becomes_a_named_stub():
     source = textwrap.dedent('''
-        from course.exercise import todo
+        from course.core.stubs import todo
 
         def area(w, h):
             """Docstring stays."""
@@ -41,7 +41,7 @@ def test_every_region_becomes_a_named_stub():
 
 def test_a_helper_region_may_belong_to_the_exercise_of_its_caller():
     source = textwrap.dedent('''
-        from course.exercise import todo
+        from course.core.stubs import todo
 
         def _rows(n):
             ### BEGIN SOLUTION (shapes.kernel)
@@ -51,7 +51,7 @@ def test_a_helper_region_may_belong_to_the_exercise_of_its_caller():
         def kernel(n):
             return _rows(n)
     ''')
-    assert [r.exercise for r in release.find_regions(source, "shapes", "shapes.py")] == ["shapes.kernel"]
+    assert [r.exercise for r in regions.find_regions(source, "shapes", "shapes.py")] == ["shapes.kernel"]
     assert 'todo("shapes.kernel", region=1, lines=1)' in release.stub_source(source, "shapes", "shapes.py")
 
 
@@ -65,7 +65,7 @@ def test_a_helper_region_may_belong_to_the_exercise_of_its_caller():
     ("def f():\n    ### BEGIN SOLUTION g\n    pass\n    ### END SOLUTION\n", "names its exercise"),
 ])
 def test_malformed_regions_are_rejected(broken, message):
-    source = "from course.exercise import todo\n" + broken
+    source = "from course.core.stubs import todo\n" + broken
     with pytest.raises(release.ReleaseError, match=message):
         release.stub_source(source, "m", "m.py")
 
@@ -81,7 +81,7 @@ def _lesson_stubs(module: str = "*") -> set[str]:
     stubs = set()
     for path in (ROOT / "lessons").rglob(f"{module}.py"):
         for line in path.read_text().splitlines():
-            if stub := release.TODO_LINE.match(line):
+            if stub := regions.TODO_LINE.match(line):
                 stubs.add(stub.group(1))
     return stubs
 
@@ -92,8 +92,8 @@ def _bug_exercises() -> set[str]:
     for path in (ROOT / "solutions").glob("*.py"):
         source = path.read_text()
         lines = source.splitlines()
-        for region in release.find_regions(source, path.stem, path.name):
-            if any(line.strip() == release.LESSON for line in lines[region.first:region.last]):
+        for region in regions.find_regions(source, path.stem, path.name):
+            if any(line.strip() == regions.LESSON for line in lines[region.first:region.last]):
                 found.add(region.exercise)
     return found
 
@@ -102,7 +102,7 @@ def test_every_exercise_has_a_stub_in_lessons():
     stubs, bugs = _lesson_stubs(), _bug_exercises()
     assert bugs == {"ladder_bug.tree_attention_kernel"}
     assert not stubs & bugs
-    assert stubs | bugs == set(EXERCISES), "each exercise region must be registered in course/exercises.py"
+    assert stubs | bugs == set(EXERCISES), "each exercise region must be declared by its topic (exercises.py)"
 
 
 def test_lessons_have_the_same_public_api_as_solutions():

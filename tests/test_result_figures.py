@@ -8,7 +8,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from course.measure import benchcli, results  # noqa: E402
+from course import benchcli  # noqa: E402
+from course.measure import results  # noqa: E402
 
 FIGURES = [(room, name) for room in benchcli.rooms() for name in benchcli.part_of(room, "figures").FIGURES]
 

@@ -6,7 +6,7 @@ import importlib
 from pathlib import Path
 
 from course import sanitize  # noqa: F401
-from course.exercises import EXERCISES
+from course.registry import EXERCISES
 
 
 def _imports(module: str, package: str) -> bool:

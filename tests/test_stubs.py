@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from course import release
-from course.exercise import ExerciseNotImplemented, require_written, todo
+from course.core import regions
+from course.core.stubs import ExerciseNotImplemented, require_written, todo
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _stub(source: str) -> str:
-    return release.stub_source("from course.exercise import todo\n" + textwrap.dedent(source), "m", "m.py")
+    return release.stub_source("from course.core.stubs import todo\n" + textwrap.dedent(source), "m", "m.py")
 
 
 def test_a_stub_counts_the_lines_and_names_what_the_code_after_it_reads():
@@ -75,7 +76,7 @@ def test_no_two_stubs_of_an_exercise_read_alike():
     """The student matches a stub to the notebook's list by its text, not by its place."""
     for path in (ROOT / "lessons").glob("*.py"):
         own = [line.strip() for line in path.read_text().splitlines()
-               if (stub := release.TODO_LINE.match(line)) and stub.group(1).startswith(f"{path.stem}.")]
+               if (stub := regions.TODO_LINE.match(line)) and stub.group(1).startswith(f"{path.stem}.")]
         assert len(own) == len(set(own)), path.name
 
 

@@ -9,9 +9,9 @@ import torch
 
 from course.checks import run_cases
 from course.core import inputs, runtime
-from course.exercises import EXERCISES
 from course.measure import timing
 from course.oracle import sampling as sampling_oracle
+from course.registry import EXERCISES
 from course.topics.verification import bench as verification_bench
 from course.topics.verification import check as checks
 from pyspec_ref import sampling as spec

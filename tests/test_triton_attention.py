@@ -1,6 +1,6 @@
 """The Triton tree-attention launcher (notebook 12): its errors, its block lists, a tiny run, its bench.
 
-The full check (`course.checks.check("triton_attention.tree_attention_kernel")`) runs in
+The full check (`course.check("triton_attention.tree_attention_kernel")`) runs in
 tests/test_checks.py and in notebook 12; here only what those do not cover.
 """
 
@@ -15,7 +15,7 @@ from course import oracle
 from course.__main__ import main
 from course.checks import run_cases
 from course.core import inputs
-from course.exercise import ExerciseNotImplemented, kernel_stub_name
+from course.core.stubs import ExerciseNotImplemented, kernel_stub_name
 from course.measure import results
 from course.topics.triton_attention import bench as triton_bench
 from course.topics.triton_attention import validate as ta_checks

@@ -26,7 +26,7 @@ from triton.compiler.code_generator import CodeGenerator
 from triton.runtime import jit as triton_jit
 from triton.runtime.interpreter import InterpretedFunction
 
-from course.exercise import todo
+from course.core.stubs import todo
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL_FILES = ("solutions/*.py", "lessons/*.py", "course/**/*.py")
@@ -83,7 +83,7 @@ def local_names(definition: ast.FunctionDef) -> set[str]:
 
 def exempt(value: object) -> bool:
     """A lesson stub's todo(...): the compiler would refuse it, but every launcher first calls
-    require_written (course.exercise) on its kernels and helpers, which refuses a source that still
+    require_written (course.core.stubs) on its kernels and helpers, which refuses a source that still
     calls todo and names the exercise, so the compiler never sees one."""
     return value is todo
 

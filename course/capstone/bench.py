@@ -443,7 +443,7 @@ def drafts_of(name: str, dtype=torch.float16) -> list[tuple[str, object]]:
 
 
 # --------------------------------------------------------------------------- python -m course bench capstone
-# The command's sections (`course.measure.benchcli`): decode (the default) writes capstone.json; the
+# The command's sections (`course.benchcli`): decode (the default) writes capstone.json; the
 # others write files of their own (`SAVED_APART`). Every section gets every option (`add_options`) and
 # takes the ones it uses.
 

@@ -68,7 +68,7 @@ def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | Non
     except FileNotFoundError as error:
         raise ValueError(str(error)) from None
     shape = tree_options(tree, loaded, mode, temperature, tree_size, width, branch, steps)
-    from course.exercise import ExerciseNotImplemented
+    from course.core.stubs import ExerciseNotImplemented
 
     options = dict(batch=len(encoded), max_len=max(len(p) for p in encoded) + max_new_tokens, mode=mode,
                    backend=backend, impl=impl, temperature=temperature)

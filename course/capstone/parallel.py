@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from course.core.impl import ROOT
+from course.core.regions import ROOT
 
 from . import decoder, wire
 from .sides import DraftSide, TargetSide

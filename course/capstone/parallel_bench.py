@@ -242,7 +242,7 @@ def save(rows: list[dict], gpus: int, folder: Path | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
-    from course.measure.benchcli import save_figures
+    from course.measure.plots import save_figures
 
     from . import parallel_figures
 

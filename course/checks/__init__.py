@@ -1,10 +1,13 @@
-"""Checks: compare a student's (or the solution's) kernel with `pyspec_ref`.
+"""Checks: compare a student's (or the solution's) kernel with `pyspec_ref`, and report.
 
-One call per exercise, `course.checks.check("trees.tree_mask")`. It runs the
-exercise on a fixed list of edge cases and on fresh random cases drawn from a
-seed (a public one in the notebooks, a private one when grading), prints one line
-per failing case saying where and how the output differs, and raises
+An `Exercise` names the cases its check runs (each topic declares its own in
+`course/topics/<topic>/exercises.py`; `course.registry` holds them all). A check runs the
+exercise on a fixed list of edge cases and on fresh random cases drawn from a seed (a public one
+in the notebooks, a private one when grading) and gives a `Report`: one line per failing case
+saying where and how the output differs. `course.check(exercise)` prints it and raises
 `CheckFailed` if anything failed, so that a notebook run stops at a wrong kernel.
+
+This room reports and nothing more: it knows no table of exercises and no answers.
 """
 
 from __future__ import annotations
@@ -12,11 +15,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..exercise import ExerciseNotImplemented
+from ..core import impl as implementations
+from ..core.runtime import SIMULATOR
+from ..core.stubs import ExerciseNotImplemented
+from . import barriers
 from .crash import Crash, describe
 from .diagnose import speaking_of
 
 PUBLIC_SEED = 0
+# The lesson modules not written in Numba CUDA: notebook 02 is plain PyTorch, notebooks 12 onward
+# Triton. A check's messages speak of the terms of the language its exercise is written in.
+LANGUAGES = {"attention": "torch"} | {module: "triton" for module in (
+    "triton_attention", "deft", "spec_sampling", "tree_verification", "emssd", "swiftspec", "tree_shape")}
+
+
+def language_of(exercise: str) -> str:
+    """What the exercise (an id, "<module>.<function>") is written in: "numba", "triton" or "torch"."""
+    return LANGUAGES.get(exercise.split(".")[0], "numba")
 
 
 @dataclass(frozen=True)
@@ -126,16 +141,9 @@ CaseRunner = Callable[[], "CaseResult | None"]
 
 def run_cases(exercise: str, cases: Iterable[tuple[str, CaseRunner]]) -> Report:
     """Run each case, turning exceptions into failed cases (a stub stops everything); the messages
-    speak of the language the exercise is written in (`course.exercises.Exercise.language`)."""
-    with speaking_of(_language(exercise)):
+    speak of the language the exercise is written in (`language_of`)."""
+    with speaking_of(language_of(exercise)):
         return _run_cases(exercise, cases)
-
-
-def _language(exercise: str) -> str:
-    from ..exercises import EXERCISES  # the table imports the checks: look it up when it is there
-
-    known = EXERCISES.get(exercise)
-    return known.language if known is not None else "numba"
 
 
 def _run_cases(exercise: str, cases: Iterable[tuple[str, CaseRunner]]) -> Report:
@@ -154,25 +162,52 @@ def _run_cases(exercise: str, cases: Iterable[tuple[str, CaseRunner]]) -> Report
     return report
 
 
-def check(exercise: str, *, impl: str | None = None, seed: int = PUBLIC_SEED, full: bool = False,
-          quiet: bool = False, raise_on_failure: bool = True, verbose: bool = False) -> Report:
-    """Check one exercise (e.g. "trees.dfs_times") against pyspec_ref; see `course.exercises`.
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise as its topic declares it (`course/topics/<topic>/exercises.py`)."""
 
-    The default list of cases is quick in the simulator; `full` runs every case, as grading does.
-    `verbose` shows the whole traceback of a kernel or launcher that raised. A pass on your lessons/
-    is recorded, so that the notebook's "Compare with ours" cell shows the reference (`course.answers`);
-    a check that runs two exercises' code on the same cases records both.
-    """
-    from ..core.impl import impl_name
-    from ..exercises import get
+    id: str  # "<module>.<function>", the name lesson stubs print; gradebooks use it
+    notebook: str  # e.g. "01_token_trees"
+    points: int  # for grading
+    cases: Callable  # cases(module, seed) -> iterable of (name, run)
+    summary: str
+    requires: tuple[str, ...] = ()  # exercises whose code this one's launcher also runs
+    # Grading on a GPU times the kernel for the student and the solution, as the topic's bench
+    # builds it (`grading_kernels` of course/topics/<topic>/bench.py; course.grading.speed).
+    timed: bool = False
+    # The default list: the beginnings of the names of the cases a check runs unless asked for the
+    # full list (`--full`), chosen to finish in under 30 s on one core in the simulator; () runs every
+    # case. Grading always runs the full list.
+    default_cases: tuple[str, ...] = ()
+    topic: str = ""  # the topic room that declares it (set by course.registry)
 
-    report = get(exercise).run(impl=impl, seed=seed, full=full)
-    if report.passed and (impl or impl_name()) == "lessons":
-        from ..answers import record_pass
+    @property
+    def module(self) -> str:
+        return self.id.split(".")[0]
 
-        record_pass(exercise)
-    if not quiet:
-        print(report.text(verbose))
-    if raise_on_failure and not report.passed:
-        raise CheckFailed(report.text(verbose))
-    return report
+    @property
+    def language(self) -> str:
+        """What the exercise is written in: its check's messages speak of that language's terms."""
+        return language_of(self.id)
+
+    def selected_cases(self, module, seed: int, full: bool = False):
+        """(name, run) of the cases to run on `module`: the default list, or every case if `full` or on a
+        GPU (the default lists spare the simulator's time; a GPU runs its own sizes, under other names)."""
+        cases = self.cases(module, seed)
+        if full or not self.default_cases or not SIMULATOR:
+            return cases
+        return ((name, run) for name, run in cases if name.startswith(self.default_cases))
+
+    def run(self, impl: str | None = None, seed: int = PUBLIC_SEED, full: bool = False) -> Report:
+        """The report of this exercise's check on `impl`'s module ("lessons" or "solutions")."""
+        module = implementations.load(self.module, impl)
+        report = run_cases(self.id, self.selected_cases(module, seed, full))
+        report.default_list = bool(self.default_cases) and not full and SIMULATOR
+        if report.results and not report.not_implemented:
+            # The CPU cannot show a missing barrier's race: the source must still hold the solution's.
+            problems = barriers.kernel_problems(self.id, module)
+            if problems:
+                report.results.append(CaseResult("barriers", False, "\n".join(problems)))
+            if SIMULATOR and barriers.is_triton(self.id, module):
+                report.note = barriers.race_note(self.id)
+        return report

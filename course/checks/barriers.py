@@ -262,12 +262,10 @@ def of_solutions(exercises: Iterable[str], sources: Mapping[str, str]) -> dict[s
     return found
 
 
-def rendered(solutions: Path) -> str:
-    """barriers.json as the solutions in `solutions` make it."""
-    from course.exercises import EXERCISES
-
+def rendered(solutions: Path, exercises: Iterable[str]) -> str:
+    """barriers.json as the solutions in `solutions` make it, for the exercises (ids) named."""
     sources = {p.stem: p.read_text() for p in solutions.glob("*.py")}
-    found = of_solutions(EXERCISES, sources)
+    found = of_solutions(exercises, sources)
     return "{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in found.items()) + "\n}\n"
 
 
@@ -287,7 +285,7 @@ def kernel_problems(exercise: str, module) -> list[str]:
     module) lacks, each at its line."""
     import inspect
 
-    from course.core.impl import ROOT
+    from course.core.regions import ROOT
     from course.core.source import python_function
 
     expected = read().get(exercise)

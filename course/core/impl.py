@@ -5,12 +5,12 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from pathlib import Path
 from types import ModuleType
+
+from course.core import regions
 
 IMPL_ENV = "COURSE_IMPL"
 IMPLEMENTATIONS = ("lessons", "solutions")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class SolutionsMissing(ImportError):
@@ -23,7 +23,7 @@ class TritonMissing(ImportError):
 
 def has_solutions() -> bool:
     """True in the course's own repository; False in a hand-out, which has no solutions/."""
-    return (ROOT / "solutions" / "__init__.py").is_file()
+    return (regions.ROOT / "solutions" / "__init__.py").is_file()
 
 
 def bench_impl() -> str:

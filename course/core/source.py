@@ -11,6 +11,8 @@ import difflib
 import inspect
 import textwrap
 
+from course.core.regions import is_marker
+
 
 def python_function(kernel):
     """The Python function behind a Numba kernel (py_func on a GPU, fn in the simulator)."""
@@ -70,5 +72,4 @@ def function_in_file(text: str, name: str) -> str | None:
 
 
 def _without_markers(source: str) -> str:
-    return "".join(line for line in source.splitlines(keepends=True)
-                   if not line.strip().startswith(("### BEGIN SOLUTION", "### END SOLUTION", "### LESSON")))
+    return "".join(line for line in source.splitlines(keepends=True) if not is_marker(line))

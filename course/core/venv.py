@@ -12,7 +12,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from course.core.regions import ROOT
+
 VENV = ROOT / ".venv"
 PACKAGES = ("torch", "numpy", "numba")  # what importing the course needs, torch first
 

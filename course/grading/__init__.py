@@ -12,7 +12,7 @@
 
 The checks run here, in the grader's process, with the private seed: the child never sees the
 seed, the expected outputs or the tolerances. Every exercise's points come from
-`course.exercises.EXERCISES`; partial credit is the share of its test cases passed. The same
+`course.registry.EXERCISES`; partial credit is the share of its test cases passed. The same
 seed gives the same grade.
 """
 
@@ -50,8 +50,8 @@ def grade(submissions, out, seed: int, exercises=None, limits=None, jobs: int = 
     from course.core import runtime
     from course.core.impl import has_solutions
 
-    from ..exercises import select
-    from ..release import ROOT
+    from ..core.regions import ROOT
+    from ..registry import select
     from . import report
     from . import sandbox as jail
     from .collect import find_submissions

@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ..release import ROOT
+from ..core.regions import ROOT
 
 MAX_UNZIPPED_BYTES = 256 * 2**20
 MAX_ZIP_MEMBERS = 20_000

@@ -231,7 +231,7 @@ class Channel:
 
     def _error(self, header: dict) -> BaseException:
         from course.checks.crash import Crash
-        from course.exercise import ExerciseNotImplemented
+        from course.core.stubs import ExerciseNotImplemented
 
         error = header.get("error")
         if not isinstance(error, dict):
@@ -288,7 +288,7 @@ class RemoteFunction:
 
 
 class RemoteKernel(RemoteFunction):
-    """A kernel of the graded module. Checks pass it to `course.exercise.kernel_stub_name`, which
+    """A kernel of the graded module. Checks pass it to `course.core.stubs.kernel_stub_name`, which
     reads `remote_stub` (read from the graded source); it is launched only through the launchers."""
 
     def __init__(self, proxy: ProxyModule, name: str, stub: str | None):

@@ -64,7 +64,7 @@ def _md(text: str) -> str:
 
 
 def _timed(exercises: list, speed: Speed | None) -> list:
-    return [e for e in exercises if speed is not None and speed.timed and e.bench is not None]
+    return [e for e in exercises if speed is not None and speed.timed and e.timed]
 
 
 def write_gradebook(grades: list[SubmissionGrade], exercises: list, path: Path,
@@ -174,7 +174,7 @@ def as_json(grade: SubmissionGrade, speed: Speed | None = None) -> dict:
 def write_all(grades: list[SubmissionGrade], exercises: list, out: Path, seed: int,
               speed: Speed | None = None, sandbox: dict | None = None) -> None:
     speed = speed or Speed.untimed()
-    hooked = {e.id for e in exercises if e.bench is not None}
+    hooked = {e.id for e in exercises if e.timed}
     out.mkdir(parents=True, exist_ok=True)
     write_gradebook(grades, exercises, out / "gradebook.csv", speed)
     folder = out / "feedback"

@@ -30,8 +30,9 @@ from pathlib import Path
 
 from course.core import runtime
 
-from ..release import ROOT, files_of, lesson_holes, render_pieces
-from . import proxy, sandbox, splice, wire
+from ..core.regions import ROOT
+from ..release import files_of, lesson_holes, render_pieces
+from . import proxy, sandbox, speed, splice, wire
 from .collect import Submission, SubmissionError, prepare
 
 TAIL_BYTES = 2000
@@ -299,10 +300,10 @@ def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup:
         g.results = [(r.case, bool(r.passed), r.detail) for r in report.results]
         g.not_implemented = report.not_implemented
         _after_exercise(channel)
-        spec = getattr(exercise.bench, "spec", None)
-        if time_kernels and report.passed and spec is not None:
+        hook = speed.hook_of(exercise)
+        if time_kernels and report.passed and hook is not None:
             channel.deadline = min(total_deadline, time.monotonic() + setup.limits.per_exercise_s)
-            g.student_ms, g.timing_note = channel.time(spec)
+            g.student_ms, g.timing_note = channel.time(hook.spec)
     except proxy.ChildGone as gone:
         _gone(grade, g, gone, channel, setup.limits, total_deadline)
     except proxy.ModuleBroken as broken:

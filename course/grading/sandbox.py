@@ -149,8 +149,8 @@ def _inside_any(path: str, folders: list[str]) -> bool:
 
 # What the child's harness leaves out of course/: the exercise table and every check (their cases,
 # tolerances and diagnostics), the capstone. Its course/__init__.py imports the runtime alone.
-LEFT_OUT = ("exercises.py", "checks/diagnose.py", "checks/diagnose_attention.py", "topics/*/check.py",
-            "capstone", "__main__.py")
+LEFT_OUT = ("registry.py", "topics/*/exercises.py", "checks/diagnose.py", "checks/diagnose_attention.py",
+            "topics/*/check.py", "capstone", "__main__.py")
 HARNESS_INIT = '''"""The grading child's copy of the harness: what launching kernels needs
 (course.grading.sandbox)."""
 
@@ -160,7 +160,7 @@ from .core import runtime  # noqa: F401  (decides between GPU and simulator befo
 
 def copy_harness(target: Path) -> None:
     """Write the child's harness into target: course/ (less LEFT_OUT) and pyspec_ref/."""
-    from ..release import ROOT
+    from ..core.regions import ROOT
 
     course = ROOT / "course"
     skip = {p for pattern in LEFT_OUT for p in course.glob(pattern)}

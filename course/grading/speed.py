@@ -1,9 +1,10 @@
 """Grading on a GPU: each passed exercise's kernel timed against the solution's, on the same inputs.
 
-An exercise opts in with a bench hook in the table (`course.exercises.Exercise.bench`):
-`bench(impl)` returns a zero-argument function that runs the kernels of `impl` ("lessons" or
-"solutions") on fixed inputs, built the same way for both (the benchmark's own builders, so the
-same seed gives the same inputs). Grading times it with `course.measure.timing.bench` (warm-up, then the
+An exercise opts in by being declared `timed` (course/topics/<topic>/exercises.py), and its topic's
+bench builds what to time: `grading_kernels(exercise, impl)` of course/topics/<topic>/bench.py
+returns a zero-argument function that runs the kernels of `impl` ("lessons" or "solutions") on
+fixed inputs, built the same way for both (the benchmark's own builders, so the same seed gives the
+same inputs). Grading times it with `course.measure.timing.bench` (warm-up, then the
 median of many runs): the solution once per grading run, in the grader's process, before any
 submission runs; a student's kernel in that submission's child, only when every case passed.
 The report gives the ratio student / solution (above 1: slower than the solution).
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from course.topics.ladder import rungs as ladder
+from course import topics
 
 Timer = Callable[[Callable[[], object]], float]  # fn -> median milliseconds (course.measure.timing.bench)
 SIMULATOR_REASON = "this grading ran in the simulator, whose times say nothing about a GPU"
@@ -32,78 +33,42 @@ def _default_timer(fn: Callable[[], object]) -> float:
 
 @dataclass(frozen=True)
 class BenchHook:
-    """An exercise's bench hook, `hook(impl)`; `spec` names it in a request to the grading child,
-    which rebuilds it with `hook_from_spec` (a closure cannot cross the channel)."""
+    """What grading times for one exercise, `hook(impl)`: its topic's bench builds the kernels. `spec`
+    names it in a request to the grading child, which rebuilds it with `hook_from_spec` (a closure
+    cannot cross the channel)."""
 
-    kind: str  # "rung" (a ladder rung, `name` its rung) or "triton" (notebook 12's kernel)
-    name: str = ""
+    topic: str  # the room whose bench.py has `grading_kernels`
+    exercise: str  # the exercise's id
 
     def __call__(self, impl: str) -> Callable[[], object]:
-        return _rung_kernels(self.name, impl) if self.kind == "rung" else _triton_kernel(impl)
+        return topics.part_of(self.topic, "bench").grading_kernels(self.exercise, impl)
 
     @property
     def spec(self) -> list[str]:
-        return [self.kind, self.name]
+        return [self.topic, self.exercise]
 
-    def __repr__(self) -> str:
-        return f"rung_bench({self.name!r})" if self.kind == "rung" else "triton_bench"
+
+def hook_of(exercise) -> BenchHook | None:
+    """The hook of an exercise of the table (`course.registry`), or None when it is not timed."""
+    return BenchHook(exercise.topic, exercise.id) if exercise.timed else None
 
 
 def hook_from_spec(spec) -> BenchHook:
     """The hook a request names; a ValueError for anything else."""
-    if isinstance(spec, list) and len(spec) == 2 and spec[0] == "triton":
-        return triton_bench
-    if isinstance(spec, list) and len(spec) == 2 and spec[0] == "rung" and spec[1] in ladder.BY_NAME:
-        return rung_bench(spec[1])
+    if isinstance(spec, list) and len(spec) == 2 and all(isinstance(part, str) for part in spec) \
+            and spec[0] in topics.names():
+        return BenchHook(*spec)
     raise ValueError(f"not a bench hook: {spec!r}")
-
-
-def rung_bench(rung_name: str) -> BenchHook:
-    """The hook of a ladder rung: its kernels alone (`course.core.launch.kernels_of`, as the ladder's
-    benchmark times them) at the benchmark's shape FlashSpecInfer's (10, 10, 1024, 64), BFS trees."""
-    ladder.BY_NAME[rung_name]  # a KeyError names a rung that does not exist
-    return BenchHook("rung", rung_name)
-
-
-def _rung_kernels(rung_name: str, impl: str) -> Callable[[], None]:
-    from course.core.launch import kernels_of
-    from course.topics.ladder import bench as ladder_bench
-
-    rung = ladder.BY_NAME[rung_name]
-    batch, heads, n, d = ladder_bench.PAPER_SHAPE
-    q, k, v = ladder_bench.random_qkv(batch, heads, n, d)
-    start, end = ladder_bench.benchmark_times(batch, n, "bfs")
-    return kernels_of(ladder_bench.rung_fn(rung, q, k, v, start, end, impl))
-
-
-def _triton_kernel(impl: str) -> Callable[[], object]:
-    """notebook 12's Triton kernel: `prepare_attention(...)` (the kernel without the launcher's
-    input checks, as `course.topics.triton_attention.bench` times it) in fp16 at the benchmark's shape,
-    BFS trees."""
-    import torch
-
-    from course.core.impl import load
-    from course.topics.ladder import bench as ladder_bench
-
-    module = load("triton_attention", impl)
-    batch, heads, n, d = ladder_bench.PAPER_SHAPE
-    q, k, v = (t.to(torch.float16) for t in ladder_bench.random_qkv(batch, heads, n, d))
-    start, end = ladder_bench.benchmark_times(batch, n, "bfs")
-    fn = module.prepare_attention(q, k, v, start, end)
-    fn()  # compiles
-    return fn
-
-
-triton_bench = BenchHook("triton")
 
 
 # ---------------------------------------------------------------------------------------- timing
 
 def time_impl(exercise, impl: str, timer: Timer | None = None) -> tuple[float | None, str]:
     """(median ms, "") of `impl`'s kernel for one exercise, or (None, why not)."""
-    if exercise.bench is None:
+    hook = hook_of(exercise)
+    if hook is None:
         return None, "no timing for this exercise"
-    return time_impl_with(exercise.bench, impl, timer)
+    return time_impl_with(hook, impl, timer)
 
 
 def time_impl_with(hook: Callable, impl: str, timer: Timer | None = None) -> tuple[float | None, str]:
@@ -134,7 +99,7 @@ class Speed:
         """Time the solution of every exercise that has a bench hook (in this process)."""
         speed = cls(timed=True, device=device)
         for exercise in exercises:
-            if exercise.bench is None:
+            if not exercise.timed:
                 continue
             ms, why = time_impl(exercise, "solutions", timer)
             if ms is None:

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..release import Piece, lesson_text
+from ..core.regions import Piece, lesson_text
 
 MAX_STUDENT_LINES = 50_000
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -278,3 +280,15 @@ def results_bar(rows, ax=None, title=None, label_key="name", value_key="median_m
     ax.set_xlabel(value_key.replace("_", " ") + " (lower is faster)")
     style_ax(ax, title or "measured times", grid_axis="x")
     return ax
+
+
+def save_figures(figures: ModuleType, document: dict, directory: Path, dpi: int = 120) -> list[Path]:
+    """Draw each of `figures.FIGURES` from `document` as directory/<name>.png; the paths written."""
+    written = []
+    for name, draw in figures.FIGURES.items():
+        fig = draw(document)
+        path = directory / f"{name}.png"
+        fig.savefig(path, dpi=dpi, bbox_inches="tight")
+        plt.close(fig)
+        written.append(path)
+    return written

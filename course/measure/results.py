@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from course.core import runtime
-from course.core.impl import ROOT
+from course.core.regions import ROOT
 
 RESULTS = ROOT / "results"
 REQUIRED_ROW_KEYS = {"name": str, "median_ms": float, "max_abs_err": float}

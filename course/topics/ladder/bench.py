@@ -90,6 +90,19 @@ def rung_fn(rung: ladder.Rung, q, k, v, start, end, impl: str | None = None):
     return lambda: module.tree_attention(q, k, v, start, end)
 
 
+def grading_kernels(exercise: str, impl: str):
+    """What grading on a GPU times for a rung's exercise ("ladder_k4.tree_attention_kernel") in `impl`
+    ("lessons" or "solutions"; `course.grading.speed`): the rung's kernels alone (`kernels_of`, as
+    this bench times them) at FlashSpecInfer's shape PAPER_SHAPE, BFS trees."""
+    module, _, function = exercise.partition(".")
+    if module not in ladder.BY_MODULE or function != "tree_attention_kernel":
+        raise ValueError(f"exercise must be a rung's tree_attention_kernel, got {exercise!r}")
+    batch, heads, n, d = PAPER_SHAPE
+    q, k, v = random_qkv(batch, heads, n, d)
+    start, end = benchmark_times(batch, n, "bfs")
+    return kernels_of(rung_fn(ladder.BY_MODULE[module], q, k, v, start, end, impl))
+
+
 def kernel_resources(rung: ladder.Rung, d: int) -> dict:
     """Static shared memory per block and registers per thread of a rung's compiled kernel."""
     kernel = load(rung.module, bench_impl()).build(d)

@@ -418,7 +418,7 @@ def _tile_pass_of(module):
     """A context in which `module` runs the stand-in tile pass if its own is still a stub."""
     from unittest import mock
 
-    from course.exercise import kernel_stub_name
+    from course.core.stubs import kernel_stub_name
 
     if kernel_stub_name(module.tile_pass_kernel) is None:
         return contextlib.nullcontext()

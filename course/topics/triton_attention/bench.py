@@ -43,6 +43,21 @@ CANDIDATE_CONFIGS = ((64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8
                      (32, 32, 4, 2), (128, 32, 4, 3))
 
 
+def grading_kernels(exercise: str, impl: str):
+    """What grading on a GPU times for notebook 12's kernel in `impl` ("lessons" or "solutions";
+    `course.grading.speed`): `prepare_attention(...)`, the kernel without the launcher's input
+    checks (as this bench times it), in fp16 at the ladder's PAPER_SHAPE, BFS trees."""
+    if exercise != "triton_attention.tree_attention_kernel":
+        raise ValueError(f"exercise must be triton_attention.tree_attention_kernel, got {exercise!r}")
+    module = load("triton_attention", impl)
+    batch, heads, n, d = PAPER_SHAPE
+    q, k, v = (t.to(torch.float16) for t in ladder_bench.random_qkv(batch, heads, n, d))
+    start, end = ladder_bench.benchmark_times(batch, n, "bfs")
+    fn = module.prepare_attention(q, k, v, start, end)
+    fn()  # compiles
+    return fn
+
+
 def dtype_of(name: str) -> torch.dtype:
     if name in TRITON:
         return TRITON[name]

@@ -7,7 +7,7 @@ HOLES = {
 return torch.zeros_like(x)
 """,
 }
-IMPORTS = "from course.exercise import todo  # noqa: F401  (the lesson stubs call it)\n"
+IMPORTS = "from course.core.stubs import todo  # noqa: F401  (the lesson stubs call it)\n"
 OUTSIDE = {
     "attention": [
         (IMPORTS,

@@ -1,4 +1,4 @@
-"""How long a student waits for each check in the simulator: `python -m course.measure.check_times`.
+"""How long a student waits for each check in the simulator: `python -m course.check_times`.
 
 Each exercise's default case list (`Exercise.default_cases`, what `python -m course check` runs without
 `--full`) is run as a student runs it, `python -m course check ID --impl solutions` in a process of its
@@ -59,7 +59,7 @@ def measure(exercise_ids, log=print) -> dict:
 
 def checks_to_time() -> list[str]:
     """One id per check run: exercises checked together (notebook 12's two) are timed once."""
-    from course.exercises import EXERCISES, checked_together
+    from course.registry import EXERCISES, checked_together
 
     timed, seen = [], set()
     for exercise in EXERCISES.values():

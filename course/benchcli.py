@@ -27,15 +27,16 @@ import argparse
 import datetime
 import importlib
 import json
-import pkgutil
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from course import topics as topic_rooms
 from course.core import runtime
 from course.measure import results
+from course.measure.plots import save_figures
 
-SIMULATOR_REFUSAL = ("python -m course bench measures a GPU, and this machine runs the simulator, whose "
+SIMULATOR_REFUSAL = ("`python -m course bench` measures a GPU, and this machine runs the simulator, whose "
                      "times say nothing about one; the committed measurements are in results/<device>/")
 # The capstone measures like a topic but is a room of its own (notebook 19 puts every topic together).
 ROOMS_OUTSIDE_TOPICS = {"capstone": "course.capstone"}
@@ -45,16 +46,9 @@ class UsageError(ValueError):
     """A topic or section that does not exist (the command line prints it and exits with 2)."""
 
 
-def topics() -> list[str]:
-    """The topic rooms, course/topics/<topic>/, in alphabetical order."""
-    import course.topics
-
-    return sorted(m.name for m in pkgutil.iter_modules(course.topics.__path__) if m.ispkg)
-
-
 def rooms() -> dict[str, str]:
-    """Every room with a bench and figures: topic name -> its package."""
-    return {topic: f"course.topics.{topic}" for topic in topics()} | ROOMS_OUTSIDE_TOPICS
+    """Every room with a bench and figures: topic name -> its package (`course.topics.names`)."""
+    return {topic: f"course.topics.{topic}" for topic in topic_rooms.names()} | ROOMS_OUTSIDE_TOPICS
 
 
 def part_of(room: str, part: str) -> ModuleType:
@@ -117,20 +111,6 @@ def bench(room: str, named: Sequence[str] = (), log=print, words: Sequence[str] 
             path = results.save(module.SUITE, kept + rows, out)  # after every section: partial results last
         log(f"saved {path} (section {section})" if path else f"section {section}: not saved")
     return path
-
-
-def save_figures(figures: ModuleType, document: dict, directory: Path, dpi: int = 120) -> list[Path]:
-    """Draw each of `figures.FIGURES` from `document` as directory/<name>.png; the paths written."""
-    import matplotlib.pyplot as plt
-
-    written = []
-    for name, draw in figures.FIGURES.items():
-        fig = draw(document)
-        path = directory / f"{name}.png"
-        fig.savefig(path, dpi=dpi, bbox_inches="tight")
-        plt.close(fig)
-        written.append(path)
-    return written
 
 
 def draw_figures(room: str, path: Path | None = None, log=print) -> list[Path]:

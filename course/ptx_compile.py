@@ -5,8 +5,8 @@ Python feature the CUDA target lacks). NVVM compiles without a GPU (`cuda.compil
 NVVM and NVRTC from PyPI's nvidia-cuda-nvcc and nvidia-cuda-nvrtc wheels), so CI compiles every
 kernel as the CPU checks launch it:
 
-    python -m course.core.ptx_compile            # compile each recorded launch; exit 1 on any error
-    python -m course.core.ptx_compile --record   # run the checks again and rewrite the record
+    python -m course.ptx_compile            # compile each recorded launch; exit 1 on any error
+    python -m course.ptx_compile --record   # run the checks again and rewrite the record
 
 The record, `numba_launches.json` beside this file, holds each kernel's launches as the Numba
 exercises' checks make them in the simulator (`course.core.launch.launch`): its arguments' Numba
@@ -26,9 +26,9 @@ import time
 import types
 from pathlib import Path
 
-from course.core.gpu_compile import arguments, fingerprint, kernel_key, say_recorded
+from course.core.regions import ROOT
+from course.gpu_compile import arguments, fingerprint, kernel_key, say_recorded
 
-ROOT = Path(__file__).resolve().parents[2]
 RECORD = Path(__file__).with_name("numba_launches.json")
 COMPUTE_CAPABILITY = (9, 0)  # an H100
 
@@ -116,7 +116,7 @@ def numba_modules() -> list[str]:
 
 def record(out: Path = RECORD) -> dict:
     """Run the Numba exercises' checks (solutions) in the simulator, recording their launches."""
-    from course.exercises import EXERCISES
+    from course.registry import EXERCISES
 
     with Recorder() as recorder:
         for exercise in EXERCISES.values():
@@ -175,7 +175,7 @@ def compile_all(kernels: dict, modules: list[str] | None = None) -> int:
             entry = kernels.get(kernel_key(function))
             if entry is None:
                 problems.append(f"{name}: kernel {function.__name__}: no launch recorded "
-                                "(`python -m course.core.ptx_compile --record`)")
+                                "(`python -m course.ptx_compile --record`)")
                 continue
             for launch in entry["launches"]:
                 try:
@@ -196,12 +196,12 @@ def compile_all(kernels: dict, modules: list[str] | None = None) -> int:
 # The compiling process: `course` must pick Numba's CUDA target, which it does only where PyTorch
 # sees a GPU; nothing in that process launches a kernel or allocates on a GPU.
 BOOT = ("import sys, torch; torch.cuda.is_available = lambda: True; "
-        "from course.core.ptx_compile import main; sys.exit(main(sys.argv[1:]))")
+        "from course.ptx_compile import main; sys.exit(main(sys.argv[1:]))")
 
 
 def run(record_path: Path = RECORD, modules: list[str] | None = None, timeout_s: float = 600,
         env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m course.core.ptx_compile` in a fresh process, as CI runs it."""
+    """`python -m course.ptx_compile` in a fresh process, as CI runs it."""
     command = [sys.executable, "-c", BOOT, "--launches", str(record_path)]
     command += ["--modules", *modules] if modules else []
     variables = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", **(env or {})}
@@ -210,7 +210,7 @@ def run(record_path: Path = RECORD, modules: list[str] | None = None, timeout_s:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arguments("python -m course.core.ptx_compile", __doc__.splitlines()[0], RECORD, argv)
+    args = arguments("python -m course.ptx_compile", __doc__.splitlines()[0], RECORD, argv)
     if args.record:
         say_recorded(record(args.launches), args.launches)
         return 0

@@ -8,7 +8,7 @@ import inspect
 import sys
 from pathlib import Path
 
-from course.core.impl import ROOT
+from course.core.regions import ROOT
 from course.core.source import python_function, source_of
 
 

@@ -5,8 +5,8 @@ global, a shape the hardware cannot tile, a type that does not convert. Triton c
 without one (`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`), so CI compiles
 every kernel as the CPU tests launch it:
 
-    python -m course.core.gpu_compile            # compile each recorded launch; exit 1 on any error
-    python -m course.core.gpu_compile --record   # run the launches again and rewrite the record
+    python -m course.gpu_compile            # compile each recorded launch; exit 1 on any error
+    python -m course.gpu_compile --record   # run the launches again and rewrite the record
 
 The record, `triton_launches.json` beside this file, holds each kernel's launches (its arguments'
 types and its constexprs) as the Triton exercises' checks and the capstone's decoder make them
@@ -34,7 +34,8 @@ import types
 from collections.abc import Iterable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from course.core.regions import ROOT
+
 RECORD = Path(__file__).with_name("triton_launches.json")
 TARGET = ("cuda", 90, 32)  # an H100: CUDA, compute capability 9.0, 32 threads a warp
 # Modules of course/ that hold the course's own kernels (the others only handle them).
@@ -155,7 +156,7 @@ def record(out: Path = RECORD) -> dict:
     """Run the Triton exercises' checks (solutions) and the capstone's decoder tests, recording."""
     import pytest
 
-    from course.exercises import EXERCISES
+    from course.registry import EXERCISES
 
     with Recorder() as recorder:
         for exercise in EXERCISES.values():
@@ -239,7 +240,7 @@ def compile_module(module: types.ModuleType, where: str, kernels: dict) -> tuple
         entry = kernels.get(key)
         if entry is None:
             problems.append(f"{where}: kernel {function.__name__}: no launch recorded "
-                            "(`python -m course.core.gpu_compile --record`)")
+                            "(`python -m course.gpu_compile --record`)")
             continue
         for launch in chosen(entry["launches"]):
             try:
@@ -306,15 +307,15 @@ def compile_all(kernels: dict, modules: list[str] | None = None) -> int:
 
 def run(record_path: Path = RECORD, modules: list[str] | None = None, timeout_s: float = 600,
         env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m course.core.gpu_compile` in a fresh process, as CI runs it."""
-    command = [sys.executable, "-m", "course.core.gpu_compile", "--launches", str(record_path)]
+    """`python -m course.gpu_compile` in a fresh process, as CI runs it."""
+    command = [sys.executable, "-m", "course.gpu_compile", "--launches", str(record_path)]
     command += ["--modules", *modules] if modules else []
     variables = {**os.environ, "TRITON_INTERPRET": "0", **(env or {})}
     return subprocess.run(command, cwd=ROOT, env=variables, capture_output=True, text=True, timeout=timeout_s)
 
 
 def arguments(prog: str, description: str, record_path: Path, argv: list[str] | None) -> argparse.Namespace:
-    """The command line this module and course.core.ptx_compile share."""
+    """The command line this module and course.ptx_compile share."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--record", action="store_true", help="rerun the launches and rewrite the record")
     parser.add_argument("--launches", type=Path, default=record_path,
@@ -329,7 +330,7 @@ def say_recorded(kernels: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arguments("python -m course.core.gpu_compile", __doc__.splitlines()[0], RECORD, argv)
+    args = arguments("python -m course.gpu_compile", __doc__.splitlines()[0], RECORD, argv)
     if args.record:
         say_recorded(record(args.launches), args.launches)
         return 0
