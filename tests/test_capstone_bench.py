@@ -91,8 +91,8 @@ def test_figures_and_summary_draw_from_the_rows(rows, tmp_path):
 
 
 def test_every_section_of_the_capstone_bench_refuses_the_simulator(tmp_path, capsys):
-    from course.__main__ import main
     from course import benchcli
+    from course.__main__ import main
 
     if not runtime.SIMULATOR:
         pytest.skip("on a GPU this would measure")
