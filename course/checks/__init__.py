@@ -160,19 +160,23 @@ def check(exercise: str, *, impl: str | None = None, seed: int = PUBLIC_SEED, fu
 
     The default list of cases is quick in the simulator; `full` runs every case, as grading does.
     `verbose` shows the whole traceback of a kernel or launcher that raised. A pass on your lessons/
-    is recorded, so that the notebook's "Compare with ours" cell shows the reference (`course.answers`);
-    a check that runs two exercises' code on the same cases records both.
+    is recorded, so that the notebook's "Compare with ours" cell shows the reference (`course.answers`),
+    and carried into the next ladder rung's lesson while that is still as released
+    (`course.topics.ladder.carry`); a check that runs two exercises' code on the same cases records both.
     """
     from ..core.impl import impl_name
     from ..exercises import get
 
     report = get(exercise).run(impl=impl, seed=seed, full=full)
+    carried = []
     if report.passed and (impl or impl_name()) == "lessons":
         from ..answers import record_pass
+        from ..topics.ladder.carry import carry_after_pass
 
         record_pass(exercise)
+        carried = carry_after_pass(get(exercise).module)  # the next rung, if still as released
     if not quiet:
-        print(report.text(verbose))
+        print("\n".join([report.text(verbose), *carried]))
     if raise_on_failure and not report.passed:
         raise CheckFailed(report.text(verbose))
     return report

@@ -92,7 +92,8 @@ class Outcome:
     kept: list[str]  # holes the student has already written: left alone
     by_hand: list[str]  # holes whose lines could not be told apart: copy them by hand
 
-    def report(self, module: str, base: str) -> str:
+    def report(self, module: str) -> str:
+        base = builds_on()[module]
         lines = [f"carried your lessons/{base}.py into lessons/{module}.py: {len(self.carried)} "
                  f"hole{'s' * (len(self.carried) != 1)} filled"
                  + (f" ({'; '.join(dict.fromkeys(self.carried))})" if self.carried else "")]
@@ -346,7 +347,7 @@ def carry_after_pass(passed_module: str, root: Path = ROOT) -> list[str]:
             rung_plan = plan(module, _sources(root))
             if not path.is_file() or path.read_text() != lesson_text(rung_plan.pieces):
                 continue
-            told.append(carry(module, root).report(module, passed_module))
+            told.append(carry(module, root).report(module))
         except CarryError:
             continue
     return told
