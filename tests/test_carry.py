@@ -107,7 +107,7 @@ def test_carrying_never_overwrites_a_hole_the_student_wrote(tmp_path):
     carried = (root / "lessons" / "ladder_k4.py").read_text()
     assert mine in carried and stub not in carried
     assert outcome.kept == ["region 4 of ladder_k2.tree_attention_kernel"]
-    assert "left as you wrote them: region 4 of ladder_k2" in outcome.report("ladder_k4")
+    assert "already written, left as they are: region 4 of ladder_k2" in outcome.report("ladder_k4")
 
 
 def test_a_handout_cannot_carry_and_gives_nothing_away(tmp_path):

@@ -98,7 +98,7 @@ class Outcome:
                  f"hole{'s' * (len(self.carried) != 1)} filled"
                  + (f" ({'; '.join(dict.fromkeys(self.carried))})" if self.carried else "")]
         if self.kept:
-            lines.append("left as you wrote them: " + "; ".join(dict.fromkeys(self.kept)))
+            lines.append("already written, left as they are: " + "; ".join(dict.fromkeys(self.kept)))
         if self.by_hand:
             lines.append(f"copy by hand from lessons/{base}.py (your code there is not laid out as the "
                          "lines this rung keeps): " + "; ".join(dict.fromkeys(self.by_hand)))
