@@ -86,7 +86,11 @@ def test_carrying_refuses_an_unwritten_previous_rung(tmp_path):
         carry.carry("ladder_k4", root)
     half = _written("ladder_k3", frozenset({"ladder_k3.tree_attention_kernel"}))  # rung 2's parts only
     (root / "lessons" / "ladder_k3.py").write_text(half)
-    with pytest.raises(carry.CarryError, match="still holds stubs"):
+    with pytest.raises(carry.CarryError, match="still holds stubs .*write rung 3 first"):
+        carry.carry("ladder_k4", root)
+    uncarried = _written("ladder_k3", frozenset({"ladder_k2.tree_attention_kernel"}))  # rung 2 not carried in
+    (root / "lessons" / "ladder_k3.py").write_text(uncarried)
+    with pytest.raises(carry.CarryError, match="python -m course carry ladder_k3"):
         carry.carry("ladder_k4", root)
     assert (root / "lessons" / "ladder_k4.py").read_text() == _released("ladder_k4")
 
