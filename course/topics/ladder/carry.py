@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from course.core.impl import ROOT
+from course.core import impl
 from course.grading.splice import Segment, written_holes
 from course.release import (
     TODO_LINE,
@@ -316,9 +316,11 @@ def _sources(root: Path) -> dict[str, str]:
     return {path.stem: path.read_text() for path in folder.glob("*.py")}
 
 
-def carry(module: str, root: Path = ROOT) -> Outcome:
+def carry(module: str, root: Path | None = None) -> Outcome:
     """Fill lessons/<module>.py's holes that keep earlier answers from the student's previous rung,
-    in place; returns what was done. Raises CarryError when nothing can be carried."""
+    in place (`root`: the course's folder, by default this one); returns what was done. Raises
+    CarryError when nothing can be carried."""
+    root = root or impl.ROOT
     rungs = builds_on()
     if module not in rungs:
         raise CarryError(f"carry: module must be a ladder rung that builds on another ({', '.join(rungs)}), "
@@ -338,10 +340,10 @@ def carry(module: str, root: Path = ROOT) -> Outcome:
     return outcome
 
 
-def carry_after_pass(passed_module: str, root: Path = ROOT) -> list[str]:
+def carry_after_pass(passed_module: str, root: Path | None = None) -> list[str]:
     """After a passing check of `passed_module`'s code: carry it into each rung that builds on it and
     whose lesson is still as released (never into one the student has started). Returns what to tell."""
-    told = []
+    root, told = root or impl.ROOT, []
     for module in (m for m, base in builds_on().items() if base == passed_module):
         path = root / "lessons" / f"{module}.py"
         try:
