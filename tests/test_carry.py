@@ -80,6 +80,19 @@ def test_the_carried_lines_are_the_students_own(tmp_path):
     assert "region 1 of ladder_k3.tree_attention_kernel" in outcome.report("ladder_k4")
 
 
+def test_a_part_written_another_way_is_left_to_copy_by_hand():
+    """Inside a run of holes, the lines a rung keeps are told from the lines it changes by our code
+    around them: where the student's differs, that part keeps its todo line and the report names it."""
+    ours = "                    s[t, c] = p\n"  # rung 4 changes it; the lines after it are carried
+    mine = _written("ladder_k3").replace(ours, "                    s[t, c] = p  # stored for P.V\n")
+    outcome = carry.carried(carry.plan("ladder_k4", SOURCES), mine, _released("ladder_k4"))
+    assert outcome.by_hand == ["region 3 of ladder_k2.tree_attention_kernel, at line 95"]
+    assert outcome.text.splitlines()[94].strip() == \
+        'todo("ladder_k2.tree_attention_kernel", region=3, lines=1, defines="l_tile")'
+    assert "stored for P.V" not in outcome.text and len(outcome.carried) == 11
+    assert "copy by hand from lessons/ladder_k3.py" in outcome.report("ladder_k4")
+
+
 def test_carrying_refuses_an_unwritten_previous_rung(tmp_path):
     root = _course(tmp_path)
     with pytest.raises(carry.CarryError, match="ladder_k3.py is as released"):

@@ -95,7 +95,7 @@ class Outcome:
     def report(self, module: str) -> str:
         base = builds_on()[module]
         lines = [f"carried your lessons/{base}.py into lessons/{module}.py: {len(self.carried)} "
-                 f"hole{'s' * (len(self.carried) != 1)} filled"
+                 f"part{'s' * (len(self.carried) != 1)} filled"
                  + (f" ({'; '.join(dict.fromkeys(self.carried))})" if self.carried else "")]
         if self.kept:
             lines.append("already written, left as they are: " + "; ".join(dict.fromkeys(self.kept)))
@@ -259,7 +259,9 @@ def carried(rung_plan: Plan, base_text: str, text: str) -> Outcome:
     lines = text.replace("\r\n", "\n").splitlines(keepends=True)
     stubs = {piece.hole: list(piece.lines) for piece in rung_plan.pieces if piece.hole is not None}
     where = _stub_places(written_holes(rung_plan.pieces, text), stubs)
-    outcome = Outcome("", [], [], [" and ".join(_names(h)) for h in rung_plan.unplaced])
+    outcome = Outcome("", [], [], [])
+    left = [(where[holes[0]][0], " and ".join(_names(holes))) for holes in rung_plan.unplaced
+            if holes[0] in where]  # (the student's line index, what): holes to copy by hand
     changes = []
     for unit in rung_plan.units:
         spans = [where.get(hole) for hole in unit.holes]
@@ -268,13 +270,16 @@ def carried(rung_plan: Plan, base_text: str, text: str) -> Outcome:
             continue
         yours = _yours(unit, rung_plan.ours[unit.group], written[unit.group])
         if yours is None:
-            outcome.by_hand.append(unit.describe())
+            left.append((spans[0][0], unit.describe()))
             continue
         changes.append((spans[0][0], spans[-1][1], yours))
         outcome.carried.append(unit.describe())
     for start, stop, yours in sorted(changes, reverse=True):
         lines[start:stop] = yours
     outcome.text = "".join(lines)
+    for index, what in sorted(left):  # where its todo stands once the others are filled
+        moved = sum(len(yours) - (stop - start) for start, stop, yours in changes if stop <= index)
+        outcome.by_hand.append(f"{what}, at line {index + moved + 2}")
     return outcome
 
 
