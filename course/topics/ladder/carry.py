@@ -87,6 +87,8 @@ class Plan:
 
 @dataclass
 class Outcome:
+    """What carrying did: the lesson's new text and, by description, the parts filled, the parts the
+    student had written already, and the parts left to copy by hand."""
     text: str  # the rung's lesson, carried
     carried: list[str]
     kept: list[str]  # holes the student has already written: left alone
