@@ -1,5 +1,5 @@
 """The course's command line:
-`python -m course {info,list,check,reveal,bench,figures,sanitize,release,grade,generate}`."""
+`python -m course {info,list,check,carry,reveal,bench,figures,sanitize,release,grade,generate}`."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def _list(args) -> int:
 
 
 def _check(args) -> int:
-    from .registry import check, select
+    from .carry import check
+    from .registry import select
 
     if args.racecheck:
         from .core.impl import impl_name
@@ -43,6 +44,14 @@ def _check(args) -> int:
         done.update((exercise.id, *report.also))
         failed += not report.passed
     return 1 if failed else 0
+
+
+def _carry(args) -> int:
+    from .carry import carry
+
+    outcome = carry(args.module)
+    print(outcome.report(args.module))
+    return 0 if outcome.carried or not outcome.by_hand else 1
 
 
 def _reveal(args) -> int:
@@ -155,6 +164,10 @@ def main(argv=None) -> int:
                        help="on a GPU: run the check under compute-sanitizer's racecheck, which sees the "
                             "races between a block's threads that the CPU cannot show")
     check.set_defaults(run=_check)
+    carry = commands.add_parser("carry", help="fill a ladder rung's lesson with your own code of the rung "
+                                "it builds on (its `# COPY FROM YOUR` holes)")
+    carry.add_argument("module", help="the rung's lesson module, e.g. ladder_k4")
+    carry.set_defaults(run=_carry)
     reveal = commands.add_parser("reveal", help="show our reference answer to an exercise, passed or not")
     reveal.add_argument("target", help="an exercise id or a lesson module (e.g. ladder_k4)")
     reveal.set_defaults(run=_reveal)

@@ -67,6 +67,13 @@ HEADER = (
     "# Student copy, generated from solutions/{path} by `python -m course release`.\n"
     "# Write your code where a todo(...) line stands; everything else matches the solution.\n"
 )
+# Above a rung's lesson that keeps earlier rungs' answers (`course.carry` fills them;
+# a hand-out, which has no solutions/ to find the student's lines by, cannot).
+CARRY_HEADER = (
+    "# The lines under `# COPY FROM YOUR lessons/{base}.py` hold your own {rung}'s code: run\n"
+    "# `python -m course carry {module}` (or pass {rung}'s check) to fill {rung}'s parts\n"
+    "# (in a hand-out, which cannot carry, copy them from your lessons/{base}.py).\n"
+)
 
 
 def _defines(tree: ast.AST, first: int, last: int) -> tuple[str, ...]:
@@ -120,15 +127,21 @@ def answer_lines(module: str, sources: Mapping[str, str]) -> dict[int, tuple[str
         raise ReleaseError(f"solutions/{module}.py builds on {base}, whose solution the release needs "
                            "to leave its answers out of the lesson: pass it in `sources`")
     inherited = answer_lines(base, sources)
-    old, new = _code_lines(sources[base]), _code_lines(source)
+    for here, there in kept_lines(sources[base], source).items():
+        if here not in answers and there in inherited:
+            answers[here] = inherited[there]
+    return answers
+
+
+def kept_lines(old_source: str, new_source: str) -> dict[int, int]:
+    """Line index of `new_source` -> the line of `old_source` it keeps unchanged (stripped, markers
+    left out, blank lines not counted): where a rung stands on the rung it builds on."""
+    old, new = _code_lines(old_source), _code_lines(new_source)
     matcher = difflib.SequenceMatcher(None, [text for _, text in old], [text for _, text in new],
                                       autojunk=False)
-    for block in matcher.get_matching_blocks():
-        for offset in range(block.size):
-            here, there = new[block.b + offset][0], old[block.a + offset][0]
-            if here not in answers and there in inherited and new[block.b + offset][1]:
-                answers[here] = inherited[there]
-    return answers
+    return {new[block.b + offset][0]: old[block.a + offset][0]
+            for block in matcher.get_matching_blocks() for offset in range(block.size)
+            if new[block.b + offset][1]}
 
 
 def _statement_lines(statement: ast.stmt) -> range:
@@ -308,9 +321,21 @@ def render_pieces(solutions: Path,
         where = f"solutions/{relative.as_posix()}"
         module = ".".join(relative.with_suffix("").parts)
         _check_relative_imports(sources[module], where)
-        header = Piece(tuple(HEADER.format(path=relative.as_posix()).splitlines(keepends=True)))
-        files[relative] = [header, *lesson_pieces(sources[module], module, where, sources, is_open)]
+        pieces = lesson_pieces(sources[module], module, where, sources, is_open)
+        files[relative] = [lesson_header(relative, module, pieces), *pieces]
     return files
+
+
+def lesson_header(relative: Path, module: str, pieces: list[Piece]) -> Piece:
+    """The lines above a lesson: where it comes from, and, in a rung with holes of earlier rungs'
+    answers, how to fill them from the student's previous rung."""
+    from .topics.ladder.rungs import builds_on, rung_of
+
+    text = HEADER.format(path=relative.as_posix())
+    if any(piece.hole is not None and piece.hole.module != module for piece in pieces):
+        base = builds_on()[module]
+        text += CARRY_HEADER.format(base=base, rung=rung_of(base), module=module)
+    return Piece(tuple(text.splitlines(keepends=True)))
 
 
 def render(solutions: Path, is_open: Callable[[str], bool] = lambda exercise: True) -> dict[Path, bytes]:

@@ -1,5 +1,8 @@
 # Student copy, generated from solutions/ladder_bug.py by `python -m course release`.
 # Write your code where a todo(...) line stands; everything else matches the solution.
+# The lines under `# COPY FROM YOUR lessons/ladder_k3.py` hold your own rung 3's code: run
+# `python -m course carry ladder_bug` (or pass rung 3's check) to fill rung 3's parts
+# (in a hand-out, which cannot carry, copy them from your lessons/ladder_k3.py).
 """Find the bug (notebook 05): rung 3 with one realistic defect.
 
 This kernel passes on many GPUs most of the time, and is wrong. Run its check

@@ -1,5 +1,8 @@
 # Student copy, generated from solutions/ladder_dense.py by `python -m course release`.
 # Write your code where a todo(...) line stands; everything else matches the solution.
+# The lines under `# COPY FROM YOUR lessons/ladder_k8.py` hold your own rung 8's code: run
+# `python -m course carry ladder_dense` (or pass rung 8's check) to fill rung 8's parts
+# (in a hand-out, which cannot carry, copy them from your lessons/ladder_k8.py).
 """Rung 8 with a dense mask (notebook 11): the ablation of FlashSpecInfer's Figure 5.
 
 The same kernel as rung 8, except that the tree mask comes from an N x N boolean

@@ -1,5 +1,8 @@
 # Student copy, generated from solutions/ladder_k10.py by `python -m course release`.
 # Write your code where a todo(...) line stands; everything else matches the solution.
+# The lines under `# COPY FROM YOUR lessons/ladder_k9.py` hold your own rung 9's code: run
+# `python -m course carry ladder_k10` (or pass rung 9's check) to fill rung 9's parts
+# (in a hand-out, which cannot carry, copy them from your lessons/ladder_k9.py).
 """Rung 10, beyond the paper (notebook 11b): the tile mask built once per tree, not once per block.
 
 Rung 9 decides at run time, in every block, whether each key tile is visible: 2 x 32

@@ -1,5 +1,8 @@
 # Student copy, generated from solutions/ladder_k11.py by `python -m course release`.
 # Write your code where a todo(...) line stands; everything else matches the solution.
+# The lines under `# COPY FROM YOUR lessons/ladder_k10.py` hold your own rung 10's code: run
+# `python -m course carry ladder_k11` (or pass rung 10's check) to fill rung 10's parts
+# (in a hand-out, which cannot carry, copy them from your lessons/ladder_k10.py).
 """Rung 11, beyond the paper (notebook 11c): many loads in flight, not one.
 
 Every rung so far loads a tile row by row: `for r in range(TILE)`, a global load, a

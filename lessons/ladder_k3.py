@@ -1,5 +1,8 @@
 # Student copy, generated from solutions/ladder_k3.py by `python -m course release`.
 # Write your code where a todo(...) line stands; everything else matches the solution.
+# The lines under `# COPY FROM YOUR lessons/ladder_k2.py` hold your own rung 2's code: run
+# `python -m course carry ladder_k3` (or pass rung 2's check) to fill rung 2's parts
+# (in a hand-out, which cannot carry, copy them from your lessons/ladder_k2.py).
 """Rung 3 of the tree-attention ladder (notebook 05): the tiles' DFS times in shared memory.
 
 Rung 2 reads start[key], start[row], end[row] and end[key] from global memory at

@@ -1,5 +1,8 @@
 # Student copy, generated from solutions/ladder_k4.py by `python -m course release`.
 # Write your code where a todo(...) line stands; everything else matches the solution.
+# The lines under `# COPY FROM YOUR lessons/ladder_k3.py` hold your own rung 3's code: run
+# `python -m course carry ladder_k4` (or pass rung 3's check) to fill rung 3's parts
+# (in a hand-out, which cannot carry, copy them from your lessons/ladder_k3.py).
 """Rung 4 of the tree-attention ladder (notebook 06): coalesced loads into transposed tiles.
 
 Up to rung 3, thread t loads row t of each tile: in one load instruction the 32

@@ -1,5 +1,8 @@
 # Student copy, generated from solutions/ladder_k5.py by `python -m course release`.
 # Write your code where a todo(...) line stands; everything else matches the solution.
+# The lines under `# COPY FROM YOUR lessons/ladder_k4.py` hold your own rung 4's code: run
+# `python -m course carry ladder_k5` (or pass rung 4's check) to fill rung 4's parts
+# (in a hand-out, which cannot carry, copy them from your lessons/ladder_k4.py).
 """Rung 5 of the tree-attention ladder (notebook 07): each tile's mask in a register.
 
 Rung 4 tests a key's interval (two shared-memory reads, two compares) inside the

@@ -1,5 +1,8 @@
 # Student copy, generated from solutions/ladder_k6.py by `python -m course release`.
 # Write your code where a todo(...) line stands; everything else matches the solution.
+# The lines under `# COPY FROM YOUR lessons/ladder_k5.py` hold your own rung 5's code: run
+# `python -m course carry ladder_k6` (or pass rung 5's check) to fill rung 5's parts
+# (in a hand-out, which cannot carry, copy them from your lessons/ladder_k5.py).
 """Rung 6 of the tree-attention ladder (notebook 08): register tiling of P.V.
 
 Up to rung 5 each thread computes its own output row: for every one of the d

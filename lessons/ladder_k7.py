@@ -1,5 +1,8 @@
 # Student copy, generated from solutions/ladder_k7.py by `python -m course release`.
 # Write your code where a todo(...) line stands; everything else matches the solution.
+# The lines under `# COPY FROM YOUR lessons/ladder_k6.py` hold your own rung 6's code: run
+# `python -m course carry ladder_k7` (or pass rung 6's check) to fill rung 6's parts
+# (in a hand-out, which cannot carry, copy them from your lessons/ladder_k6.py).
 """Rung 7 of the tree-attention ladder (notebook 09): coalesced writes through shared memory.
 
 In rung 6 thread (ty, tx) writes its 4 x D/4 outputs itself: one store instruction

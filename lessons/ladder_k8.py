@@ -1,5 +1,8 @@
 # Student copy, generated from solutions/ladder_k8.py by `python -m course release`.
 # Write your code where a todo(...) line stands; everything else matches the solution.
+# The lines under `# COPY FROM YOUR lessons/ladder_k7.py` hold your own rung 7's code: run
+# `python -m course carry ladder_k8` (or pass rung 7's check) to fill rung 7's parts
+# (in a hand-out, which cannot carry, copy them from your lessons/ladder_k7.py).
 """Rung 8 of the tree-attention ladder (notebook 10): register tiling of S = Q.K^T as well.
 
 Up to rung 7 the scores are computed one row per thread: each multiply-add reads

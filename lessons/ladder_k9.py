@@ -1,5 +1,8 @@
 # Student copy, generated from solutions/ladder_k9.py by `python -m course release`.
 # Write your code where a todo(...) line stands; everything else matches the solution.
+# The lines under `# COPY FROM YOUR lessons/ladder_k8.py` hold your own rung 8's code: run
+# `python -m course carry ladder_k9` (or pass rung 8's check) to fill rung 8's parts
+# (in a hand-out, which cannot carry, copy them from your lessons/ladder_k8.py).
 """Rung 9, beyond the paper (notebook 11a): skip the key tiles that no row of the block sees.
 
 A query sees only its ancestors, so in a tree of N nodes most 32 x 32 tiles of the

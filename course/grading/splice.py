@@ -567,3 +567,13 @@ def _read(path: Path | None) -> str | None:
     if path is None or path.is_symlink() or not path.is_file():
         return None
     return path.read_bytes().decode("utf-8", errors="replace")
+
+
+def written_holes(pieces: list[Piece], student_text: str) -> list[Segment]:
+    """Each run of adjacent holes of a lesson (`pieces`, as the release writes it) with the lines the
+    student's file holds there (`written` None where the lines around it were changed), in order:
+    what grading lines up, for a caller that reads the student's code hole by hole (a ladder rung
+    carried into the next one: `course.carry`)."""
+    student = student_text.replace("\r\n", "\n").splitlines(keepends=True)
+    parts, _ = _line_up(pieces, student)
+    return [part for part in parts if isinstance(part, Segment)]

@@ -6,6 +6,7 @@ each rung's lesson is the rung it builds on with holes where the change goes.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -54,3 +55,9 @@ def builds_on() -> dict[str, str]:
     """Module -> the module whose kernel it edits: each rung's previous one, and the defective copy
     of rung 3. A lesson shows what it keeps of that kernel, so it must not keep an open answer."""
     return {rung.module: rung.previous for rung in RUNGS if rung.previous} | FIND_THE_BUG
+
+
+def rung_of(module: str) -> str:
+    """'rung 3' for ladder_k3, as the notebooks say it (another kernel of the ladder: its module)."""
+    number = re.fullmatch(r"ladder_k(\d+)", module)
+    return f"rung {number.group(1)}" if number else module
