@@ -29,8 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from course.core import impl
-from course.core.regions import TODO_LINE, Hole, Piece, lesson_text
+from course.core.regions import ROOT, TODO_LINE, Hole, Piece, lesson_text
 from course.core.regions import is_code as _is_code
 from course.grading.splice import Segment, written_holes
 from course.release import kept_lines, lesson_header, lesson_pieces
@@ -319,7 +318,7 @@ def carry(module: str, root: Path | None = None) -> Outcome:
     """Fill lessons/<module>.py's holes that keep earlier answers from the student's previous rung,
     in place (`root`: the course's folder, by default this one); returns what was done. Raises
     CarryError when nothing can be carried."""
-    root = root or impl.ROOT
+    root = root or ROOT
     rungs = builds_on()
     if module not in rungs:
         raise CarryError(f"carry: module must be a ladder rung that builds on another ({', '.join(rungs)}), "
@@ -342,7 +341,7 @@ def carry(module: str, root: Path | None = None) -> Outcome:
 def carry_after_pass(passed_module: str, root: Path | None = None) -> list[str]:
     """After a passing check of `passed_module`'s code: carry it into each rung that builds on it and
     whose lesson is still as released (never into one the student has started). Returns what to tell."""
-    root, told = root or impl.ROOT, []
+    root, told = root or ROOT, []
     for module in (m for m, base in builds_on().items() if base == passed_module):
         path = root / "lessons" / f"{module}.py"
         try:

@@ -9,10 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from course.exercises import EXERCISES
 
 from course import carry, release
 from course.checks import run_cases
+from course.core import regions
+from course.registry import EXERCISES
 from course.topics.ladder.rungs import builds_on
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,6 +170,6 @@ def test_a_carried_lesson_passes_its_check_once_its_own_holes_are_written(tmp_pa
     assert cases and report.passed, report.text()
 
 
-def _region_lines(hole: release.Hole) -> list[str]:
+def _region_lines(hole: regions.Hole) -> list[str]:
     lines = SOURCES["ladder_k4"].splitlines(keepends=True)
     return lines[hole.first + 1 : hole.last]
