@@ -53,6 +53,13 @@ parallel draft works ahead without knowing which node verification will keep, so
 nodes die at the re-root: fewer tokens per target call (SwiftSpec Table 6: 9% fewer on average),
 but no draft time between two target calls.
 
+Growth ahead (``growth``). While the target verifies, the draft does not know where the next
+root will be. Growth "best" pops the best keys, as every other step does; the best queued
+candidates are then the leaves just sent, which leave the tree at the re-root whatever the verdict
+(committed or cut). Growth "likely" speculates on the verdict instead (`_Draft.survival`): it pops
+the candidates the draft itself deems likeliest to be in the tree after the re-root, so that more
+of what it grows survives and fewer tokens per call are lost against the serial schedule.
+
 Exactness.
 * Greedy: every accepted token equals the target's argmax after its prefix and the next token is
   the target's argmax, so the output is the target's greedy decoding token for token, whatever
@@ -104,6 +111,7 @@ __all__ = [  # Message (the protocol's record) stays in this module's namespace
 SUBTREE, ACCEPTED, STOP = "subtree", "accepted", "stop"
 KINDS = (SUBTREE, ACCEPTED, STOP)
 SCHEDULES = ("parallel", "serial")
+GROWTHS = ("best", "likely")
 MODES = ("greedy", "sample")
 
 Model = Callable[[tuple[int, ...]], Sequence[float]]
@@ -157,6 +165,7 @@ class _Draft:
     q: list = field(default_factory=list)  # the draft distribution at a run node
     heap: list = field(default_factory=list)  # (-key, order, parent, token, cum)
     cache: list = field(default_factory=list)  # KV rows: (birth, token path) entries
+    growth: str = "best"  # how a step ahead picks its candidates (GROWTHS)
     order: itertools.count = field(default_factory=itertools.count)
     births: itertools.count = field(default_factory=itertools.count)
     steps: int = 0  # draft passes (one per step of w nodes, one per fresh root)
@@ -212,18 +221,46 @@ class _Draft:
                 key = cum if self.mode == "greedy" else self.cum[v]
                 heapq.heappush(self.heap, (-key, next(self.order), v, t, cum))
 
-    def step(self, width: int) -> None:
-        """Run the root if it is new, else pop the `width` best candidates and run them."""
+    def step(self, width: int, ahead: bool = False) -> None:
+        """Run the root if it is new, else pop the `width` best candidates and run them; for a step
+        ahead of a verdict (while the target verifies) under growth "likely", the `width` likeliest
+        to outlive the re-root (`survival`)."""
         if not self.run[0]:
             self._run([0])
             return
         added = []
         while self.heap and len(added) < width:
-            neg, order, parent, token, cum = heapq.heappop(self.heap)
+            if ahead and self.growth == "likely":
+                entry = min(self.heap, key=lambda e: (-self.survival(e), e[1]))  # ties: queue order
+                self.heap.remove(entry)
+                heapq.heapify(self.heap)
+            else:
+                entry = heapq.heappop(self.heap)
+            neg, order, parent, token, cum = entry
             added.append(self._add(parent, token, cum, -neg))
             self.popped[order] = added[-1]
         if added:
             self._run(added)
+
+    def survival(self, entry: tuple) -> float:
+        """Growth "likely": the draft's log-probability that a candidate, made a node now, is still
+        in the tree after the coming re-root. Only the subtree of the next root survives, and the
+        next root is never an item of the SUBTREE under verification (a sent child whose token is
+        the next token is accepted, not rejected, and a rejected child's token has residual
+        probability 0), so:
+
+        * a candidate not sent lives on if verification ends where it hangs and emits its token,
+          or goes through it: the draft puts probability exp(key) on that (in greedy mode the key
+          is its own cumulative log-probability; in sampling mode its parent's, which keeps a
+          surviving node's children in draw order, see the module docstring);
+        * a candidate sent as a leaf leaves the tree at the re-root whatever the verdict (committed
+          or cut); running it early is worth only the children it queues, the best of which is
+          the next root when verification ends at the leaf: its key plus the log of the draft's
+          top probability at its parent, an estimate of that child's probability known before the
+          leaf is run."""
+        neg, order, parent, _token, _cum = entry
+        sent = any(isinstance(s, tuple) and s[1] == order for s in self.sent)
+        return -neg + (math.log(max(self.q[parent])) if sent else 0.0)
 
     def selectable(self) -> int:
         """What a SUBTREE can be chosen from: the nodes and the queued candidates."""
@@ -481,7 +518,8 @@ def _check_options(prompt, max_new_tokens, tree_size, width, steps, branch, mode
 
 def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], max_new_tokens: int, *,
                            tree_size: int = 4, width: int = 2, steps: int = 2, branch: int = 2,
-                           mode: str = "greedy", schedule: str = "parallel", seed: int = 0,
+                           mode: str = "greedy", schedule: str = "parallel", growth: str = "best",
+                           seed: int = 0,
                            eos: int | None = None, target_cost: float = 1.0, step_cost: float = 0.3,
                            check: bool = True) -> dict:
     """Both workers of SwiftSpec's Algorithm 1 (§3.1), run one after the other in the order the
@@ -489,7 +527,11 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
     produce exactly these tokens and messages.
 
     tree_size: bs, nodes per SUBTREE; width: w, nodes per draft step; steps: d, draft steps per
-    round (during verification for schedule "parallel", after re-rooting for "serial"); branch:
+    round (during verification for schedule "parallel", after re-rooting for "serial"); growth:
+    how those steps ahead pick their candidates, "best" (the best keys, as every other step) or
+    "likely" (the likeliest to outlive the re-root, `_Draft.survival`: a leaf of the subtree
+    under verification leaves the tree whatever the verdict, and is worth running early only for
+    the children it queues); branch:
     candidate children per run node; mode: "greedy" or "sample" (uniforms from random.Random(seed)
     for the draft and random.Random(seed + 1) for the target); eos: a token that ends the output.
     The draft tree holds at most 2 * tree_size + (steps + 1) * width nodes: a step of w starts only
@@ -508,9 +550,11 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
     """
     prompt, n, bs, w, d, k = _check_options(prompt, max_new_tokens, tree_size, width, steps, branch, mode,
                                             schedule, eos)
+    if growth not in GROWTHS:
+        raise ValueError(f"growth must be one of {GROWTHS}, got {growth!r}")
     vocab = len(validate_distribution(list(target(tuple(prompt))), f"target{tuple(prompt)}"))
     capacity = 2 * bs + (d + 1) * w
-    dr = _Draft(draft, mode, k, random.Random(seed), vocab)
+    dr = _Draft(draft, mode, k, random.Random(seed), vocab, growth=growth)
     tg = _Target(target, mode, random.Random(seed + 1), vocab)
     # Prefill: both caches hold the prompt but its last token, which is the first root.
     dr.prefix, tg.prefix = prompt[:-1], prompt[:-1]
@@ -540,8 +584,9 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         can be sent, each step running as few nodes as the missing count needs (each queues k
         candidates; §3.2: a short tree "expands bs nodes immediately using one draft model
         inference"); then take `planned` steps of w nodes (as many as fit the capacity). A step
-        pops the best candidates and runs them in one draft pass."""
-        before = dr.steps
+        pops candidates (the best; ahead of a verdict under growth "likely", the likeliest to
+        survive it) and runs them in one draft pass."""
+        before, ahead = dr.steps, what == "grow ahead"
         if not dr.run[0]:
             dr.step(w)
         while dr.heap and dr.selectable() < bs:
@@ -549,7 +594,7 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         for _ in range(min(planned, max(0, (capacity - len(dr.parents)) // w))):
             if not dr.heap:
                 break
-            dr.step(w)
+            dr.step(w, ahead)
         work("draft", what, r, (dr.steps - before) * step_cost)
 
     r = 0
