@@ -16,7 +16,7 @@ import torch
 import course  # noqa: F401  (first: chooses the simulator / interpreter)
 from course.capstone import decoder, parallel, weights, wire
 from course.capstone.model import TinyLM
-from course.capstone.sides import DraftSide, TargetSide
+from course.capstone.sides import GROWTHS, DraftSide, TargetSide
 from course.capstone.text import encode
 from course.core import runtime
 from course.measure.stats import chi_square_p_value
@@ -37,11 +37,12 @@ def plain(pair):
     return decoder.autoregressive(pair.target, [PROMPT], 24, backend="reference").tokens[0]
 
 
-@pytest.mark.parametrize("schedule", parallel.SCHEDULES)
+@pytest.mark.parametrize("schedule, growth",
+                         [("serial", "best"), ("parallel", "best"), ("parallel", "likely")])
 @pytest.mark.parametrize("tree_size, width, steps", [(4, 2, 0), (4, 2, 2), (6, 3, 1), (3, 1, 4)])
-def test_greedy_equals_plain_decoding(pair, plain, schedule, tree_size, width, steps):
+def test_greedy_equals_plain_decoding(pair, plain, schedule, growth, tree_size, width, steps):
     got = parallel.generate(pair.target, pair.draft, PROMPT, 24, tree_size=tree_size, width=width,
-                            steps=steps, schedule=schedule, backend="reference")
+                            steps=steps, schedule=schedule, growth=growth, backend="reference")
     assert got.tokens == plain
     assert got.target_calls < 24 and got.tokens_per_call > 1.5  # the draft does get tokens accepted
     if schedule == "parallel" and steps >= 2:
@@ -114,22 +115,23 @@ def _kv_of(model, sequence: list[int]) -> torch.Tensor:
     return cache.data[0, :, :len(sequence)]
 
 
-@pytest.mark.parametrize("ahead", [2, 0])
-def test_the_draft_cache_matches_its_tree_after_every_reroot(pair, ahead):
+@pytest.mark.parametrize("ahead, growth", [(2, "best"), (2, "likely"), (0, "best")])
+def test_the_draft_cache_matches_its_tree_after_every_reroot(pair, ahead, growth):
     """SwiftSpec §3.2's invariant on the real cache: after each re-root, row i < P holds the KV of
     committed token i and row P + v the KV of tree node v's path, for every node the draft ran.
     ahead: draft steps while the target verifies; with none, paths end at leaves never run, whose
     KV the re-root computes (with the new root's, in one pass)."""
     cfg = decoder.settings(4, 2, 3, mode="greedy")
     sizes = dict(max_prompt=len(PROMPT), max_new_tokens=16, backend="reference")
-    d_side, t_side = DraftSide(pair.draft, cfg, 2, **sizes), TargetSide(pair.target, cfg, **sizes)
+    d_side = DraftSide(pair.draft, cfg, 2, growth=growth, **sizes)
+    t_side = TargetSide(pair.target, cfg, **sizes)
     d_side.start(PROMPT)
     t_side.start(PROMPT)
     d_side.grow(0)
     committed, kept, adopted = list(PROMPT[:-1]), 0, 0
     for _ in range(5):
         parents, tokens, q = d_side.subtree()
-        d_side.grow(ahead)  # while the target verifies
+        d_side.grow(ahead, ahead=True)  # while the target verifies
         path, nxt = t_side.verify(parents, tokens, q)
         committed += [tokens[j] for j in path]
         calls = d_side.calls
@@ -353,6 +355,10 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
     names = {(r["name"], r["mode"]) for r in rows}
     assert names == {(n, m) for n in ("autoregressive", "serial decoder", "serial", "parallel")
                      for m in ("greedy", "sample")}
+    measured = [r for r in rows if r["name"] == "parallel"]
+    assert {(r["growth"], r["mode"]) for r in measured} == {(g, m) for g in GROWTHS
+                                                            for m in ("greedy", "sample")}
+    assert all(0 <= r["target_wait_ms_median"] < r["median_ms"] for r in measured)
     greedy = [r for r in rows if r["mode"] == "greedy" and r["name"] != "autoregressive"]
     assert all(r["identical"] and r["max_abs_err"] == 0.0 for r in greedy)
     best = parallel_figures.best_parallel(rows)

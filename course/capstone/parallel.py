@@ -47,11 +47,12 @@ import torch
 from course.core.impl import ROOT
 
 from . import decoder, wire
-from .sides import DraftSide, TargetSide
+from .sides import GROWTHS, DraftSide, TargetSide
 
 SCHEDULES = ("parallel", "serial")
 RECV = "recv"  # what a worker yields to wait for its next message
 DEFAULT_STEPS = 2  # SwiftSpec's d: draft steps per round during verification
+DEFAULT_GROWTH = "likely"  # how those steps pick their candidates (sides.GROWTHS)
 
 
 class ParallelError(RuntimeError):
@@ -93,7 +94,7 @@ def draft_rounds(side: DraftSide, steps: int, schedule: str, clock: Timeline) ->
         yield wire.Subtree(r, parents, tokens, q)
         if schedule == "parallel":
             with clock.span("draft", "grow ahead", r):  # off the critical path: the target is verifying
-                side.grow(steps)
+                side.grow(steps, ahead=True)
         reply = yield RECV
         if reply.kind == wire.STOP:
             return reused
@@ -257,8 +258,8 @@ def check_pair(target_config, draft_config, target_dtype, draft_dtype) -> None:
 
 def build_sides(target, draft, *, max_prompt: int, max_new_tokens: int, tree_size: int = 8, width: int = 2,
                 steps: int = DEFAULT_STEPS, branch: int | None = None, mode: str = "greedy",
-                backend: str = "kernels", impl: str | None = None, graphs: bool | None = None
-                ) -> tuple[DraftSide, TargetSide]:
+                backend: str = "kernels", impl: str | None = None, graphs: bool | None = None,
+                growth: str = DEFAULT_GROWTH) -> tuple[DraftSide, TargetSide]:
     """Both sides for prompts of up to max_prompt tokens (checked: the pair, the settings); on a GPU
     their CUDA graphs are captured here, so build them once and `run_sides` many times."""
     cfg = decoder.settings(tree_size, width, branch, mode=mode)
@@ -266,7 +267,7 @@ def build_sides(target, draft, *, max_prompt: int, max_new_tokens: int, tree_siz
     check_pair(target.config, draft.config, target.dtype, draft.dtype)
     sizes = dict(max_prompt=max_prompt, max_new_tokens=max_new_tokens, backend=backend, impl=impl,
                  graphs=graphs)
-    return DraftSide(draft, cfg, steps, **sizes), TargetSide(target, cfg, **sizes)
+    return DraftSide(draft, cfg, steps, growth=growth, **sizes), TargetSide(target, cfg, **sizes)
 
 
 @torch.no_grad()
@@ -294,7 +295,8 @@ def run_sides(sides: tuple[DraftSide, TargetSide], prompt, *, schedule: str = "p
 def generate(target, draft, prompt, max_new_tokens: int, *, tree_size: int = 8, width: int = 2,
              steps: int = DEFAULT_STEPS, branch: int | None = None, mode: str = "greedy",
              schedule: str = "parallel", seed: int = 0, backend: str = "kernels", impl: str | None = None,
-             eos: int | None = None, graphs: bool | None = None) -> ParallelGeneration:
+             eos: int | None = None, graphs: bool | None = None, growth: str = DEFAULT_GROWTH
+             ) -> ParallelGeneration:
     """One generation, both workers in this process (lockstep, see the module docstring); one
     prompt (a token-id list). steps: SwiftSpec's d, draft steps per round (during verification, or
     after re-rooting for schedule="serial"). Greedy output equals the target's greedy decoding; the
@@ -305,7 +307,7 @@ def generate(target, draft, prompt, max_new_tokens: int, *, tree_size: int = 8, 
     prompt = _check_prompt(prompt, target.config.vocab_size)
     sides = build_sides(target, draft, max_prompt=len(prompt), max_new_tokens=max_new_tokens,
                         tree_size=tree_size, width=width, steps=steps, branch=branch, mode=mode,
-                        backend=backend, impl=impl, graphs=graphs)
+                        backend=backend, impl=impl, graphs=graphs, growth=growth)
     return run_sides(sides, prompt, schedule=schedule, seed=seed, eos=eos)
 
 
@@ -342,6 +344,7 @@ class Job:
     tree_size: int = 8
     width: int = 2
     branch: int = 4
+    growth: str = DEFAULT_GROWTH
     max_new_tokens: int = 16
     eos: int | None = None
     backend: str = "kernels"
@@ -393,6 +396,8 @@ def check_job(job: Job) -> None:
         _check_prompt(run.prompt, t_config.vocab_size)
         if isinstance(run.steps, bool) or not isinstance(run.steps, int) or run.steps < 0:
             raise ValueError(f"runs[{i}].steps must be an int >= 0, got {run.steps!r}")
+    if job.growth not in GROWTHS:
+        raise ValueError(f"growth must be one of {GROWTHS}, got {job.growth!r}")
     if job.transport not in ("gloo", "nccl"):
         raise ValueError(f"transport must be 'gloo' or 'nccl', got {job.transport!r}")
     if job.transport == "nccl" and (job.devices["target"] == job.devices["draft"]
@@ -651,7 +656,7 @@ def _side(job: Job, run: Run, role: str, model, built: dict):
         cfg = decoder.settings(job.tree_size, job.width, job.branch, mode=run.mode)
         sizes = dict(max_prompt=max(len(r.prompt) for r in job.runs), max_new_tokens=job.max_new_tokens,
                      backend=job.backend, impl=job.impl)
-        built[key] = (DraftSide(model, cfg, run.steps, **sizes) if role == "draft"
+        built[key] = (DraftSide(model, cfg, run.steps, growth=job.growth, **sizes) if role == "draft"
                       else TargetSide(model, cfg, **sizes))
     return built[key]
 

@@ -22,7 +22,10 @@ max_abs_err (greedy: the fraction of tokens that differ from autoregressive; sam
 N (tree size), d (head dim); and mode, steps (SwiftSpec's d), transport, gpus, tokens_per_s,
 tokens_per_call, target_calls (per generation), verify_ms (the target's pass and verification),
 draft_ms_per_round (the draft's busy time per round), target_wait_ms_per_round (the target
-waiting for a SUBTREE: the part of drafting left on the critical path), identical (greedy: equal
+waiting for a SUBTREE: the part of drafting left on the critical path), target_wait_ms_median (the
+target's wait between two verifications, the median over rounds), growth (the parallel draft's rule
+for its steps during verification: "best", as before, or "likely", `pyspec_ref.parallel_tree`; both
+are measured), identical (greedy: equal
 to autoregressive), speedup_vs_serial_decoder, and timeline (the first prompt's median run, rounds
 1 to TIMELINE_ROUNDS: each side's spans, ms from the run's start).
 
@@ -32,6 +35,7 @@ Writes results/<device>x2/parallel.json (results/<device>/ with one GPU) and par
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -42,6 +46,7 @@ from course.measure import results
 
 from . import decoder, parallel, weights
 from .bench import prompts
+from .sides import GROWTHS
 from .text import encode
 
 SUITE = "parallel"
@@ -97,8 +102,20 @@ def _row(name: str, mode: str, generations: list, plain: list | None, **extra) -
             / rounds,
             draft_calls=sum(g.draft_calls for g in generations) / len(generations),
             reused=sum(sum(g.reused) for g in generations) / max(1, sum(len(g.reused) for g in generations)),
-            timeline=_timeline(generations[0]))
+            target_wait_ms_median=_median_wait(generations), timeline=_timeline(generations[0]))
     return row
+
+
+def _median_wait(generations: list) -> float:
+    """The target's wait between two verifications, ms (the median over every round of every
+    generation): from the end of its verification of round r to the start of round r + 1's, i.e.
+    its reply, the draft's re-root and selection, and the SUBTREE's way back."""
+    gaps = []
+    for g in generations:
+        verifies = sorted((e["start"], e["end"]) for e in g.events
+                          if e["side"] == "target" and e["what"] == "verify")
+        gaps += [1e3 * (b[0] - a[1]) for a, b in itertools.pairwise(verifies)]
+    return statistics.median(gaps) if gaps else 0.0
 
 
 def _tokens(generation) -> list[int]:
@@ -210,8 +227,8 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
 
     def add(row: dict) -> None:
         rows.append(sizes | row)
-        shown = ("name", "mode", "steps", "transport", "gpus", "tokens_per_s", "tokens_per_call", "verify_ms",
-                 "identical")
+        shown = ("name", "mode", "steps", "growth", "transport", "gpus", "tokens_per_s", "tokens_per_call",
+                 "verify_ms", "target_wait_ms_median", "identical")
         log(json.dumps({k: row[k] for k in shown if k in row}))
 
     baselines = _one_gpu_rows(pair, texts, max_new, steps, repeats, modes, add, device, backend, shape)
@@ -226,11 +243,11 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
         setups += [(dict(devices=two, transport="nccl"), 2), (dict(devices=two, transport="gloo"), 2)]
     if one_gpu or gpus < 2:
         setups.append((dict(devices={"target": device, "draft": device}, transport="gloo"), min(gpus, 1)))
-    for options, used in setups:
-        measured = _launched(common | options, paths, texts, modes, steps, repeats)
+    for (options, used), growth in itertools.product(setups, GROWTHS):
+        measured = _launched(common | options | {"growth": growth}, paths, texts, modes, steps, repeats)
         for (mode, d), generations in measured.items():
             add(_row("parallel", mode, generations, baselines[mode][0], steps=d,
-                     transport=options["transport"], gpus=used))
+                     transport=options["transport"], gpus=used, growth=growth))
     for row in rows:
         if row["name"] != "autoregressive":
             row["speedup_vs_serial_decoder"] = row["tokens_per_s"] / baselines[row["mode"]][1]
