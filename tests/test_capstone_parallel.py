@@ -368,7 +368,7 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
                 "gpus": 0, "rows": rows}
     results.validate(document)
     figure = parallel_figures.measured_figure(document)
-    assert len(figure.axes) == 4  # two timelines, greedy and sampling bars
+    assert len(figure.axes) == 5  # three timelines (parallel, both growths; serial), greedy and sampling bars
     plt.close(figure)
     # the committed file with the most GPUs is the one notebook 20 shows; none: "not measured yet"
     with pytest.raises(results.NotMeasuredYet, match="not measured yet"):
