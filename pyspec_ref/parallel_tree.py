@@ -64,17 +64,21 @@ Exactness.
 * Greedy: every accepted token equals the target's argmax after its prefix and the next token is
   the target's argmax, so the output is the target's greedy decoding token for token, whatever
   the draft does (checked against `greedy_decode`).
-* Sampling: a node's candidate children are ``branch`` independent draws from q at that node, all
-  keyed by that node's own cumulative log-probability (the capstone's rule, see
-  course/capstone/tree.py), and every descendant of theirs gets a key no larger, pushed later. So
-  a node's children leave the queue before any of their descendants, in draw order, and how many
-  of them are grown, and sent, is decided by the queue's other entries and the round's budget,
-  never by their own values (those only key their descendants, which rank behind them). That is
-  what SpecInfer's multi-step speculative sampling needs to be exact at each node (§4.3): a number
-  of i.i.d. draws that does not depend on their values. It holds for a reused subtree too: its
-  draws were made before anyone knew it would survive, and after the re-root the same ranking
-  decides how many of them enter. The tests check the joint distribution of the first tokens
-  against the target's by a chi-square test.
+* Sampling: a node's candidate children are ``branch`` draws from q at that node WITHOUT
+  replacement (Sequoia §3.2, as the capstone's serial decoder draws them: distinct siblings, so
+  none is a wasted duplicate), all keyed by that node's own cumulative log-probability (the
+  capstone's rule, see course/capstone/tree.py), and every descendant of theirs gets a key no
+  larger, pushed later. So a node's children leave the queue before any of their descendants, in
+  draw order, and the ones sent are always the first of its draws, as many as the queue's other
+  entries and the round's budget decide, never their own values (those only key their
+  descendants, which rank behind them). That is what multi-step speculative sampling without
+  replacement needs to be exact at each node (`tree_speculative_sampling`): the first m draws of
+  the sequence, m independent of their values. It holds for a reused subtree too: its draws were
+  made before anyone knew it would survive, and after the re-root the same ranking decides how
+  many of them enter. (Growth "likely" may pop a node's later draws before its earlier ones, but
+  only under a node of the SUBTREE under verification, which never survives the re-root.) The
+  tests check the joint distribution of the first tokens against the target's by a chi-square
+  test.
 
 What the simulation keeps of each KV entry is its identity: (the node's birth number, the token
 path it was computed for, prefix included). `check_draft_cache` and `check_target_cache` state the
@@ -97,7 +101,12 @@ from dataclasses import dataclass, field
 
 from ._validate import as_int, int_list, positive_int
 from .kvcache import apply_moves, apply_moves_in_order, best_subtree
-from .sampling import greedy_tree_verification, inverse_cdf, tree_speculative_sampling, validate_distribution
+from .sampling import (
+    greedy_tree_verification,
+    sample_without_replacement,
+    tree_speculative_sampling,
+    validate_distribution,
+)
 from .trees import validate_parents, validate_topological
 
 __all__ = [  # Message (the protocol's record) stays in this module's namespace
@@ -203,7 +212,7 @@ class _Draft:
     def _run(self, nodes: list[int]) -> None:
         """One draft pass over `nodes` (SwiftSpec §3.1, the w queries of the non-square mask): each
         writes its KV row P + v and pushes its candidate children (top-`branch` tokens in greedy
-        mode, `branch` draws from q in sampling mode)."""
+        mode, `branch` draws from q without replacement in sampling mode)."""
         self.steps += 1
         P = len(self.prefix)
         for v in nodes:
@@ -214,8 +223,9 @@ class _Draft:
             if self.mode == "greedy":
                 ranked = sorted((t for t in range(len(q)) if q[t] > 0.0), key=lambda t: (-q[t], t))
                 picks = ranked[:self.branch]
-            else:
-                picks = [inverse_cdf(q, self.rng.random()) for _ in range(self.branch)]
+            else:  # without replacement; fewer where q has fewer tokens
+                count = min(self.branch, sum(1 for x in q if x > 0.0))
+                picks = sample_without_replacement(q, count, [self.rng.random() for _ in range(count)])
             for t in picks:
                 cum = self.cum[v] + math.log(q[t])
                 key = cum if self.mode == "greedy" else self.cum[v]
@@ -401,9 +411,9 @@ class _Target:
             n = len(parents)
             accept = [self.rng.random() for _ in range(n)]
             draw = [self.rng.random() for _ in range(n)]
-            # the candidates are independent draws from q (with replacement): SpecInfer's rule
+            # siblings are the first draws without replacement from q (Sequoia's rule)
             path, nxt = tree_speculative_sampling(list(parents), list(msg.tokens), [list(r) for r in msg.q],
-                                                  p, accept, draw, replacement=True)
+                                                  p, accept, draw, replacement=False)
         moves = [(P + j, P + i) for i, j in enumerate(path) if i != j]
         self.cache = apply_moves(self.cache, moves)
         self.prefix += [msg.tokens[j] for j in path]

@@ -108,6 +108,23 @@ def test_sampling_matches_target_distribution(pair):
     assert chi_square_p_value(counts, marginals[0], pool_below=5) < 1e-3  # the test has power
 
 
+def test_the_draft_draws_siblings_without_replacement(pair):
+    """Sampling: a run node's candidates are distinct tokens (Gumbel top-k, Sequoia's siblings), as
+    nodes and as queued candidates alike (the target verifies them as draws without replacement:
+    `test_sampling_matches_target_distribution`)."""
+    cfg = decoder.settings(6, 2, 4, mode="sample")
+    side = DraftSide(pair.draft, cfg, 2, max_prompt=len(PROMPT), max_new_tokens=8, backend="reference")
+    side.start(PROMPT, seed=3)
+    side.grow(2)
+    tree = side.tree
+    siblings: dict = {}
+    for v in range(1, len(tree)):
+        siblings.setdefault(tree.parents[v], []).append(tree.tokens[v])
+    for _, _, parent, token, _ in tree.heap:
+        siblings.setdefault(parent, []).append(token)
+    assert sum(tree.run) >= 3 and all(len(set(t)) == len(t) == cfg.branch for t in siblings.values())
+
+
 def _kv_of(model, sequence: list[int]) -> torch.Tensor:
     """The KV rows (R, len, d) of a fresh causal prefill of `sequence` (its last token included)."""
     cache = model.new_cache(1, len(sequence) + 1)

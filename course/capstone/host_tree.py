@@ -21,11 +21,12 @@ become nodes and are run together (the non-square attention of w queries against
 
 * greedy: a run node's candidates are its draft's top-`branch` tokens, keyed by their own cumulative
   log-probability (maximum-likelihood expansion).
-* sample: a run node's candidates are `branch` independent draws from the draft's distribution q at
-  that node, keyed by the PARENT's cumulative log-probability (ties in draw order), as in
-  `course.capstone.tree`. A node's children thus leave the queue before any of their descendants,
-  in draw order, and how many enter the tree is decided by things ranked above them, never by their
-  own values: what SpecInfer's multi-step speculative sampling (§4.3) needs to stay exact. That
+* sample: a run node's candidates are `branch` draws WITHOUT replacement from the draft's
+  distribution q at that node (Sequoia §3.2, Gumbel top-k), keyed by the PARENT's cumulative
+  log-probability (ties in draw order), as in `course.capstone.tree`. A node's children thus leave
+  the queue before any of their descendants, in draw order, and the ones that enter the tree are
+  the first of the draws, as many as things ranked above them decide, never their own values: what
+  multi-step speculative sampling without replacement needs to stay exact. That
   holds for a reused subtree too (its draws were made before anyone knew it would survive), so the
   re-root keeps it in both modes; `pyspec_ref.parallel_tree` states the argument and its tests
   check it.

@@ -27,9 +27,10 @@ from __future__ import annotations
 import torch
 
 from . import decoder
-from .backends import inverse_cdf, make_backend
+from .backends import make_backend
 from .host_tree import HostTree, dfs_times_of
 from .side_steps import MoveBuffers, Steps, TreeStep
+from .tree import gumbel_top_k
 
 GROWTHS = ("best", "likely")  # pyspec_ref.parallel_tree's rules for the steps taken during verification
 
@@ -75,8 +76,9 @@ class DraftSide:
         self.ops = make_backend(backend, impl)
         self.gen = torch.Generator().manual_seed(seed)
         graphs = decoder._check_graphs(graphs, backend, draft.device)
-        # Sampling: each pass's uniforms, (width, branch) float64, drawn on the host.
-        self.uniforms = torch.zeros((cfg.tree_size, cfg.branch), dtype=torch.float64, device=draft.device)
+        # Sampling: each pass's Gumbel uniforms, (width, V) float64, drawn on the host.
+        self.uniforms = torch.zeros((cfg.tree_size, draft.config.vocab_size), dtype=torch.float64,
+                                    device=draft.device)
         self.passes = Steps(lambda width, graphed: TreeStep(self.ops, draft, self.cache, width, tree_rows,
                                                             self._finish, graphs=graphed),
                             range(1, cfg.tree_size + 1) if graphs else (), graphs)
@@ -98,8 +100,8 @@ class DraftSide:
 
     def _finish(self, logits: torch.Tensor, prefix: torch.Tensor, extra: torch.Tensor):
         """After the draft pass, in its graph: each query's candidate children (greedy: the
-        top-`branch` tokens; sample: `branch` independent draws from q by inverse CDF, in draw
-        order) as one (width, 2 * branch + 1) float64 table [log q of each, token ids, log of the
+        top-`branch` tokens; sample: `branch` draws from q without replacement by Gumbel top-k,
+        in draw order) as one (width, 2 * branch + 1) float64 table [log q of each, token ids, log of the
         top probability]; sample mode also returns q (width, V) float32, kept for the
         verification."""
         logq = torch.log_softmax(logits.float(), -1)
@@ -108,7 +110,7 @@ class DraftSide:
             values, picks = torch.topk(logq, min(self.cfg.branch, logq.shape[-1]), dim=-1)
             return torch.cat([values.double(), picks.double(), top], dim=1)
         probs = logq.exp()
-        picks = inverse_cdf(probs, self.uniforms[:logits.shape[0]])
+        picks = gumbel_top_k(logq, self.uniforms[:logits.shape[0]], self.cfg.branch)
         return torch.cat([logq.gather(1, picks).double(), picks.double(), top], dim=1), probs
 
     def _run(self, nodes: list[int]) -> None:
@@ -119,7 +121,7 @@ class DraftSide:
         step.load(self.prefix, tree.dfs_times(), nodes, [tree.tokens[v] for v in nodes],
                   [tree.depth[v] for v in nodes])
         if self.cfg.mode == "sample":
-            self.uniforms[:width].copy_(torch.rand((width, self.cfg.branch), generator=self.gen,
+            self.uniforms[:width].copy_(torch.rand((width, self.uniforms.shape[1]), generator=self.gen,
                                                    dtype=torch.float64))
         out = step.run()
         self.calls += 1
@@ -223,9 +225,9 @@ class _Verification:
             self.q = torch.full((1, n, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
             self.p = torch.full((1, n, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
             self.uniforms = torch.zeros((2, n), dtype=torch.float64, device=device)  # accept, sample
-            # The parallel draft draws siblings independently (`host_tree`): SpecInfer's rule.
+            # The draft draws a node's siblings without replacement (`host_tree`): Sequoia's rule.
             self.verifier = ops.sampling_verifier(self.parents, self.tokens, self.q, self.p,
-                                                  self.uniforms[0:1], self.uniforms[1:2], replacement=True)
+                                                  self.uniforms[0:1], self.uniforms[1:2], replacement=False)
         self.src, self.dst = torch.zeros((1, n), **int32), torch.zeros((1, n), **int32)
         self.counts = torch.zeros(1, **int32)
         self.compact = ops.compactor(cache, self.src, self.dst, self.counts)
