@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import course  # noqa: F401  (first: chooses the simulator / interpreter)
-from course.capstone import decoder, parallel, weights, wire
+from course.capstone import decoder, parallel, processes, weights, wire
 from course.capstone.model import TinyLM
 from course.capstone.sides import GROWTHS, DraftSide, TargetSide
 from course.capstone.text import encode
@@ -233,18 +233,19 @@ def test_the_handshake_names_every_difference():
 # --------------------------------------------------------------------------- two processes
 
 
-def _job(**changes) -> parallel.Job:
+def _job(**changes) -> processes.Job:
     options = dict(tree_size=4, width=2, max_new_tokens=8, backend="reference", peer_timeout=2.0,
                    devices={"target": DEVICE, "draft": DEVICE})
-    runs = changes.pop("runs", [parallel.Run(PROMPT, 2)])
-    return parallel.Job(TINY["target"], TINY["draft"], runs, **(options | changes))
+    runs = changes.pop("runs", [processes.Run(PROMPT, 2)])
+    return processes.Job(TINY["target"], TINY["draft"], runs, **(options | changes))
 
 
 def test_two_processes_produce_the_lockstep_tokens(pair, plain):
     """The simulator and the interpreter in both processes, gloo between them: a greedy run with
     the course's kernels and a sampled one; each equals the one-process run of the same settings."""
-    runs = [parallel.Run(PROMPT, 2, "greedy", 0), parallel.Run(PROMPT, 1, "sample", 5)]
-    got = parallel.launch(_job(runs=runs, max_new_tokens=6, backend="kernels", impl="solutions"), timeout=300)
+    runs = [processes.Run(PROMPT, 2, "greedy", 0), processes.Run(PROMPT, 1, "sample", 5)]
+    got = processes.launch(_job(runs=runs, max_new_tokens=6, backend="kernels", impl="solutions"),
+                           timeout=300)
     assert got[0].tokens == plain[:6]
     for run, generation in zip(runs, got, strict=True):
         same = parallel.generate(pair.target, pair.draft, PROMPT, 6, tree_size=4, width=2, steps=run.steps,
@@ -259,10 +260,10 @@ def test_two_processes_produce_the_lockstep_tokens(pair, plain):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpus_through_nccl(pair, plain):
     """On a machine with two GPUs: the target on cuda:0, the draft on cuda:1, NCCL between them."""
-    runs = [parallel.Run(PROMPT, 2, "greedy", 0), parallel.Run(PROMPT, 3, "sample", 5)]
+    runs = [processes.Run(PROMPT, 2, "greedy", 0), processes.Run(PROMPT, 3, "sample", 5)]
     job = _job(runs=runs, max_new_tokens=16, backend="kernels", impl="solutions", transport="nccl",
                devices={"target": "cuda:0", "draft": "cuda:1"})
-    got = parallel.launch(job, timeout=300)
+    got = processes.launch(job, timeout=300)
     assert got[0].tokens == plain[:16]
     same = parallel.generate(pair.target, pair.draft, PROMPT, 16, tree_size=4, width=2, steps=3, branch=4,
                              mode="sample", seed=5, impl="solutions")
@@ -277,15 +278,15 @@ def test_a_mismatched_pair_is_refused_before_anything_runs(tmp_path):
     job = _job()
     job.draft = str(path)
     with pytest.raises(wire.PairMismatch, match="vocab_size: target 80, draft 81"):
-        parallel.Launch(job)  # refused by the launcher: no process started
+        processes.Launch(job)  # refused by the launcher: no process started
     # launched anyway (as two separately started workers would be), the handshake refuses it too
     job = _job(dtypes={"target": "float32", "draft": "float16"})
-    with pytest.raises(parallel.ParallelError, match="dtype: target float32, draft float16") as error:
-        parallel.Launch(job, check=False).wait(60)
+    with pytest.raises(processes.ParallelError, match="dtype: target float32, draft float16") as error:
+        processes.Launch(job, check=False).wait(60)
     assert "neither was loaded onto a GPU" in str(error.value)
 
 
-def _stopped_within(launch: parallel.Launch, role: str, seconds: float) -> float:
+def _stopped_within(launch: processes.Launch, role: str, seconds: float) -> float:
     start = time.monotonic()
     while launch.processes[role].poll() is None:
         assert time.monotonic() - start < seconds, f"the {role} process did not stop within {seconds} s"
@@ -293,7 +294,7 @@ def _stopped_within(launch: parallel.Launch, role: str, seconds: float) -> float
     return time.monotonic() - start
 
 
-def _paused(launch: parallel.Launch, role: str) -> None:
+def _paused(launch: processes.Launch, role: str) -> None:
     start = time.monotonic()
     while not launch.paused(role):
         assert time.monotonic() - start < 120, "the job did not reach its pause point"
@@ -304,7 +305,7 @@ def _paused(launch: parallel.Launch, role: str) -> None:
 @pytest.mark.parametrize("victim, how", [("draft", "kill"), ("target", "kill"), ("draft", "freeze")])
 def test_a_dead_or_frozen_process_stops_its_peer_within_seconds(victim, how):
     peer = "target" if victim == "draft" else "draft"
-    launch = parallel.Launch(_job(max_new_tokens=60, pause=[victim, 1]))
+    launch = processes.Launch(_job(max_new_tokens=60, pause=[victim, 1]))
     _paused(launch, victim)
     os.kill(launch.processes[victim].pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
     try:
@@ -319,16 +320,16 @@ def test_a_dead_or_frozen_process_stops_its_peer_within_seconds(victim, how):
     finally:
         launch.processes[victim].kill()
         launch.processes[victim].wait()
-    with pytest.raises(parallel.ParallelError, match=f"the {victim}"):
+    with pytest.raises(processes.ParallelError, match=f"the {victim}"):
         launch.wait(30)
 
 
 def test_a_silent_peer_times_out_and_both_stop():
-    launch = parallel.Launch(_job(max_new_tokens=60, pause=["draft", 0], message_timeout=2.0))
+    launch = processes.Launch(_job(max_new_tokens=60, pause=["draft", 0], message_timeout=2.0))
     _paused(launch, "draft")
     _stopped_within(launch, "target", 2.0 + 5)
     _stopped_within(launch, "draft", 5)  # told by the target through the store
-    with pytest.raises(parallel.ParallelError, match="no SUBTREE from the draft for 2") as error:
+    with pytest.raises(processes.ParallelError, match="no SUBTREE from the draft for 2") as error:
         launch.wait(30)
     said = str(error.value)  # the draft learns it from the store, or finds the store gone with the target
     assert "draft process: the target stopped" in said or "lost contact with the target" in said

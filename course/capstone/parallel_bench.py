@@ -12,7 +12,7 @@ Every generation has B = 1 (one prompt of `prompts`), the pair in float16 and th
   serial            the parallel code's serial schedule in one process on cuda:0: the draft's d
                     steps after re-rooting, on the critical path (`parallel.run_sides`; each pass
                     a CUDA graph, as in the parallel runs);
-  parallel          target on cuda:0, draft on cuda:1, NCCL between them (`parallel.launch`);
+  parallel          target on cuda:0, draft on cuda:1, NCCL between them (`processes.launch`);
                     also through gloo (the messages over the CPU), and with --one-gpu (or on a
                     machine with one GPU) both processes sharing cuda:0 through gloo.
 
@@ -44,7 +44,7 @@ import torch
 
 from course.measure import results
 
-from . import decoder, parallel, weights
+from . import decoder, parallel, processes, weights
 from .bench import prompts
 from .sides import GROWTHS
 from .text import encode
@@ -151,10 +151,10 @@ def _launched(job_options: dict, paths: dict, texts: list, modes, steps, repeats
     returns {(mode, d): [the median generation per prompt]}."""
     keys = [(mode, d, p) for mode in modes for d in steps for p in range(len(texts))
             for _ in range(1 + repeats)]
-    runs = [parallel.Run(texts[p], d, mode, 0) for mode, d, p in keys]
-    job = parallel.Job(paths["target"], paths["draft"], runs, **job_options)
+    runs = [processes.Run(texts[p], d, mode, 0) for mode, d, p in keys]
+    job = processes.Job(paths["target"], paths["draft"], runs, **job_options)
     grouped: dict = {}
-    for key, generation in zip(keys, parallel.launch(job, timeout=540), strict=True):
+    for key, generation in zip(keys, processes.launch(job, timeout=540), strict=True):
         grouped.setdefault(key, []).append(generation)
     return {(mode, d): [_median(grouped[mode, d, p][1:]) for p in range(len(texts))]
             for mode in modes for d in steps}

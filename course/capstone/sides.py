@@ -1,7 +1,7 @@
 """The two sides of tree speculative decoding, apart (notebook 20): what SwiftSpec's draft worker
 and target worker each do (§3.1, Algorithm 1), for one prompt (B = 1), over the capstone's pieces.
 
-This is the narrow interface the parallel workers (`course.capstone.parallel`) are written against:
+This is the narrow interface the parallel workers (`course.capstone.protocol`) are written against:
 
 * `DraftSide`: `start(prompt)` (prefill), `grow(steps)` (run a new root, grow the tree until
   tree_size items can be sent, then `steps` more steps of `width` nodes), `subtree()` (the best
