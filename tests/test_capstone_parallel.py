@@ -377,6 +377,8 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
     assert {(r["growth"], r["mode"]) for r in measured} == {(g, m) for g in GROWTHS
                                                             for m in ("greedy", "sample")}
     assert all(0 <= r["target_wait_ms_median"] < r["median_ms"] for r in measured)
+    decoders = [r for r in rows if r["name"] == "serial decoder"]
+    assert len(decoders) == 2 and all(r["tree"] in ("fixed", "sequoia") for r in decoders)  # its best tree
     greedy = [r for r in rows if r["mode"] == "greedy" and r["name"] != "autoregressive"]
     assert all(r["identical"] and r["max_abs_err"] == 0.0 for r in greedy)
     best = parallel_figures.best_parallel(rows)

@@ -157,9 +157,10 @@ def comparison(rows: list[dict], mode: str) -> list[tuple[str, dict]]:
     schedule and every parallel setup at the best parallel row's d."""
     best = best_parallel(rows, mode)
     out = []
-    for name, label in (("autoregressive", "autoregressive"),
-                        ("serial decoder", "serial decoder (capstone)")):
-        out += [(label, r) for r in _pick(rows, name, mode)]
+    out += [("autoregressive", r) for r in _pick(rows, "autoregressive", mode)]
+    for r in _pick(rows, "serial decoder", mode):
+        tree = f", {r['tree']} tree, N = {r['N']}" if r.get("tree") else ""
+        out.append((f"serial decoder (capstone{tree})", r))
     out += [(f"serial, d = {r['steps']}", r) for r in _pick(rows, "serial", mode, steps=best["steps"])]
     for r in _pick(rows, "parallel", mode, steps=best["steps"]):
         gpus = f"{r['gpus']} GPU" + "s" * (r["gpus"] > 1)
