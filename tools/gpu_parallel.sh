@@ -54,7 +54,7 @@ stage() {  # stage NAME SECONDS COMMAND...: run it under a time limit, log it, n
   echo "stage $name: exit $rc after $((SECONDS - t0)) s (limit $limit s)" | tee -a "$logs/parallel_stages.log"
 }
 
-gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" || echo 0)
 stage info 60 bash -c 'nvidia-smi -L; python3 -m course info'
 if [ "$gpus" -lt 2 ] && [[ ! " ${bench_args[*]:-} " == *" --one-gpu "* ]]; then
   echo "this machine has $gpus GPU(s): the bench measures both processes sharing one GPU (--one-gpu)"
