@@ -260,3 +260,29 @@ def test_sampled_tokens_follow_the_target_joint_distribution(growth):
     # the test has power: the draft's joint distribution is rejected
     wrong = _joint(draft, [0, 1], n)
     assert chi_square_p_value([counts[k] for k in keys], [wrong[k] for k in keys], pool_below=5) < 1e-3
+
+
+def _sampled_p_value(growth: str, runs: int = 3000) -> float:
+    """Chi-square p-value of the first three tokens against the target's joint distribution, with a
+    draft that is confident and often wrong: verification then often reaches a second sibling."""
+    target = toy_model(11, 3, context=2, sharpness=1.0)
+    draft = noisy_draft(target, toy_model(12, 3, context=2, sharpness=4.0), 0.9)
+    want = _joint(target, [0, 1], 3)
+    counts = dict.fromkeys(want, 0)
+    for seed in range(runs):
+        out = pt.simulate_parallel_tree(target, draft, [0, 1], 3, tree_size=3, width=2, steps=2, branch=2,
+                                        mode="sample", growth=growth, seed=1000 * seed, check=False)
+        counts[tuple(out["tokens"])] += 1
+    keys = sorted(want)
+    return chi_square_p_value([counts[k] for k in keys], [want[k] for k in keys], pool_below=5)
+
+
+def test_siblings_drawn_without_replacement_are_verified_as_such(monkeypatch):
+    """A node's siblings are draws without replacement (Sequoia §3.2): verified so, the tokens
+    follow the target; verified as SpecInfer's independent draws (with replacement), they do not,
+    which the test detects."""
+    assert _sampled_p_value("likely") > 1e-3
+    verify = pt.tree_speculative_sampling
+    monkeypatch.setattr(pt, "tree_speculative_sampling",
+                        lambda *a, **k: verify(*a, **(k | {"replacement": True})))
+    assert _sampled_p_value("likely") < 1e-3
