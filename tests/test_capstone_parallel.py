@@ -108,6 +108,19 @@ def test_sampling_matches_target_distribution(pair):
     assert chi_square_p_value(counts, marginals[0], pool_below=5) < 1e-3  # the test has power
 
 
+def test_a_draft_tree_larger_than_its_cache_is_refused(pair):
+    side = DraftSide(pair.draft, decoder.settings(4, 2, 2), 1, max_prompt=8, max_new_tokens=4,
+                     backend="reference")
+    side.start(PROMPT[:8])
+    side.grow(1)
+    while side.prefix + len(side.tree) <= side.rows:  # more nodes than grow ever makes
+        side.tree._add(0, 1, -1.0, -1.0)
+    before = side.cache.data.clone()
+    with pytest.raises(ValueError, match=r"more than the \d+ rows of its KV cache"):
+        side._run([len(side.tree) - 1])
+    assert torch.equal(side.cache.data, before)
+
+
 def test_the_draft_draws_siblings_without_replacement(pair):
     """Sampling: a run node's candidates are distinct tokens (Gumbel top-k, Sequoia's siblings), as
     nodes and as queued candidates alike (the target verifies them as draws without replacement:

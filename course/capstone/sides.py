@@ -71,8 +71,8 @@ class DraftSide:
         self.max_nodes = 2 * cfg.tree_size + (steps + 1) * cfg.width  # a top-up may overshoot tree_size
         self.max_prompt, self.max_new_tokens = max_prompt, max_new_tokens
         tree_rows = self.max_nodes + cfg.tree_size
-        rows = _room(max_prompt, max_new_tokens, tree_rows, draft, "draft")
-        self.cache = draft.new_cache(1, rows)
+        self.rows = _room(max_prompt, max_new_tokens, tree_rows, draft, "draft")
+        self.cache = draft.new_cache(1, self.rows)
         self.ops = make_backend(backend, impl)
         self.gen = torch.Generator().manual_seed(seed)
         graphs = decoder._check_graphs(graphs, backend, draft.device)
@@ -117,6 +117,9 @@ class DraftSide:
         """One draft pass over `nodes` (SwiftSpec §3.1): their KV into the cache, their candidate
         children into the queue."""
         tree, width = self.tree, len(nodes)
+        if self.prefix + len(tree) > self.rows:  # never reached by grow's limits; a wrong row is worse
+            raise ValueError(f"the draft tree holds {len(tree)} nodes after a prefix of {self.prefix}: more "
+                             f"than the {self.rows} rows of its KV cache (max_nodes = {self.max_nodes})")
         step = self.passes[width]
         step.load(self.prefix, tree.dfs_times(), nodes, [tree.tokens[v] for v in nodes],
                   [tree.depth[v] for v in nodes])
