@@ -53,21 +53,32 @@ parallel draft works ahead without knowing which node verification will keep, so
 nodes die at the re-root: fewer tokens per target call (SwiftSpec Table 6: 9% fewer on average),
 but no draft time between two target calls.
 
+Growth ahead (``growth``). While the target verifies, the draft does not know where the next
+root will be. Growth "best" pops the best keys, as every other step does; the best queued
+candidates are then the leaves just sent, which leave the tree at the re-root whatever the verdict
+(committed or cut). Growth "likely" speculates on the verdict instead (`_Draft.survival`): it pops
+the candidates the draft itself deems likeliest to be in the tree after the re-root, so that more
+of what it grows survives and fewer tokens per call are lost against the serial schedule.
+
 Exactness.
 * Greedy: every accepted token equals the target's argmax after its prefix and the next token is
   the target's argmax, so the output is the target's greedy decoding token for token, whatever
   the draft does (checked against `greedy_decode`).
-* Sampling: a node's candidate children are ``branch`` independent draws from q at that node, all
-  keyed by that node's own cumulative log-probability (the capstone's rule, see
-  course/capstone/tree.py), and every descendant of theirs gets a key no larger, pushed later. So
-  a node's children leave the queue before any of their descendants, in draw order, and how many
-  of them are grown, and sent, is decided by the queue's other entries and the round's budget,
-  never by their own values (those only key their descendants, which rank behind them). That is
-  what SpecInfer's multi-step speculative sampling needs to be exact at each node (§4.3): a number
-  of i.i.d. draws that does not depend on their values. It holds for a reused subtree too: its
-  draws were made before anyone knew it would survive, and after the re-root the same ranking
-  decides how many of them enter. The tests check the joint distribution of the first tokens
-  against the target's by a chi-square test.
+* Sampling: a node's candidate children are ``branch`` draws from q at that node WITHOUT
+  replacement (Sequoia §3.2, as the capstone's serial decoder draws them: distinct siblings, so
+  none is a wasted duplicate), all keyed by that node's own cumulative log-probability (the
+  capstone's rule, see course/capstone/tree.py), and every descendant of theirs gets a key no
+  larger, pushed later. So a node's children leave the queue before any of their descendants, in
+  draw order, and the ones sent are always the first of its draws, as many as the queue's other
+  entries and the round's budget decide, never their own values (those only key their
+  descendants, which rank behind them). That is what multi-step speculative sampling without
+  replacement needs to be exact at each node (`tree_speculative_sampling`): the first m draws of
+  the sequence, m independent of their values. It holds for a reused subtree too: its draws were
+  made before anyone knew it would survive, and after the re-root the same ranking decides how
+  many of them enter. (Growth "likely" may pop a node's later draws before its earlier ones, but
+  only under a node of the SUBTREE under verification, which never survives the re-root.) The
+  tests check the joint distribution of the first tokens against the target's by a chi-square
+  test.
 
 What the simulation keeps of each KV entry is its identity: (the node's birth number, the token
 path it was computed for, prefix included). `check_draft_cache` and `check_target_cache` state the
@@ -99,7 +110,12 @@ from dataclasses import dataclass, field
 
 from ._validate import as_int, int_list, positive_int
 from .kvcache import apply_moves, apply_moves_in_order, best_subtree
-from .sampling import greedy_tree_verification, inverse_cdf, tree_speculative_sampling, validate_distribution
+from .sampling import (
+    greedy_tree_verification,
+    sample_without_replacement,
+    tree_speculative_sampling,
+    validate_distribution,
+)
 from .trees import validate_parents, validate_topological
 
 __all__ = [  # Message (the protocol's record) stays in this module's namespace
@@ -113,6 +129,7 @@ __all__ = [  # Message (the protocol's record) stays in this module's namespace
 SUBTREE, ACCEPTED, STOP = "subtree", "accepted", "stop"
 KINDS = (SUBTREE, ACCEPTED, STOP)
 SCHEDULES = ("parallel", "serial")
+GROWTHS = ("best", "likely")
 MODES = ("greedy", "sample")
 
 Model = Callable[[tuple[int, ...]], Sequence[float]]
@@ -166,6 +183,7 @@ class _Draft:
     q: list = field(default_factory=list)  # the draft distribution at a run node
     heap: list = field(default_factory=list)  # (-key, order, parent, token, cum)
     cache: list = field(default_factory=list)  # KV rows: (birth, token path) entries
+    growth: str = "best"  # how a step ahead picks its candidates (GROWTHS)
     order: itertools.count = field(default_factory=itertools.count)
     births: itertools.count = field(default_factory=itertools.count)
     steps: int = 0  # draft passes (one per step of w nodes, one per fresh root)
@@ -203,7 +221,7 @@ class _Draft:
     def _run(self, nodes: list[int]) -> None:
         """One draft pass over `nodes` (SwiftSpec §3.1, the w queries of the non-square mask): each
         writes its KV row P + v and pushes its candidate children (top-`branch` tokens in greedy
-        mode, `branch` draws from q in sampling mode)."""
+        mode, `branch` draws from q without replacement in sampling mode)."""
         self.steps += 1
         P = len(self.prefix)
         for v in nodes:
@@ -214,25 +232,54 @@ class _Draft:
             if self.mode == "greedy":
                 ranked = sorted((t for t in range(len(q)) if q[t] > 0.0), key=lambda t: (-q[t], t))
                 picks = ranked[:self.branch]
-            else:
-                picks = [inverse_cdf(q, self.rng.random()) for _ in range(self.branch)]
+            else:  # without replacement; fewer where q has fewer tokens
+                count = min(self.branch, sum(1 for x in q if x > 0.0))
+                picks = sample_without_replacement(q, count, [self.rng.random() for _ in range(count)])
             for t in picks:
                 cum = self.cum[v] + math.log(q[t])
                 key = cum if self.mode == "greedy" else self.cum[v]
                 heapq.heappush(self.heap, (-key, next(self.order), v, t, cum))
 
-    def step(self, width: int) -> None:
-        """Run the root if it is new, else pop the `width` best candidates and run them."""
+    def step(self, width: int, ahead: bool = False) -> None:
+        """Run the root if it is new, else pop the `width` best candidates and run them; for a step
+        ahead of a verdict (while the target verifies) under growth "likely", the `width` likeliest
+        to outlive the re-root (`survival`)."""
         if not self.run[0]:
             self._run([0])
             return
         added = []
         while self.heap and len(added) < width:
-            neg, order, parent, token, cum = heapq.heappop(self.heap)
+            if ahead and self.growth == "likely":
+                entry = min(self.heap, key=lambda e: (-self.survival(e), e[1]))  # ties: queue order
+                self.heap.remove(entry)
+                heapq.heapify(self.heap)
+            else:
+                entry = heapq.heappop(self.heap)
+            neg, order, parent, token, cum = entry
             added.append(self._add(parent, token, cum, -neg))
             self.popped[order] = added[-1]
         if added:
             self._run(added)
+
+    def survival(self, entry: tuple) -> float:
+        """Growth "likely": the draft's log-probability that a candidate, made a node now, is still
+        in the tree after the coming re-root. Only the subtree of the next root survives, and the
+        next root is never an item of the SUBTREE under verification (a sent child whose token is
+        the next token is accepted, not rejected, and a rejected child's token has residual
+        probability 0), so:
+
+        * a candidate not sent lives on if verification ends where it hangs and emits its token,
+          or goes through it: the draft puts probability exp(key) on that (in greedy mode the key
+          is its own cumulative log-probability; in sampling mode its parent's, which keeps a
+          surviving node's children in draw order, see the module docstring);
+        * a candidate sent as a leaf leaves the tree at the re-root whatever the verdict (committed
+          or cut); running it early is worth only the children it queues, the best of which is
+          the next root when verification ends at the leaf: its key plus the log of the draft's
+          top probability at its parent, an estimate of that child's probability known before the
+          leaf is run."""
+        neg, order, parent, _token, _cum = entry
+        sent = any(isinstance(s, tuple) and s[1] == order for s in self.sent)
+        return -neg + (math.log(max(self.q[parent])) if sent else 0.0)
 
     def selectable(self) -> int:
         """What a SUBTREE can be chosen from: the nodes and the queued candidates."""
@@ -373,9 +420,9 @@ class _Target:
             n = len(parents)
             accept = [self.rng.random() for _ in range(n)]
             draw = [self.rng.random() for _ in range(n)]
-            # the candidates are independent draws from q (with replacement): SpecInfer's rule
+            # siblings are the first draws without replacement from q (Sequoia's rule)
             path, nxt = tree_speculative_sampling(list(parents), list(msg.tokens), [list(r) for r in msg.q],
-                                                  p, accept, draw, replacement=True)
+                                                  p, accept, draw, replacement=False)
         moves = [(P + j, P + i) for i, j in enumerate(path) if i != j]
         self.cache = apply_moves(self.cache, moves)
         self.prefix += [msg.tokens[j] for j in path]
@@ -490,7 +537,8 @@ def _check_options(prompt, max_new_tokens, tree_size, width, steps, branch, mode
 
 def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], max_new_tokens: int, *,
                            tree_size: int = 4, width: int = 2, steps: int = 2, branch: int = 2,
-                           mode: str = "greedy", schedule: str = "parallel", seed: int = 0,
+                           mode: str = "greedy", schedule: str = "parallel", growth: str = "best",
+                           seed: int = 0,
                            eos: int | None = None, target_cost: float = 1.0, step_cost: float = 0.3,
                            check: bool = True) -> dict:
     """Both workers of SwiftSpec's Algorithm 1 (§3.1), run one after the other in the order the
@@ -498,7 +546,11 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
     produce exactly these tokens and messages.
 
     tree_size: bs, nodes per SUBTREE; width: w, nodes per draft step; steps: d, draft steps per
-    round (during verification for schedule "parallel", after re-rooting for "serial"); branch:
+    round (during verification for schedule "parallel", after re-rooting for "serial"); growth:
+    how those steps ahead pick their candidates, "best" (the best keys, as every other step) or
+    "likely" (the likeliest to outlive the re-root, `_Draft.survival`: a leaf of the subtree
+    under verification leaves the tree whatever the verdict, and is worth running early only for
+    the children it queues); branch:
     candidate children per run node; mode: "greedy" or "sample" (uniforms from random.Random(seed)
     for the draft and random.Random(seed + 1) for the target); eos: a token that ends the output.
     The draft tree holds at most 2 * tree_size + (steps + 1) * width nodes: a step of w starts only
@@ -517,9 +569,11 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
     """
     prompt, n, bs, w, d, k = _check_options(prompt, max_new_tokens, tree_size, width, steps, branch, mode,
                                             schedule, eos)
+    if growth not in GROWTHS:
+        raise ValueError(f"growth must be one of {GROWTHS}, got {growth!r}")
     vocab = len(validate_distribution(list(target(tuple(prompt))), f"target{tuple(prompt)}"))
     capacity = 2 * bs + (d + 1) * w
-    dr = _Draft(draft, mode, k, random.Random(seed), vocab)
+    dr = _Draft(draft, mode, k, random.Random(seed), vocab, growth=growth)
     tg = _Target(target, mode, random.Random(seed + 1), vocab)
     # Prefill: both caches hold the prompt but its last token, which is the first root.
     dr.prefix, tg.prefix = prompt[:-1], prompt[:-1]
@@ -549,8 +603,9 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         can be sent, each step running as few nodes as the missing count needs (each queues k
         candidates; §3.2: a short tree "expands bs nodes immediately using one draft model
         inference"); then take `planned` steps of w nodes (as many as fit the capacity). A step
-        pops the best candidates and runs them in one draft pass."""
-        before = dr.steps
+        pops candidates (the best; ahead of a verdict under growth "likely", the likeliest to
+        survive it) and runs them in one draft pass."""
+        before, ahead = dr.steps, what == "grow ahead"
         if not dr.run[0]:
             dr.step(w)
         while dr.heap and dr.selectable() < bs:
@@ -558,7 +613,7 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         for _ in range(min(planned, max(0, (capacity - len(dr.parents)) // w))):
             if not dr.heap:
                 break
-            dr.step(w)
+            dr.step(w, ahead)
         work("draft", what, r, (dr.steps - before) * step_cost)
 
     r = 0

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import course  # noqa: F401  (first: chooses the simulator / interpreter)
-from course.capstone import decoder, parallel, weights, wire
+from course.capstone import decoder, parallel, processes, weights, wire
 from course.capstone.model import TinyLM
-from course.capstone.sides import DraftSide, TargetSide
+from course.capstone.sides import GROWTHS, DraftSide, TargetSide
 from course.capstone.text import encode
 from course.core import runtime
 from course.measure.stats import chi_square_p_value
@@ -37,11 +37,12 @@ def plain(pair):
     return decoder.autoregressive(pair.target, [PROMPT], 24, backend="reference").tokens[0]
 
 
-@pytest.mark.parametrize("schedule", parallel.SCHEDULES)
+@pytest.mark.parametrize("schedule, growth",
+                         [("serial", "best"), ("parallel", "best"), ("parallel", "likely")])
 @pytest.mark.parametrize("tree_size, width, steps", [(4, 2, 0), (4, 2, 2), (6, 3, 1), (3, 1, 4)])
-def test_greedy_equals_plain_decoding(pair, plain, schedule, tree_size, width, steps):
+def test_greedy_equals_plain_decoding(pair, plain, schedule, growth, tree_size, width, steps):
     got = parallel.generate(pair.target, pair.draft, PROMPT, 24, tree_size=tree_size, width=width,
-                            steps=steps, schedule=schedule, backend="reference")
+                            steps=steps, schedule=schedule, growth=growth, backend="reference")
     assert got.tokens == plain
     assert got.target_calls < 24 and got.tokens_per_call > 1.5  # the draft does get tokens accepted
     if schedule == "parallel" and steps >= 2:
@@ -107,6 +108,36 @@ def test_sampling_matches_target_distribution(pair):
     assert chi_square_p_value(counts, marginals[0], pool_below=5) < 1e-3  # the test has power
 
 
+def test_a_draft_tree_larger_than_its_cache_is_refused(pair):
+    side = DraftSide(pair.draft, decoder.settings(4, 2, 2), 1, max_prompt=8, max_new_tokens=4,
+                     backend="reference")
+    side.start(PROMPT[:8])
+    side.grow(1)
+    while side.prefix + len(side.tree) <= side.rows:  # more nodes than grow ever makes
+        side.tree._add(0, 1, -1.0, -1.0)
+    before = side.cache.data.clone()
+    with pytest.raises(ValueError, match=r"more than the \d+ rows of its KV cache"):
+        side._run([len(side.tree) - 1])
+    assert torch.equal(side.cache.data, before)
+
+
+def test_the_draft_draws_siblings_without_replacement(pair):
+    """Sampling: a run node's candidates are distinct tokens (Gumbel top-k, Sequoia's siblings), as
+    nodes and as queued candidates alike (the target verifies them as draws without replacement:
+    `test_sampling_matches_target_distribution`)."""
+    cfg = decoder.settings(6, 2, 4, mode="sample")
+    side = DraftSide(pair.draft, cfg, 2, max_prompt=len(PROMPT), max_new_tokens=8, backend="reference")
+    side.start(PROMPT, seed=3)
+    side.grow(2)
+    tree = side.tree
+    siblings: dict = {}
+    for v in range(1, len(tree)):
+        siblings.setdefault(tree.parents[v], []).append(tree.tokens[v])
+    for _, _, parent, token, _ in tree.heap:
+        siblings.setdefault(parent, []).append(token)
+    assert sum(tree.run) >= 3 and all(len(set(t)) == len(t) == cfg.branch for t in siblings.values())
+
+
 def _kv_of(model, sequence: list[int]) -> torch.Tensor:
     """The KV rows (R, len, d) of a fresh causal prefill of `sequence` (its last token included)."""
     cache = model.new_cache(1, len(sequence) + 1)
@@ -114,22 +145,23 @@ def _kv_of(model, sequence: list[int]) -> torch.Tensor:
     return cache.data[0, :, :len(sequence)]
 
 
-@pytest.mark.parametrize("ahead", [2, 0])
-def test_the_draft_cache_matches_its_tree_after_every_reroot(pair, ahead):
+@pytest.mark.parametrize("ahead, growth", [(2, "best"), (2, "likely"), (0, "best")])
+def test_the_draft_cache_matches_its_tree_after_every_reroot(pair, ahead, growth):
     """SwiftSpec §3.2's invariant on the real cache: after each re-root, row i < P holds the KV of
     committed token i and row P + v the KV of tree node v's path, for every node the draft ran.
     ahead: draft steps while the target verifies; with none, paths end at leaves never run, whose
     KV the re-root computes (with the new root's, in one pass)."""
     cfg = decoder.settings(4, 2, 3, mode="greedy")
     sizes = dict(max_prompt=len(PROMPT), max_new_tokens=16, backend="reference")
-    d_side, t_side = DraftSide(pair.draft, cfg, 2, **sizes), TargetSide(pair.target, cfg, **sizes)
+    d_side = DraftSide(pair.draft, cfg, 2, growth=growth, **sizes)
+    t_side = TargetSide(pair.target, cfg, **sizes)
     d_side.start(PROMPT)
     t_side.start(PROMPT)
     d_side.grow(0)
     committed, kept, adopted = list(PROMPT[:-1]), 0, 0
     for _ in range(5):
         parents, tokens, q = d_side.subtree()
-        d_side.grow(ahead)  # while the target verifies
+        d_side.grow(ahead, ahead=True)  # while the target verifies
         path, nxt = t_side.verify(parents, tokens, q)
         committed += [tokens[j] for j in path]
         calls = d_side.calls
@@ -214,18 +246,19 @@ def test_the_handshake_names_every_difference():
 # --------------------------------------------------------------------------- two processes
 
 
-def _job(**changes) -> parallel.Job:
+def _job(**changes) -> processes.Job:
     options = dict(tree_size=4, width=2, max_new_tokens=8, backend="reference", peer_timeout=2.0,
                    devices={"target": DEVICE, "draft": DEVICE})
-    runs = changes.pop("runs", [parallel.Run(PROMPT, 2)])
-    return parallel.Job(TINY["target"], TINY["draft"], runs, **(options | changes))
+    runs = changes.pop("runs", [processes.Run(PROMPT, 2)])
+    return processes.Job(TINY["target"], TINY["draft"], runs, **(options | changes))
 
 
 def test_two_processes_produce_the_lockstep_tokens(pair, plain):
     """The simulator and the interpreter in both processes, gloo between them: a greedy run with
     the course's kernels and a sampled one; each equals the one-process run of the same settings."""
-    runs = [parallel.Run(PROMPT, 2, "greedy", 0), parallel.Run(PROMPT, 1, "sample", 5)]
-    got = parallel.launch(_job(runs=runs, max_new_tokens=6, backend="kernels", impl="solutions"), timeout=300)
+    runs = [processes.Run(PROMPT, 2, "greedy", 0), processes.Run(PROMPT, 1, "sample", 5)]
+    got = processes.launch(_job(runs=runs, max_new_tokens=6, backend="kernels", impl="solutions"),
+                           timeout=300)
     assert got[0].tokens == plain[:6]
     for run, generation in zip(runs, got, strict=True):
         same = parallel.generate(pair.target, pair.draft, PROMPT, 6, tree_size=4, width=2, steps=run.steps,
@@ -240,10 +273,10 @@ def test_two_processes_produce_the_lockstep_tokens(pair, plain):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpus_through_nccl(pair, plain):
     """On a machine with two GPUs: the target on cuda:0, the draft on cuda:1, NCCL between them."""
-    runs = [parallel.Run(PROMPT, 2, "greedy", 0), parallel.Run(PROMPT, 3, "sample", 5)]
+    runs = [processes.Run(PROMPT, 2, "greedy", 0), processes.Run(PROMPT, 3, "sample", 5)]
     job = _job(runs=runs, max_new_tokens=16, backend="kernels", impl="solutions", transport="nccl",
                devices={"target": "cuda:0", "draft": "cuda:1"})
-    got = parallel.launch(job, timeout=300)
+    got = processes.launch(job, timeout=300)
     assert got[0].tokens == plain[:16]
     same = parallel.generate(pair.target, pair.draft, PROMPT, 16, tree_size=4, width=2, steps=3, branch=4,
                              mode="sample", seed=5, impl="solutions")
@@ -258,15 +291,15 @@ def test_a_mismatched_pair_is_refused_before_anything_runs(tmp_path):
     job = _job()
     job.draft = str(path)
     with pytest.raises(wire.PairMismatch, match="vocab_size: target 80, draft 81"):
-        parallel.Launch(job)  # refused by the launcher: no process started
+        processes.Launch(job)  # refused by the launcher: no process started
     # launched anyway (as two separately started workers would be), the handshake refuses it too
     job = _job(dtypes={"target": "float32", "draft": "float16"})
-    with pytest.raises(parallel.ParallelError, match="dtype: target float32, draft float16") as error:
-        parallel.Launch(job, check=False).wait(60)
+    with pytest.raises(processes.ParallelError, match="dtype: target float32, draft float16") as error:
+        processes.Launch(job, check=False).wait(60)
     assert "neither was loaded onto a GPU" in str(error.value)
 
 
-def _stopped_within(launch: parallel.Launch, role: str, seconds: float) -> float:
+def _stopped_within(launch: processes.Launch, role: str, seconds: float) -> float:
     start = time.monotonic()
     while launch.processes[role].poll() is None:
         assert time.monotonic() - start < seconds, f"the {role} process did not stop within {seconds} s"
@@ -274,7 +307,7 @@ def _stopped_within(launch: parallel.Launch, role: str, seconds: float) -> float
     return time.monotonic() - start
 
 
-def _paused(launch: parallel.Launch, role: str) -> None:
+def _paused(launch: processes.Launch, role: str) -> None:
     start = time.monotonic()
     while not launch.paused(role):
         assert time.monotonic() - start < 120, "the job did not reach its pause point"
@@ -285,7 +318,7 @@ def _paused(launch: parallel.Launch, role: str) -> None:
 @pytest.mark.parametrize("victim, how", [("draft", "kill"), ("target", "kill"), ("draft", "freeze")])
 def test_a_dead_or_frozen_process_stops_its_peer_within_seconds(victim, how):
     peer = "target" if victim == "draft" else "draft"
-    launch = parallel.Launch(_job(max_new_tokens=60, pause=[victim, 1]))
+    launch = processes.Launch(_job(max_new_tokens=60, pause=[victim, 1]))
     _paused(launch, victim)
     os.kill(launch.processes[victim].pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
     try:
@@ -300,16 +333,16 @@ def test_a_dead_or_frozen_process_stops_its_peer_within_seconds(victim, how):
     finally:
         launch.processes[victim].kill()
         launch.processes[victim].wait()
-    with pytest.raises(parallel.ParallelError, match=f"the {victim}"):
+    with pytest.raises(processes.ParallelError, match=f"the {victim}"):
         launch.wait(30)
 
 
 def test_a_silent_peer_times_out_and_both_stop():
-    launch = parallel.Launch(_job(max_new_tokens=60, pause=["draft", 0], message_timeout=2.0))
+    launch = processes.Launch(_job(max_new_tokens=60, pause=["draft", 0], message_timeout=2.0))
     _paused(launch, "draft")
     _stopped_within(launch, "target", 2.0 + 5)
     _stopped_within(launch, "draft", 5)  # told by the target through the store
-    with pytest.raises(parallel.ParallelError, match="no SUBTREE from the draft for 2") as error:
+    with pytest.raises(processes.ParallelError, match="no SUBTREE from the draft for 2") as error:
         launch.wait(30)
     said = str(error.value)  # the draft learns it from the store, or finds the store gone with the target
     assert "draft process: the target stopped" in said or "lost contact with the target" in said
@@ -353,6 +386,12 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
     names = {(r["name"], r["mode"]) for r in rows}
     assert names == {(n, m) for n in ("autoregressive", "serial decoder", "serial", "parallel")
                      for m in ("greedy", "sample")}
+    measured = [r for r in rows if r["name"] == "parallel"]
+    assert {(r["growth"], r["mode"]) for r in measured} == {(g, m) for g in GROWTHS
+                                                            for m in ("greedy", "sample")}
+    assert all(0 <= r["target_wait_ms_median"] < r["median_ms"] for r in measured)
+    decoders = [r for r in rows if r["name"] == "serial decoder"]
+    assert len(decoders) == 2 and all(r["tree"] in ("fixed", "sequoia") for r in decoders)  # its best tree
     greedy = [r for r in rows if r["mode"] == "greedy" and r["name"] != "autoregressive"]
     assert all(r["identical"] and r["max_abs_err"] == 0.0 for r in greedy)
     best = parallel_figures.best_parallel(rows)
@@ -362,7 +401,7 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
                 "gpus": 0, "rows": rows}
     results.validate(document)
     figure = parallel_figures.measured_figure(document)
-    assert len(figure.axes) == 4  # two timelines, greedy and sampling bars
+    assert len(figure.axes) == 5  # three timelines (parallel, both growths; serial), greedy and sampling bars
     plt.close(figure)
     # the committed file with the most GPUs is the one notebook 20 shows; none: "not measured yet"
     with pytest.raises(results.NotMeasuredYet, match="not measured yet"):

@@ -48,7 +48,8 @@ def pairs_and_settings(draw):
     prompt = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4))
     tree_size = draw(st.integers(1, 8))
     options = dict(tree_size=tree_size, width=draw(st.integers(1, tree_size)), steps=draw(st.integers(0, 4)),
-                   branch=draw(st.integers(1, 4)), schedule=draw(st.sampled_from(pt.SCHEDULES)))
+                   branch=draw(st.integers(1, 4)), schedule=draw(st.sampled_from(pt.SCHEDULES)),
+                   growth=draw(st.sampled_from(pt.GROWTHS)))
     return target, draft, prompt, draw(st.integers(1, 24)), options
 
 
@@ -92,6 +93,27 @@ def test_the_schedules_differ_only_in_when_the_draft_works():
                        and e["what"] == "wait") for name, run in (("par", par), ("ser", ser))}
     assert waits["par"] < waits["ser"]
     assert any(r["reused"] and r["kept"] > 1 for r in par["rounds"])  # grown-ahead subtrees survive
+
+
+def test_likely_growth_runs_the_leaves_sent_only_for_their_children():
+    """Ahead of a verdict, growth "likely" ranks a leaf under verification below an unsent
+    candidate of the same key (the leaf leaves the tree at the re-root whatever the verdict), by
+    the draft's top probability at its parent; every other step keeps the best keys."""
+    target = toy_model(5, 5)
+    draft = noisy_draft(target, toy_model(6, 5), 0.3)
+    dr = pt._Draft(draft, "greedy", 2, random.Random(0), 5, growth="likely")
+    dr.fresh(3)
+    dr.step(2)  # the root: its candidates queue
+    dr.select(3)
+    leaf = next(s for s in dr.sent if isinstance(s, tuple))
+    twin = (leaf[0], -1, *leaf[2:])  # the same key, not sent
+    assert dr.survival(leaf) == pytest.approx(-leaf[0] + math.log(max(dr.q[leaf[2]])))
+    assert dr.survival(twin) == -leaf[0] > dr.survival(leaf)
+    serial, parallel = ([pt.simulate_parallel_tree(target, draft, [1, 2], 30, tree_size=8, width=2, steps=4,
+                                                   branch=2, growth=g, schedule=s)["messages"]
+                         for g in pt.GROWTHS] for s in ("serial", "parallel"))
+    assert serial[0] == serial[1]  # the serial schedule takes no step ahead: the growths agree
+    assert parallel[0] != parallel[1]  # the parallel one does, and there they differ
 
 
 def test_the_clock_orders_every_message():
@@ -191,7 +213,7 @@ def test_bad_options_are_named():
     m = toy_model(0, 3)
     for kwargs, match in ((dict(tree_size=0), "tree_size"), (dict(width=0), "width"),
                           (dict(steps=-1), "steps"), (dict(branch=0), "branch"), (dict(mode="beam"), "mode"),
-                          (dict(schedule="x"), "schedule")):
+                          (dict(schedule="x"), "schedule"), (dict(growth="wide"), "growth")):
         with pytest.raises(ValueError, match=match):
             pt.simulate_parallel_tree(m, m, [1], 4, **kwargs)
     with pytest.raises(ValueError, match="prompt"):
@@ -216,7 +238,8 @@ def _joint(model, prompt, n):
     return out
 
 
-def test_sampled_tokens_follow_the_target_joint_distribution():
+@pytest.mark.parametrize("growth", pt.GROWTHS)
+def test_sampled_tokens_follow_the_target_joint_distribution(growth):
     """The first three tokens of many seeded runs against the target's exact joint distribution:
     the second and third tokens come from rounds whose trees reuse subtrees grown ahead."""
     vocab, n, runs = 3, 3, 3000
@@ -227,7 +250,7 @@ def test_sampled_tokens_follow_the_target_joint_distribution():
     reused = accepted = 0
     for seed in range(runs):
         out = pt.simulate_parallel_tree(target, draft, [0, 1], n, tree_size=3, width=2, steps=2, branch=2,
-                                        mode="sample", seed=1000 * seed, check=False)
+                                        mode="sample", growth=growth, seed=1000 * seed, check=False)
         counts[tuple(out["tokens"])] += 1
         reused += sum(r["kept"] > 1 for r in out["rounds"])
         accepted += sum(r["accepted"] for r in out["rounds"])
@@ -237,3 +260,29 @@ def test_sampled_tokens_follow_the_target_joint_distribution():
     # the test has power: the draft's joint distribution is rejected
     wrong = _joint(draft, [0, 1], n)
     assert chi_square_p_value([counts[k] for k in keys], [wrong[k] for k in keys], pool_below=5) < 1e-3
+
+
+def _sampled_p_value(growth: str, runs: int = 3000) -> float:
+    """Chi-square p-value of the first three tokens against the target's joint distribution, with a
+    draft that is confident and often wrong: verification then often reaches a second sibling."""
+    target = toy_model(11, 3, context=2, sharpness=1.0)
+    draft = noisy_draft(target, toy_model(12, 3, context=2, sharpness=4.0), 0.9)
+    want = _joint(target, [0, 1], 3)
+    counts = dict.fromkeys(want, 0)
+    for seed in range(runs):
+        out = pt.simulate_parallel_tree(target, draft, [0, 1], 3, tree_size=3, width=2, steps=2, branch=2,
+                                        mode="sample", growth=growth, seed=1000 * seed, check=False)
+        counts[tuple(out["tokens"])] += 1
+    keys = sorted(want)
+    return chi_square_p_value([counts[k] for k in keys], [want[k] for k in keys], pool_below=5)
+
+
+def test_siblings_drawn_without_replacement_are_verified_as_such(monkeypatch):
+    """A node's siblings are draws without replacement (Sequoia §3.2): verified so, the tokens
+    follow the target; verified as SpecInfer's independent draws (with replacement), they do not,
+    which the test detects."""
+    assert _sampled_p_value("likely") > 1e-3
+    verify = pt.tree_speculative_sampling
+    monkeypatch.setattr(pt, "tree_speculative_sampling",
+                        lambda *a, **k: verify(*a, **(k | {"replacement": True})))
+    assert _sampled_p_value("likely") < 1e-3

@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# Parallel tree generation (notebook 20) on a machine with two GPUs: its tests on the GPUs,
-# `python -m course generate --parallel`, and the bench of serial against parallel tree generation
-# (results/<device>x2/parallel.json and parallel.png). From the repository root:
+# Parallel tree generation (notebook 20) on a machine with two GPUs, in under 9 minutes: trains the
+# capstone's medium pair where its weights are missing, runs the bench of serial against parallel
+# tree generation (results/<device>x2/parallel.json and parallel.png), then the GPU tests of the
+# parallel workers and `python -m course generate --parallel`. From the repository root:
 #
-#   tools/gpu_parallel.sh             # everything: tests, generate, the bench (saved); trains the
-#                                     # capstone's medium pair first where its weights are missing
+#   tools/gpu_parallel.sh             # everything (the bench's results saved)
 #   tools/gpu_parallel.sh --smoke     # a quick pass: a few tests, generate, a 16-token bench of the
 #                                     # small pair (not saved)
-#   tools/gpu_parallel.sh --no-tests  # the bench alone (when one call must stay under a time limit)
+#   tools/gpu_parallel.sh --no-tests  # the bench alone
 #   tools/gpu_parallel.sh --one-gpu   # also both processes sharing one GPU (gloo); on a machine
 #                                     # with one GPU that is all the bench can measure
 #
 # The machine's Python must hold torch, triton and numba-cuda; extra wheels in .whl/ (see the
 # README's "Running on a GPU") are installed into /tmp/site first. NVLink multicast stays off
 # (NCCL_NVLS_ENABLE=0 and friends): the lent two-GPU machine requires it, and the course needs none.
-# With $OUT set, the logs, the JSON and the PNG are copied there too.
-set -euo pipefail
+# Each stage has its own time limit, so that one stuck stage leaves the others their time. With
+# $OUT set, parallel.json, parallel.png and logs.tar.gz (every log) are copied there: three files.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
 smoke=0
@@ -38,46 +39,64 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export COURSE_SIM=0 COURSE_IMPL=solutions PYTHONUNBUFFERED=1
 
 logs=$(mktemp -d)
-gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-{ nvidia-smi -L; python3 -m course info; } 2>&1 | tee "$logs/parallel_info.log"
+deadline=${GPU_PARALLEL_BUDGET:-520}  # seconds from the script's start ($SECONDS): under 9 minutes in all
+stage() {  # stage NAME SECONDS COMMAND...: run it under a time limit, log it, note how it ended
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS left=$((deadline - SECONDS))
+  if [ "$left" -lt 15 ]; then
+    echo "stage $name: skipped, the script's time is spent" | tee -a "$logs/parallel_stages.log"
+    return
+  fi
+  [ "$left" -lt "$limit" ] && limit=$left
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$logs/parallel_$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "stage $name: exit $rc after $((SECONDS - t0)) s (limit $limit s)" | tee -a "$logs/parallel_stages.log"
+}
+
+gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" || echo 0)
+stage info 60 bash -c 'nvidia-smi -L; python3 -m course info'
 if [ "$gpus" -lt 2 ] && [[ ! " ${bench_args[*]:-} " == *" --one-gpu "* ]]; then
   echo "this machine has $gpus GPU(s): the bench measures both processes sharing one GPU (--one-gpu)"
   bench_args+=(--one-gpu)
 fi
 
-if [ "$tests" = 1 ] && [ "$smoke" = 1 ]; then
-  python3 -m pytest -p no:cacheprovider -q -x tests/test_capstone_parallel.py \
-    -k "nccl or two_processes or dead_or_frozen or kernels or built_sides" 2>&1 | tee "$logs/parallel_gpu_tests.log"
-elif [ "$tests" = 1 ]; then
-  python3 -m pytest -p no:cacheprovider -q tests/test_capstone_parallel.py tests/test_pyspec_parallel_tree.py \
-    2>&1 | tee "$logs/parallel_gpu_tests.log"
-fi
-
-if [ "$tests" = 1 ] && [ "$gpus" -ge 2 ]; then
-  python3 -m course generate --parallel --prompt "The old fox " 2>&1 | tee "$logs/parallel_generate.log"
-fi
-
 weights=course/capstone/weights
 if [ "$smoke" = 0 ] && [ ! -f "$weights/medium_target.safetensors" ]; then
-  python3 -m course.capstone.train --pair medium --device cuda --out "$logs/weights" 2>&1 \
-    | tee "$logs/parallel_train.log" | tail -3
-  cp "$logs"/weights/medium_*.safetensors "$weights"/
+  stage train 150 python3 -m course.capstone.train --pair medium --device cuda --out "$logs/weights"
+  cp "$logs"/weights/medium_*.safetensors "$weights"/ && rm -rf "$logs/weights"
 fi
 
+bench=(python3 -m course bench capstone parallel)
+saved=""
 if [ "$smoke" = 1 ]; then
-  python3 -m course bench capstone parallel --smoke --pair small --out "$logs" "${bench_args[@]}" 2>&1 \
-    | tee "$logs/parallel_bench.log"
+  stage bench 200 "${bench[@]}" --smoke --pair small --out "$logs" "${bench_args[@]}"
 else
-  python3 -m course bench capstone parallel "${bench_args[@]}" 2>&1 | tee "$logs/parallel_bench.log"
+  stage bench 330 "${bench[@]}" "${bench_args[@]}"
   saved=$(sed -n 's/^saved \(.*\) (section parallel)$/\1/p' "$logs/parallel_bench.log" | tail -1)
-  if [ -n "$saved" ]; then
-    mkdir -p "$(dirname "$saved")/logs"
-    cp "$logs"/parallel_*.log "$(dirname "$saved")/logs/"
-    cp "$saved" "$(dirname "$saved")/parallel.png" "$logs/"
-  fi
 fi
 
-if [ -n "${OUT:-}" ]; then
-  cp "$logs"/* "$OUT/" 2>/dev/null || true
+if [ "$tests" = 1 ] && [ "$smoke" = 1 ]; then
+  stage gpu_tests 120 python3 -m pytest -p no:cacheprovider -q -x tests/test_capstone_parallel.py \
+    -k "nccl or two_processes or dead_or_frozen or kernels or built_sides"
+elif [ "$tests" = 1 ]; then
+  # the GPU tests of the workers (the specification's tests run on the CPU, in CI)
+  stage gpu_tests 150 python3 -m pytest -p no:cacheprovider -q tests/test_capstone_parallel.py
 fi
+if [ "$tests" = 1 ] && [ "$gpus" -ge 2 ]; then
+  stage generate 60 python3 -m course generate --parallel --prompt "The old fox "
+fi
+
+if [ -n "$saved" ] && [ -f "$saved" ]; then
+  mkdir -p "$(dirname "$saved")/logs"
+  cp "$logs"/parallel_*.log "$(dirname "$saved")/logs/"
+  cp "$saved" "$(dirname "$saved")/parallel.png" "$logs/"
+fi
+tar -C "$logs" -czf "$logs/logs.tar.gz" $(cd "$logs" && ls parallel_*.log)
+if [ -n "${OUT:-}" ]; then
+  for f in parallel.json parallel.png logs.tar.gz; do
+    [ -f "$logs/$f" ] && cp "$logs/$f" "$OUT/"
+  done
+fi
+cat "$logs/parallel_stages.log"
 echo "logs in $logs"

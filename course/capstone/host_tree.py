@@ -21,11 +21,12 @@ become nodes and are run together (the non-square attention of w queries against
 
 * greedy: a run node's candidates are its draft's top-`branch` tokens, keyed by their own cumulative
   log-probability (maximum-likelihood expansion).
-* sample: a run node's candidates are `branch` independent draws from the draft's distribution q at
-  that node, keyed by the PARENT's cumulative log-probability (ties in draw order), as in
-  `course.capstone.tree`. A node's children thus leave the queue before any of their descendants,
-  in draw order, and how many enter the tree is decided by things ranked above them, never by their
-  own values: what SpecInfer's multi-step speculative sampling (§4.3) needs to stay exact. That
+* sample: a run node's candidates are `branch` draws WITHOUT replacement from the draft's
+  distribution q at that node (Sequoia §3.2, Gumbel top-k), keyed by the PARENT's cumulative
+  log-probability (ties in draw order), as in `course.capstone.tree`. A node's children thus leave
+  the queue before any of their descendants, in draw order, and the ones that enter the tree are
+  the first of the draws, as many as things ranked above them decide, never their own values: what
+  multi-step speculative sampling without replacement needs to stay exact. That
   holds for a reused subtree too (its draws were made before anyone knew it would survive), so the
   re-root keeps it in both modes; `pyspec_ref.parallel_tree` states the argument and its tests
   check it.
@@ -69,6 +70,7 @@ class HostTree:
     depth: list[int] = field(default_factory=list)
     run: list[bool] = field(default_factory=list)
     q: list = field(default_factory=list)  # the draft's distribution at the node (None until run)
+    top: list = field(default_factory=list)  # log of the draft's top probability at the node (run)
     kids: list = field(default_factory=list)  # each node's children, in increasing id
     heap: list = field(default_factory=list)  # (-key, order, parent, token, cum)
     order: itertools.count = field(default_factory=itertools.count)
@@ -94,6 +96,7 @@ class HostTree:
         self.depth.append(0 if parent < 0 else self.depth[parent] + 1)
         self.run.append(False)
         self.q.append(None)
+        self.top.append(0.0)
         self.kids.append([])
         node = len(self.parents) - 1
         if parent >= 0:
@@ -102,20 +105,32 @@ class HostTree:
 
     # ------------------------------------------------------------------ growth
 
-    def pop(self, width: int) -> list[int]:
-        """Turn the `width` best candidates into nodes (fewer if the queue runs dry); their ids."""
+    def pop(self, width: int, sent: set | None = None) -> list[int]:
+        """Turn the `width` best candidates into nodes (fewer if the queue runs dry); their ids.
+        sent: while the target verifies a subtree, the queue orders of its leaves: then the
+        `width` likeliest to outlive the re-root (`pyspec_ref.parallel_tree`'s growth "likely":
+        a sent leaf ranks by its key plus the log of its parent's top draft probability, any other
+        candidate by its key; ties in queue order)."""
+        if sent is not None:
+            ranked = sorted(self.heap, key=lambda e: (e[0] - (self.top[e[2]] if e[1] in sent else 0.0), e[1]))
+            taken = ranked[:width]
+            chosen = {e[1] for e in taken}
+            self.heap = [e for e in self.heap if e[1] not in chosen]
+            heapq.heapify(self.heap)
+        else:
+            taken = [heapq.heappop(self.heap) for _ in range(min(width, len(self.heap)))]
         added = []
-        while self.heap and len(added) < width:
-            neg_key, order, parent, token, cum = heapq.heappop(self.heap)
+        for neg_key, order, parent, token, cum in taken:
             added.append(self._add(parent, token, cum, -neg_key))
             self.popped[order] = added[-1]
         return added
 
-    def push(self, node: int, tokens: list[int], logprobs: list[float], q=None) -> None:
+    def push(self, node: int, tokens: list[int], logprobs: list[float], q=None, top: float = 0.0) -> None:
         """Record that the draft has run `node`: its candidate children (tokens with the draft's
-        log-probabilities at `node`, in the order they are to be tried) join the queue."""
+        log-probabilities at `node`, in the order they are to be tried) join the queue; top: the
+        log of the draft's largest probability at `node`."""
         self.run[node] = True
-        self.q[node] = q
+        self.q[node], self.top[node] = q, top
         base = self.cum[node]
         for token, lp in zip(tokens, logprobs, strict=True):
             cum = base + lp
@@ -213,7 +228,7 @@ class HostTree:
             # cumulative log-prob (the node's own, or its parent's), so the ranking is unchanged
             key = 0.0 if v == new_root else self.key[v] - base
             tree._add(parent, self.tokens[v], self.cum[v] - base, key)
-            tree.run[-1], tree.q[-1] = self.run[v], self.q[v]
+            tree.run[-1], tree.q[-1], tree.top[-1] = self.run[v], self.q[v], self.top[v]
         tree.heap = [(-(-neg - base), order, new_of_old[p], t, c - base) for neg, order, p, t, c in self.heap
                      if p in new_of_old]
         heapq.heapify(tree.heap)

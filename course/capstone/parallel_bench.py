@@ -7,12 +7,13 @@ Every generation has B = 1 (one prompt of `prompts`), the pair in float16 and th
 (solutions/), in one run of this command, greedy and sampling:
 
   autoregressive    the target alone on cuda:0 (`decoder.PlainDecoder`, CUDA graphs);
-  serial decoder    the capstone's tree decoder on cuda:0 (`decoder.SpeculativeDecoder`, CUDA graphs,
-                    SHAPE's tree and draft steps per round);
+  serial decoder    the capstone's tree decoder on cuda:0 (`decoder.SpeculativeDecoder`, CUDA graphs),
+                    with the fastest of SHAPE's tree and Sequoia's trees of its budget (the row
+                    names it: tree, N, width, branch, decoder_steps);
   serial            the parallel code's serial schedule in one process on cuda:0: the draft's d
                     steps after re-rooting, on the critical path (`parallel.run_sides`; each pass
                     a CUDA graph, as in the parallel runs);
-  parallel          target on cuda:0, draft on cuda:1, NCCL between them (`parallel.launch`);
+  parallel          target on cuda:0, draft on cuda:1, NCCL between them (`processes.launch`);
                     also through gloo (the messages over the CPU), and with --one-gpu (or on a
                     machine with one GPU) both processes sharing cuda:0 through gloo.
 
@@ -21,9 +22,12 @@ the prompts' median runs. Row fields: the results schema's name, median_ms (mean
 max_abs_err (greedy: the fraction of tokens that differ from autoregressive; sampling: 0.0), B, H,
 N (tree size), d (head dim); and mode, steps (SwiftSpec's d), transport, gpus, tokens_per_s,
 tokens_per_call, target_calls (per generation), verify_ms (the target's pass and verification),
-draft_ms_per_round (the draft's busy time per round), target_wait_ms_per_round (the target
-waiting for a SUBTREE: the part of drafting left on the critical path), identical (greedy: equal
-to autoregressive), speedup_vs_serial_decoder, and timeline (the first prompt's median run, rounds
+draft_ms_per_round (the draft's busy time per round), target_idle_ms_per_round (the target
+not verifying: the part of drafting and messaging left on the critical path), target_wait_ms_median
+(the target's wait between two verifications, the median over rounds), growth (the parallel
+draft's rule for its steps during verification: "likely", `pyspec_ref.parallel_tree`, at every d,
+and "best", the rule before it, at BEFORE_STEPS), identical (greedy: equal to autoregressive),
+speedup_vs_serial_decoder, and timeline (the first prompt's median run, rounds
 1 to TIMELINE_ROUNDS: each side's spans, ms from the run's start).
 
 Writes results/<device>x2/parallel.json (results/<device>/ with one GPU) and parallel.png beside it.
@@ -31,6 +35,7 @@ Writes results/<device>x2/parallel.json (results/<device>/ with one GPU) and par
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -39,8 +44,9 @@ import torch
 
 from course.measure import results
 
-from . import decoder, parallel, weights
+from . import decoder, parallel, processes, weights
 from .bench import prompts
+from .sides import GROWTHS
 from .text import encode
 
 SUITE = "parallel"
@@ -51,6 +57,7 @@ MAX_NEW = 128
 # (results/h100/capstone.json).
 SHAPE = (48, 4, 4, 8)
 STEPS = (2, 4, 6)
+BEFORE_STEPS = 4  # the d at which growth "best" (the rule before "likely") is measured too
 REPEATS = 3
 TIMELINE_ROUNDS = 4
 TARGET_SPEEDUP = 1.3  # parallel over the serial decoder, B = 1, greedy (SwiftSpec's Table 6: 275 / 200)
@@ -96,8 +103,20 @@ def _row(name: str, mode: str, generations: list, plain: list | None, **extra) -
             / rounds,
             draft_calls=sum(g.draft_calls for g in generations) / len(generations),
             reused=sum(sum(g.reused) for g in generations) / max(1, sum(len(g.reused) for g in generations)),
-            timeline=_timeline(generations[0]))
+            target_wait_ms_median=_median_wait(generations), timeline=_timeline(generations[0]))
     return row
+
+
+def _median_wait(generations: list) -> float:
+    """The target's wait between two verifications, ms (the median over every round of every
+    generation): from the end of its verification of round r to the start of round r + 1's, i.e.
+    its reply, the draft's re-root and selection, and the SUBTREE's way back."""
+    gaps = []
+    for g in generations:
+        verifies = sorted((e["start"], e["end"]) for e in g.events
+                          if e["side"] == "target" and e["what"] == "verify")
+        gaps += [1e3 * (b[0] - a[1]) for a, b in itertools.pairwise(verifies)]
+    return statistics.median(gaps) if gaps else 0.0
 
 
 def _tokens(generation) -> list[int]:
@@ -133,10 +152,10 @@ def _launched(job_options: dict, paths: dict, texts: list, modes, steps, repeats
     returns {(mode, d): [the median generation per prompt]}."""
     keys = [(mode, d, p) for mode in modes for d in steps for p in range(len(texts))
             for _ in range(1 + repeats)]
-    runs = [parallel.Run(texts[p], d, mode, 0) for mode, d, p in keys]
-    job = parallel.Job(paths["target"], paths["draft"], runs, **job_options)
+    runs = [processes.Run(texts[p], d, mode, 0) for mode, d, p in keys]
+    job = processes.Job(paths["target"], paths["draft"], runs, **job_options)
     grouped: dict = {}
-    for key, generation in zip(keys, parallel.launch(job, timeout=540), strict=True):
+    for key, generation in zip(keys, processes.launch(job, timeout=540), strict=True):
         grouped.setdefault(key, []).append(generation)
     return {(mode, d): [_median(grouped[mode, d, p][1:]) for p in range(len(texts))]
             for mode in modes for d in steps}
@@ -151,7 +170,7 @@ def _one_gpu_rows(pair: str, texts: list, max_new: int, steps, repeats: int, mod
     impl = course_impl.bench_impl()
     loaded = weights.load_pair(pair, device=device, dtype=_DTYPES[device != "cpu"])
     target, draft = loaded.target, loaded.draft
-    tree_size, width, branch, decoder_steps = shape
+    tree_size, width, branch, _ = shape
     tree = dict(tree_size=tree_size, width=width, branch=branch, impl=impl, backend=backend)
     # The serial baselines are built once per mode (on a GPU: their CUDA graphs captured once), as the
     # capstone's own bench builds them, and each run reuses them.
@@ -159,19 +178,13 @@ def _one_gpu_rows(pair: str, texts: list, max_new: int, steps, repeats: int, mod
     baselines = {}
     for mode in modes:
         plain_decoder = decoder.PlainDecoder(target, mode=mode, **built)
-        tree_decoder = decoder.SpeculativeDecoder(target, draft, tree_size=tree_size, width=width,
-                                                  branch=branch, steps=decoder_steps, mode=mode, **built)
 
         def plain_run(prompt, plain_decoder=plain_decoder):
             return plain_decoder.generate([prompt], max_new)
 
-        def decoder_run(prompt, tree_decoder=tree_decoder):
-            return tree_decoder.generate([prompt], max_new)
-
         plain = _in_process(plain_run, texts, repeats)
         add(_row("autoregressive", mode, plain, None, steps=None, transport=None, gpus=1, N=1))
-        serial_decoder = _row("serial decoder", mode, _in_process(decoder_run, texts, repeats), plain,
-                              steps=None, transport=None, gpus=1)
+        serial_decoder = _best_serial_decoder(loaded, texts, max_new, repeats, mode, plain, built, shape)
         add(serial_decoder)
         baselines[mode] = (plain, serial_decoder["tokens_per_s"])
         for d in steps:
@@ -185,6 +198,45 @@ def _one_gpu_rows(pair: str, texts: list, max_new: int, steps, repeats: int, mod
                      gpus=1))
             del sides
     return baselines
+
+
+def _serial_trees(loaded, mode: str, shape: tuple) -> list[tuple[str, dict]]:
+    """The serial decoder's candidate trees: the fixed SHAPE and Sequoia's trees (course.capstone.shapes)
+    of its budget and of two thirds of it, at its depth (the capstone bench's fastest at B = 1 is
+    one of them)."""
+    from . import shapes
+
+    tree_size, width, branch, steps = shape
+    out = [("fixed", dict(tree_size=tree_size, width=width, branch=branch, steps=steps))]
+    rates = shapes.acceptance(loaded, mode)
+    for budget in sorted({tree_size, max(2, 2 * tree_size // 3)}):
+        try:
+            tree = shapes.settings_for("sequoia", rates, mode, tree_size=budget, max_depth=steps)
+        except ValueError:  # a pair whose acceptance gives no such tree
+            continue
+        tree.pop("predicted_tokens_per_call")
+        out.append(("sequoia", tree))
+    return out
+
+
+def _best_serial_decoder(loaded, texts: list, max_new: int, repeats: int, mode: str, plain: list, built: dict,
+                         shape: tuple) -> dict:
+    """The capstone's serial decoder with its fastest tree among `_serial_trees`, as one row (its
+    tree in the row: tree, N, width, branch, decoder_steps)."""
+    best = None
+    for kind, tree in _serial_trees(loaded, mode, shape):
+        tree_decoder = decoder.SpeculativeDecoder(loaded.target, loaded.draft, mode=mode, **tree, **built)
+
+        def decoder_run(prompt, tree_decoder=tree_decoder):
+            return tree_decoder.generate([prompt], max_new)
+
+        row = _row("serial decoder", mode, _in_process(decoder_run, texts, repeats), plain, steps=None,
+                   transport=None, gpus=1, tree=kind, N=tree["tree_size"], width=tree["width"],
+                   branch=tree["branch"], decoder_steps=tree["steps"])
+        del tree_decoder
+        if best is None or row["tokens_per_s"] > best["tokens_per_s"]:
+            best = row
+    return best
 
 
 def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, steps=STEPS,
@@ -209,8 +261,8 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
 
     def add(row: dict) -> None:
         rows.append(sizes | row)
-        shown = ("name", "mode", "steps", "transport", "gpus", "tokens_per_s", "tokens_per_call", "verify_ms",
-                 "identical")
+        shown = ("name", "mode", "steps", "growth", "transport", "gpus", "tokens_per_s", "tokens_per_call",
+                 "verify_ms", "target_wait_ms_median", "identical")
         log(json.dumps({k: row[k] for k in shown if k in row}))
 
     baselines = _one_gpu_rows(pair, texts, max_new, steps, repeats, modes, add, device, backend, shape)
@@ -225,11 +277,15 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
         setups += [(dict(devices=two, transport="nccl"), 2), (dict(devices=two, transport="gloo"), 2)]
     if one_gpu or gpus < 2:
         setups.append((dict(devices={"target": device, "draft": device}, transport="gloo"), min(gpus, 1)))
-    for options, used in setups:
-        measured = _launched(common | options, paths, texts, modes, steps, repeats)
+    for (options, used), growth in itertools.product(setups, GROWTHS):
+        # the rule before growth "likely", for comparison at one d (each d costs its CUDA graphs)
+        some = steps
+        if growth != parallel.DEFAULT_GROWTH:
+            some = [d for d in steps if d == BEFORE_STEPS] or list(steps[:1])
+        measured = _launched(common | options | {"growth": growth}, paths, texts, modes, some, repeats)
         for (mode, d), generations in measured.items():
             add(_row("parallel", mode, generations, baselines[mode][0], steps=d,
-                     transport=options["transport"], gpus=used))
+                     transport=options["transport"], gpus=used, growth=growth))
     for row in rows:
         if row["name"] != "autoregressive":
             row["speedup_vs_serial_decoder"] = row["tokens_per_s"] / baselines[row["mode"]][1]

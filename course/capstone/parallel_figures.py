@@ -157,13 +157,15 @@ def comparison(rows: list[dict], mode: str) -> list[tuple[str, dict]]:
     schedule and every parallel setup at the best parallel row's d."""
     best = best_parallel(rows, mode)
     out = []
-    for name, label in (("autoregressive", "autoregressive"),
-                        ("serial decoder", "serial decoder (capstone)")):
-        out += [(label, r) for r in _pick(rows, name, mode)]
+    out += [("autoregressive", r) for r in _pick(rows, "autoregressive", mode)]
+    for r in _pick(rows, "serial decoder", mode):
+        tree = f", {r['tree']} tree, N = {r['N']}" if r.get("tree") else ""
+        out.append((f"serial decoder (capstone{tree})", r))
     out += [(f"serial, d = {r['steps']}", r) for r in _pick(rows, "serial", mode, steps=best["steps"])]
     for r in _pick(rows, "parallel", mode, steps=best["steps"]):
         gpus = f"{r['gpus']} GPU" + "s" * (r["gpus"] > 1)
-        out.append((f"parallel, d = {r['steps']}, {r['transport']}, {gpus}", r))
+        growth = f", growth {r['growth']}" if r.get("growth") else ""
+        out.append((f"parallel, d = {r['steps']}{growth}, {r['transport']}, {gpus}", r))
     return out
 
 
@@ -190,25 +192,27 @@ def speed_bars(rows: list[dict], mode: str = "greedy", ax=None, title: str | Non
 
 
 def measured_figure(document: dict):
-    """parallel.png: the measured timelines of the best parallel run and of the serial schedule at
-    its d (greedy), and the tokens/s of every method, greedy and sampling, labelled with the
-    device and date."""
+    """parallel.png: the measured timelines of the best parallel run, of the same setup with the
+    other growth rule (where measured) and of the serial schedule at its d (greedy), and the
+    tokens/s of every method, greedy and sampling, labelled with the device and date."""
     import matplotlib.pyplot as plt
 
     rows = document["rows"]
     best = best_parallel(rows, "greedy")
     serial = _pick(rows, "serial", "greedy", steps=best["steps"])
+    other = [r for r in _pick(rows, "parallel", "greedy", steps=best["steps"], transport=best["transport"],
+                              gpus=best["gpus"]) if r.get("growth") != best.get("growth")]
+    runs = [best] + other[:1] + [r for r in serial[:1] if r.get("timeline")]
     modes = [m for m in ("greedy", "sample") if _pick(rows, "parallel", m)]
-    fig = plt.figure(figsize=(13, 4.8 + 2.2 * len(modes)), layout="constrained")
-    grid = fig.add_gridspec(2 + len(modes), 1, height_ratios=[1, 1] + [1.3] * len(modes))
-    where = f"{best['gpus']} GPU{'s' * (best['gpus'] > 1)}, {best['transport']}"
-    timeline(best["timeline"], fig.add_subplot(grid[0]),
-             title=f"parallel (d = {best['steps']}, {where}): rounds 1-4, greedy")
-    if serial and serial[0].get("timeline"):
-        timeline(serial[0]["timeline"], fig.add_subplot(grid[1]),
-                 title=f"serial (d = {best['steps']}, one GPU): rounds 1-4, greedy")
+    fig = plt.figure(figsize=(13, 2.4 * len(runs) + 2.2 * len(modes)), layout="constrained")
+    grid = fig.add_gridspec(len(runs) + len(modes), 1, height_ratios=[1] * len(runs) + [1.3] * len(modes))
+    for i, r in enumerate(runs):
+        where = f"{r['gpus']} GPU{'s' * (r['gpus'] > 1)}" + (f", {r['transport']}" if r["transport"] else "")
+        growth = f", growth {r['growth']}" if r.get("growth") else ""
+        timeline(r["timeline"], fig.add_subplot(grid[i]),
+                 title=f"{r['name']} (d = {r['steps']}{growth}, {where}): rounds 1-4, greedy")
     for i, mode in enumerate(modes):
-        speed_bars(rows, mode, fig.add_subplot(grid[2 + i]))
+        speed_bars(rows, mode, fig.add_subplot(grid[len(runs) + i]))
     fig.suptitle(f"{document.get('gpus', '')} x {document['device']}, {document['date'][:10]}", fontsize=10)
     return fig
 

@@ -1,7 +1,7 @@
 """The two sides of tree speculative decoding, apart (notebook 20): what SwiftSpec's draft worker
 and target worker each do (§3.1, Algorithm 1), for one prompt (B = 1), over the capstone's pieces.
 
-This is the narrow interface the parallel workers (`course.capstone.parallel`) are written against:
+This is the narrow interface the parallel workers (`course.capstone.protocol`) are written against:
 
 * `DraftSide`: `start(prompt)` (prefill), `grow(steps)` (run a new root, grow the tree until
   tree_size items can be sent, then `steps` more steps of `width` nodes), `subtree()` (the best
@@ -27,9 +27,12 @@ from __future__ import annotations
 import torch
 
 from . import decoder
-from .backends import inverse_cdf, make_backend
+from .backends import make_backend
 from .host_tree import HostTree, dfs_times_of
 from .side_steps import MoveBuffers, Steps, TreeStep
+from .tree import gumbel_top_k
+
+GROWTHS = ("best", "likely")  # pyspec_ref.parallel_tree's rules for the steps taken during verification
 
 
 def _room(prompt_length: int, max_new_tokens: int, tree_rows: int, model, name: str) -> int:
@@ -53,24 +56,29 @@ class DraftSide:
     docstring). cfg: `decoder.settings(...)` (tree_size, width, branch, mode; its steps are the serial
     decoder's); steps: the draft steps taken while the target verifies (SwiftSpec's d); the tree holds
     at most 2 * tree_size + (steps + 1) * width nodes. graphs: CUDA graphs for the passes (default:
-    on a GPU with the kernels), one per pass width from 1 to tree_size, captured here."""
+    on a GPU with the kernels), one per pass width from 1 to tree_size, captured here. growth: how
+    the steps taken during verification pick their candidates (`pyspec_ref.parallel_tree`'s rules:
+    "best" keys, or "likely", the likeliest to outlive the re-root)."""
 
     def __init__(self, draft, cfg: decoder.Settings, steps: int, *, max_prompt: int, max_new_tokens: int,
                  backend: str = "kernels", impl: str | None = None, seed: int = 0,
-                 graphs: bool | None = None):
+                 graphs: bool | None = None, growth: str = "likely"):
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ValueError(f"steps must be an int >= 0 (draft steps per round), got {steps!r}")
-        self.model, self.cfg, self.steps = draft, cfg, steps
+        if growth not in GROWTHS:
+            raise ValueError(f"growth must be one of {GROWTHS}, got {growth!r}")
+        self.model, self.cfg, self.steps, self.growth = draft, cfg, steps, growth
         self.max_nodes = 2 * cfg.tree_size + (steps + 1) * cfg.width  # a top-up may overshoot tree_size
         self.max_prompt, self.max_new_tokens = max_prompt, max_new_tokens
         tree_rows = self.max_nodes + cfg.tree_size
-        rows = _room(max_prompt, max_new_tokens, tree_rows, draft, "draft")
-        self.cache = draft.new_cache(1, rows)
+        self.rows = _room(max_prompt, max_new_tokens, tree_rows, draft, "draft")
+        self.cache = draft.new_cache(1, self.rows)
         self.ops = make_backend(backend, impl)
         self.gen = torch.Generator().manual_seed(seed)
         graphs = decoder._check_graphs(graphs, backend, draft.device)
-        # Sampling: each pass's uniforms, (width, branch) float64, drawn on the host.
-        self.uniforms = torch.zeros((cfg.tree_size, cfg.branch), dtype=torch.float64, device=draft.device)
+        # Sampling: each pass's Gumbel uniforms, (width, V) float64, drawn on the host.
+        self.uniforms = torch.zeros((cfg.tree_size, draft.config.vocab_size), dtype=torch.float64,
+                                    device=draft.device)
         self.passes = Steps(lambda width, graphed: TreeStep(self.ops, draft, self.cache, width, tree_rows,
                                                             self._finish, graphs=graphed),
                             range(1, cfg.tree_size + 1) if graphs else (), graphs)
@@ -92,26 +100,31 @@ class DraftSide:
 
     def _finish(self, logits: torch.Tensor, prefix: torch.Tensor, extra: torch.Tensor):
         """After the draft pass, in its graph: each query's candidate children (greedy: the
-        top-`branch` tokens; sample: `branch` independent draws from q by inverse CDF, in draw
-        order) as one (width, 2 * branch) float64 table [log q of each, token ids]; sample mode
-        also returns q (width, V) float32, kept for the verification."""
+        top-`branch` tokens; sample: `branch` draws from q without replacement by Gumbel top-k,
+        in draw order) as one (width, 2 * branch + 1) float64 table [log q of each, token ids, log of the
+        top probability]; sample mode also returns q (width, V) float32, kept for the
+        verification."""
         logq = torch.log_softmax(logits.float(), -1)
+        top = logq.max(dim=-1, keepdim=True).values.double()
         if self.cfg.mode == "greedy":
             values, picks = torch.topk(logq, min(self.cfg.branch, logq.shape[-1]), dim=-1)
-            return torch.cat([values.double(), picks.double()], dim=1)
+            return torch.cat([values.double(), picks.double(), top], dim=1)
         probs = logq.exp()
-        picks = inverse_cdf(probs, self.uniforms[:logits.shape[0]])
-        return torch.cat([logq.gather(1, picks).double(), picks.double()], dim=1), probs
+        picks = gumbel_top_k(logq, self.uniforms[:logits.shape[0]], self.cfg.branch)
+        return torch.cat([logq.gather(1, picks).double(), picks.double(), top], dim=1), probs
 
     def _run(self, nodes: list[int]) -> None:
         """One draft pass over `nodes` (SwiftSpec §3.1): their KV into the cache, their candidate
         children into the queue."""
         tree, width = self.tree, len(nodes)
+        if self.prefix + len(tree) > self.rows:  # never reached by grow's limits; a wrong row is worse
+            raise ValueError(f"the draft tree holds {len(tree)} nodes after a prefix of {self.prefix}: more "
+                             f"than the {self.rows} rows of its KV cache (max_nodes = {self.max_nodes})")
         step = self.passes[width]
         step.load(self.prefix, tree.dfs_times(), nodes, [tree.tokens[v] for v in nodes],
                   [tree.depth[v] for v in nodes])
         if self.cfg.mode == "sample":
-            self.uniforms[:width].copy_(torch.rand((width, self.cfg.branch), generator=self.gen,
+            self.uniforms[:width].copy_(torch.rand((width, self.uniforms.shape[1]), generator=self.gen,
                                                    dtype=torch.float64))
         out = step.run()
         self.calls += 1
@@ -122,13 +135,17 @@ class DraftSide:
         branch = len(table[0]) // 2
         for r, v in enumerate(nodes):
             row = table[r]
-            tree.push(v, [int(t) for t in row[branch:]], row[:branch], q=None if q is None else q[r])
-    def grow(self, steps: int = 0) -> int:
+            tree.push(v, [int(t) for t in row[branch:2 * branch]], row[:branch],
+                      q=None if q is None else q[r], top=row[-1])
+
+    def grow(self, steps: int = 0, ahead: bool = False) -> int:
         """Run the root if it is new and top the tree up until tree_size items (nodes and queued
         candidates) can be sent, each pass running as few nodes as the missing count needs (each
         queues `branch` candidates; SwiftSpec §3.2: a short tree "expands bs nodes immediately using
         one draft model inference"); then take `steps` steps of `width` nodes (as many as the
-        tree's capacity allows). Returns the draft passes taken."""
+        tree's capacity allows). ahead: these steps are taken while the target verifies the subtree
+        sent last; under growth "likely" they pop the candidates likeliest to outlive the re-root
+        (`HostTree.pop`). Returns the draft passes taken."""
         tree, size, branch = self.tree, self.cfg.tree_size, self.cfg.branch
         calls = 0
         if not tree.run[0]:
@@ -137,10 +154,13 @@ class DraftSide:
         while tree.heap and tree.selectable() < size:
             self._run(tree.pop(-(-(size - tree.selectable()) // branch)))
             calls += 1
+        sent = None
+        if ahead and self.growth == "likely":
+            sent = {v[1] for v in self.sent if not isinstance(v, int)}
         for _ in range(min(steps, max(0, (self.max_nodes - len(tree)) // self.cfg.width))):
             if not tree.heap:
                 break
-            self._run(tree.pop(self.cfg.width))
+            self._run(tree.pop(self.cfg.width, sent))
             calls += 1
         return calls
 
@@ -208,9 +228,9 @@ class _Verification:
             self.q = torch.full((1, n, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
             self.p = torch.full((1, n, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
             self.uniforms = torch.zeros((2, n), dtype=torch.float64, device=device)  # accept, sample
-            # The parallel draft draws siblings independently (`host_tree`): SpecInfer's rule.
+            # The draft draws a node's siblings without replacement (`host_tree`): Sequoia's rule.
             self.verifier = ops.sampling_verifier(self.parents, self.tokens, self.q, self.p,
-                                                  self.uniforms[0:1], self.uniforms[1:2], replacement=True)
+                                                  self.uniforms[0:1], self.uniforms[1:2], replacement=False)
         self.src, self.dst = torch.zeros((1, n), **int32), torch.zeros((1, n), **int32)
         self.counts = torch.zeros(1, **int32)
         self.compact = ops.compactor(cache, self.src, self.dst, self.counts)

@@ -82,6 +82,14 @@ MAX_INTERVAL = 2 ** 31 - 1  # the attention kernels read interval numbers as int
 TINY = 2.0 ** -60  # a uniform of exactly 0 would give an infinite Gumbel key
 
 
+def gumbel_top_k(logq: Tensor, uniforms: Tensor, k: int) -> Tensor:
+    """The `k` tokens with the largest log q(v) + G_v, G_v = -log(-log u_v) a Gumbel key per
+    vocabulary entry from `uniforms` (same shape as logq), largest first: distributed as k draws
+    one after another from q without the earlier ones (`pyspec_ref.sampling.gumbel_top_k`)."""
+    gumbel = -torch.log(-torch.log(uniforms.clamp(min=TINY)))
+    return torch.topk(logq.double() + gumbel, k, dim=-1).indices
+
+
 def check_bias(bias, steps: int, branch: int) -> Tensor:
     """A (steps, branch) table of log acceptance rates: finite or -inf, never NaN, never above 0."""
     bias = torch.as_tensor(bias, dtype=torch.float64)
@@ -228,8 +236,7 @@ class DraftTrees:
         q = logq.exp()
         self.q.scatter_(1, ids[..., None].expand(*ids.shape, q.shape[-1]), q)
         if not self.replacement:
-            gumbel = -torch.log(-torch.log(uniforms.clamp(min=TINY)))
-            tokens = torch.topk(logq.double() + gumbel, self.plan.branch, dim=-1).indices
+            tokens = gumbel_top_k(logq, uniforms, self.plan.branch)
             return tokens, logq.gather(-1, tokens)
         cdf = torch.cumsum(q, dim=-1, dtype=torch.float64)
         tokens = torch.searchsorted(cdf, uniforms * cdf[..., -1:], right=True).clamp_(max=q.shape[-1] - 1)
