@@ -354,6 +354,8 @@ def test_a_silent_peer_times_out_and_both_stop():
 def test_generate_parallel_command(capsys):
     from course.__main__ import main
 
+    if runtime.on_gpu() and torch.cuda.device_count() < 2:
+        pytest.skip("on a GPU --parallel needs two (the next test checks what it says on one)")
     assert main(["generate", "--parallel", "--prompt", "The old ", "--pair", "tiny", "--max-new-tokens", "4",
                  "--backend", "reference", "--no-progress"]) == 0
     out = capsys.readouterr().out
