@@ -33,56 +33,23 @@ and keep in step with the batch every step; the search needs only the offsets, w
 keeps anyway. Either way the restoration runs once per program and is negligible next to the KV
 loop; the linear scan is not, at B = 64 (64 dependent loads per row).
 
-`padded_attention` is the vanilla baseline (torch): pad the inputs to W = max(counts) and the
-cache to a common width, then one masked SDPA call over the rectangle.
-
-Input checks live in `course.topics.kvcache.validate`.
+The padded baseline is `course.topics.kvcache.baselines.padded_attention`; the launch (grid, tiles,
+buffers) is `course.topics.kvcache.launch.unpadded_launch`; input checks live in
+`course.topics.kvcache.validate`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
-
-import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from course.core import interpreter, runtime
-from course.core.launch import poisoned_empty
-from course.core.validate import require_dot_block, require_scale
+from course.core import interpreter
+from course.core.validate import require_scale
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.topics.kvcache.validate import HEAD_DIMS, Batch, check_batch, same_layout
+from course.topics.kvcache import launch
+from course.topics.kvcache.validate import Batch, check_batch, same_layout
 
-from .triton_attention import LN2, LOG2_E, online_softmax_step
-
-
-@dataclass(frozen=True)
-class Config:
-    """Tile sizes of one launch."""
-
-    block_m: int  # flat query tokens per program
-    block_n: int  # KV rows per step of the loop
-    num_warps: int
-
-
-def config_for(d: int, dtype: torch.dtype = torch.float16) -> Config:
-    """Tiles for head dim d: 16 query rows (a sample feeds a few tokens; 16 is tl.dot's minimum),
-    KV blocks of 64 rows on a GPU (16 in the interpreter, where every op is a NumPy call)."""
-    if d not in HEAD_DIMS:
-        raise ValueError(f"d must be one of {HEAD_DIMS}, got {d!r}")
-    block_m = 16
-    block_n = runtime.pick(sim=16, gpu=64 if d <= 64 else 32)
-    require_dot_block(block_m=block_m, block_n=block_n, d=d)
-    return Config(block_m, block_n, num_warps=4)
-
-
-def search_steps(batch: int) -> int:
-    """Steps of the binary search over samples 0..B-1: ceil(log2 B) (0 for one sample)."""
-    return (batch - 1).bit_length()
-
+from .triton_attention import LN2, online_softmax_step
 
 # --------------------------------------------------------------------------- the kernel
 
@@ -158,28 +125,7 @@ def unpadded_attention_kernel(
 interpreter.prepare(unpadded_attention_kernel)
 
 
-# --------------------------------------------------------------------------- launchers
-
-
-def _launch(q, k_cache, v_cache, batch: Batch, scale):
-    """Allocate the outputs and return (a function launching the kernel, out, lse)."""
-    total, heads, d = q.shape
-    group = heads // k_cache.shape[1]
-    config = config_for(d, q.dtype)
-    out = poisoned_empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = poisoned_empty((total, heads), dtype=torch.float32, device=q.device)
-    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2_E
-    grid = (triton.cdiv(total, config.block_m), heads)
-    args = (q, k_cache, v_cache, out, lse, batch.offsets, batch.starts, batch.lengths, total,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
-            v_cache.stride(1), out.stride(0), out.stride(1), qk_scale)
-    meta = dict(BATCH=batch.size, STEPS=search_steps(batch.size), GROUP=group, D=d,
-                BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=config.num_warps)
-
-    def launch():
-        unpadded_attention_kernel[grid](*args, **meta)
-    return launch, out, lse
+# --------------------------------------------------------------------------- the launcher
 
 
 def unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, scale=None,
@@ -204,87 +150,6 @@ def unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, sc
     else:
         batch = same_layout(checked, q, k_cache, v_cache)
     require_written(unpadded_attention_kernel, online_softmax_step)
-    launch, out, lse = _launch(q, k_cache, v_cache, batch, scale)
-    launch()
+    run, out, lse = launch.unpadded_launch(unpadded_attention_kernel, q, k_cache, v_cache, batch, scale)
+    run()
     return (out, lse) if return_lse else out
-
-
-def prepare_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *,
-                      scale=None) -> Callable[[], torch.Tensor]:
-    """Check once; return a function that only launches the kernel (for timing). Returns out."""
-    require_scale(scale)
-    batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
-    require_written(unpadded_attention_kernel, online_softmax_step)
-    launch, out, _ = _launch(q, k_cache, v_cache, batch, scale)
-
-    def run() -> torch.Tensor:
-        launch()
-        return out
-    return run
-
-
-# --------------------------------------------------------------------------- the padded baseline
-
-
-@dataclass(frozen=True)
-class PaddedBatch:
-    """EMS-SD's vanilla batch: a rectangle (B, H, ...) with padding (§3, Appendix B).
-
-    q: (B, H, W, d) with W = max(counts); k, v: (B, H, L + W, d) with L = max(kv_lengths): sample
-    b's cached keys at 0..kv_lengths[b] - 1, padding up to L, its W new slots at L..L + W - 1.
-    mask: (B, 1, W, L + W) bool: query i sees the sample's cache and new slots L..L + i (padding
-    queries i >= counts[b] are computed too, and thrown away: that is the waste).
-    """
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    mask: torch.Tensor
-    counts: list[int]
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.q, self.k, self.v, self.mask))
-
-
-def pad_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths) -> PaddedBatch:
-    """Lay an unpadded batch out the vanilla way (`PaddedBatch`); GQA heads are repeated."""
-    batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
-    total, heads, d = q.shape
-    group = heads // k_cache.shape[1]
-    size, width = batch.size, max(batch.counts)
-    cached = max(batch.kv_lengths)
-    device = q.device
-    qp = torch.zeros((size, width, heads, d), dtype=q.dtype, device=device)
-    kp = torch.zeros((size, cached + width, heads, d), dtype=q.dtype, device=device)
-    vp = torch.zeros_like(kp)
-    offsets = batch.offsets.tolist()
-    for b in range(size):
-        c, s, n = batch.counts[b], batch.kv_starts[b], batch.kv_lengths[b]
-        qp[b, :c] = q[offsets[b]:offsets[b + 1]]
-        for dst, src in ((kp, k_cache), (vp, v_cache)):
-            dst[b, :n] = src[s:s + n].repeat_interleave(group, dim=1)
-            dst[b, cached:cached + c] = src[s + n:s + n + c].repeat_interleave(group, dim=1)
-    i = torch.arange(width, device=device)[:, None]
-    j = torch.arange(cached + width, device=device)[None, :]
-    lengths = torch.tensor(batch.kv_lengths, device=device)[:, None, None]
-    mask = (j[None] < lengths) | ((j[None] >= cached) & (j[None] <= cached + i[None]))
-    return PaddedBatch(qp.transpose(1, 2).contiguous(), kp.transpose(1, 2).contiguous(),
-                       vp.transpose(1, 2).contiguous(), mask[:, None], list(batch.counts))
-
-
-def padded_forward(padded: PaddedBatch, scale=None) -> torch.Tensor:
-    """The vanilla step itself: one masked SDPA over the rectangle, (B, H, W, d)."""
-    return F.scaled_dot_product_attention(padded.q, padded.k, padded.v, attn_mask=padded.mask, scale=scale)
-
-
-def unpad(out_padded: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """(B, H, W, d) -> (T, H, d): keep each sample's first counts[b] rows, concatenated."""
-    return torch.cat([out_padded[b, :, :c].transpose(0, 1) for b, c in enumerate(counts)], dim=0)
-
-
-def padded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, scale=None) -> torch.Tensor:
-    """The vanilla baseline end to end: pad, one masked SDPA, unpad. Returns (T, H, d) like
-    `unpadded_attention` (the padding rows are computed and dropped)."""
-    require_scale(scale)
-    padded = pad_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
-    return unpad(padded_forward(padded, scale), padded.counts)

@@ -16,6 +16,7 @@ LAUNCHERS is the one table of launcher names: a rename of a launcher is a one-li
 
 from __future__ import annotations
 
+import importlib
 import random
 import signal
 from collections.abc import Callable
@@ -55,12 +56,12 @@ LAUNCHERS = {
     "deft.deft_node_attention": ("deft", "deft_node_attention"),
     "deft.deft_flatten_attention": ("deft", "deft_flatten_attention"),
     "emssd.unpadded_attention": ("emssd", "unpadded_attention"),
-    "emssd.padded_attention": ("emssd", "padded_attention"),
+    "emssd.padded_attention": ("course.topics.kvcache.baselines", "padded_attention"),
     "spec_sampling.speculative_sampling": ("spec_sampling", "speculative_sampling"),
     "spec_sampling.sigmoid_speculative_sampling": ("spec_sampling", "sigmoid_speculative_sampling"),
     "spec_sampling.tile_pass": ("spec_sampling", "tile_pass"),
     "swiftspec.compact": ("swiftspec", "compact"),
-    "swiftspec.naive_compact": ("swiftspec", "naive_compact"),
+    "swiftspec.naive_compact": ("course.topics.kvcache.baselines", "naive_compact"),
     "swiftspec.tree_cache_attention": ("swiftspec", "tree_cache_attention"),
     "tree_verification.tree_speculative_sampling": ("tree_verification", "tree_speculative_sampling"),
     "tree_verification.greedy_tree_verification": ("tree_verification", "greedy_tree_verification"),
@@ -70,8 +71,8 @@ LAUNCHERS = {
 
 
 def launcher(target: str) -> Callable:
-    module, name = LAUNCHERS[target]
-    return getattr(load(module, "solutions"), name)
+    module, name = LAUNCHERS[target]  # a student module's name, or a room's dotted path (its baselines)
+    return getattr(importlib.import_module(module) if "." in module else load(module, "solutions"), name)
 
 
 # --------------------------------------------------------------------------- valid calls
