@@ -3,46 +3,29 @@
 """Notebook 18: SwiftSpec's tree-aware KV cache, in Triton: in-place compaction and non-square attention.
 
 SwiftSpec ("SwiftSpec: Ultra-Low Latency LLM Decoding by Scaling Asynchronous Speculative Decoding")
-keeps the draft model's KV cache as [prefix | tree] (§3.2, Figure 5): rows 0..P-1 hold the
-committed prefix, the next T rows the nodes of the current draft tree. The specification of the
-bookkeeping is `pyspec_ref.kvcache` (`reroot`, `compact_plan`, `apply_moves`,
-`nonsquare_tree_attention`); this module runs it on the GPU.
+keeps a KV cache as [prefix | tree] (§3.2, Figure 5): rows 0..P-1 the committed prefix, the next T
+rows the nodes of the current draft tree. The bookkeeping is specified in `pyspec_ref.kvcache`.
 
-1. `compact_kernel` (launcher `compact`): after verification, the KV rows of the committed path
-   move to the end of the prefix and the surviving subtree is compacted right after it (§3.2).
-   Every move shifts a row LEFT (dst < src), and source and destination ranges overlap (a subtree
-   moving by a few slots overlaps itself). The moves are applied in place, with the meaning of
-   `pyspec_ref.kvcache.apply_moves` (every read sees the old cache). Why the kernel is race-free:
+1. `compact_kernel`: after verification, the committed path's rows move to the end of the prefix
+   and the surviving subtree is compacted after it (§3.2), in place, with the meaning of
+   `pyspec_ref.kvcache.apply_moves` (every read sees the old cache). Every move shifts a row left
+   (dst < src) and moves may overlap. One program owns one (sample, stacked row) slice, so programs
+   never touch each other's bytes; inside it the moves, sorted by dst, go BLOCK_M at a time: load
+   the chunk's sources, `tl.debug_barrier()`, store. Within a chunk that makes the moves
+   simultaneous; across chunks a later move i has src_i > dst_i > dst_j for every earlier move j,
+   so no load reads a row an earlier store wrote (memmove's front-to-back copy, tiled).
 
-   * one program owns one (sample, stacked row) slice of the cache, cache[b, r, :, :]: every move
-     reads and writes only inside it, so programs never touch each other's bytes;
-   * inside a program the moves are processed in increasing dst order (the launcher sorts them),
-     BLOCK_M at a time: load the chunk's source rows, `tl.debug_barrier()` (a CTA barrier: every
-     thread's loads are done before any thread stores), then store them to their destinations.
-     Within a chunk that makes the moves simultaneous, so chunk-internal overlaps (move (6 -> 5)
-     next to move (5 -> 4)) are safe. Across chunks: a later move i has
-     src_i > dst_i > dst_j for every earlier move j, so no load ever reads a row that an earlier
-     store wrote; and every earlier chunk's loads precede, through its barrier, the later
-     chunk's stores, so no store overwrites a row before the move that reads it. This is
-     memmove's front-to-back copy, tiled.
+2. `tree_cache_attention_kernel`: the non-square attention of §3.1 (Figure 4): w query nodes against
+   the whole cache, a w x (P + T) mask. Query q sees every prefix row, and tree row j iff
+   kv_start[j] <= start[q] and end[q] <= kv_end[j] (FlashSpecInfer §5.1's interval test). One
+   program per (block of packed (query head of a GQA group, query) rows, KV head, sample): the
+   group's query heads share the KV head's loads. Whole prefix blocks need no mask; a tree block no
+   row of the program sees is skipped before its K and V are loaded. FlashAttention-2's online
+   softmax, fp32.
 
-   The baseline it is measured against is `course.topics.kvcache.baselines.naive_compact`.
-
-2. `tree_cache_attention_kernel` (launcher `tree_cache_attention`): the non-square attention of
-   §3.1 (Figure 4). The draft model runs only the w nodes being expanded (or the target model the
-   nodes being verified) as queries, but their keys are the whole cache: a w x (P + T) mask, not
-   T x T. Query node q sees every prefix row and tree row j iff kv_start[j] <= start[q] and
-   end[q] <= kv_end[j] (FlashSpecInfer §5.1's interval test: j is an ancestor of q, or q itself).
-   Tree rows may be in any order (the DFS times are per row). One program per (block of packed
-   (query head of a GQA group, query) rows, KV head, sample): the group's query heads share the
-   KV head's loads. Full prefix blocks need no mask at all; a tree block that no row of the
-   program sees is skipped before its K and V are loaded. FlashAttention-2's online softmax, fp32.
-   Where a grid would leave SMs idle, the keys are cut into ranges and the partial results merged
-   by LSE (Flash-Decoding, `course.topics.kvcache.launch.merge_splits_kernel`).
-
-The launches (grids, tiles, buffers, the split and its merge) are in `course.topics.kvcache.launch`,
-input checks in `course.topics.kvcache.validate`, the attention's tile sizes and key split in
-`course.topics.kvcache.tuning`.
+The launches (grids, tiles, buffers, Flash-Decoding's split of the keys and `merge_splits_kernel`)
+are in `course.topics.kvcache.launch`, the baseline `naive_compact` in
+`course.topics.kvcache.baselines`, input checks in `course.topics.kvcache.validate`.
 """
 
 from __future__ import annotations
@@ -76,16 +59,13 @@ def compact_kernel(cache, src, dst, counts, D, stride_b, stride_r, stride_c, str
     cols = tl.arange(0, BLOCK_D)
     col_in = cols < D
     for m0 in range(0, n, BLOCK_M):
-        moves = m0 + tl.arange(0, BLOCK_M)
-        live = moves < n
-        s = tl.load(src + b * stride_moves + moves, mask=live, other=0).to(tl.int64)
-        t = tl.load(dst + b * stride_moves + moves, mask=live, other=0).to(tl.int64)
-        mask = live[:, None] & col_in[None, :]
-        # Move this chunk's BLOCK_M rows (each of D columns): read every source row of the chunk,
-        # wait until all threads have read (a destination of one move can be the source of
-        # another move of the chunk), then write the destinations.
+        # This chunk's moves m0 .. m0 + BLOCK_M - 1, those below n live: their source and destination
+        # slots (sample b's row of src and dst, stride_moves apart, as int64 for the addresses), then
+        # their rows, each of D columns (col_in): read every source row of the chunk, wait until all
+        # threads have read (a destination of one move can be the source of another move of the
+        # chunk), then write the destinations.
         # YOUR CODE HERE: exercise swiftspec.compact_kernel, region 1 (delete the todo line when you start)
-        todo("swiftspec.compact_kernel", region=1, lines=3)
+        todo("swiftspec.compact_kernel", region=1, lines=8)
 
 
 # --------------------------------------------------------------------------- non-square attention
@@ -112,11 +92,10 @@ def tree_cache_attention_kernel(
     kv_head = tl.program_id(1)
     b = tl.program_id(2)
     packed = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    group = packed // W
-    w = packed % W
-    head = kv_head * GROUP + group
-    count = tl.load(query_counts + b)
-    valid = (packed < GROUP * W) & (w < count)
+    # Each packed row's query w (of W), its query head (the GQA group's heads share this KV head),
+    # and whether it is real: inside the GROUP * W rows and not one of the sample's padding queries.
+    # YOUR CODE HERE: exercise swiftspec.tree_cache_attention_kernel, region 1 (delete the todo line when you start)
+    todo("swiftspec.tree_cache_attention_kernel", region=1, lines=4, defines="w, head, valid")
     n_valid = tl.sum(valid.to(tl.int32), axis=0)
     prefix = tl.load(prefix_lengths + b)
     used = tl.where(n_valid > 0, prefix + tl.load(tree_lengths + b), 0)  # nothing to do: no keys
@@ -149,16 +128,13 @@ def tree_cache_attention_kernel(
     # 2. The rest: the prefix's last partial block, then the tree rows, under the non-square mask.
     for j0 in range(tl.maximum(full, lo), hi, BLOCK_N):
         keys = j0 + tl.arange(0, BLOCK_N)
-        key_in = keys < used
-        in_prefix = keys < prefix
-        tree_row = key_in & (keys >= prefix)
-        # The DFS interval of the node stored in each tree row (prefix and unused rows: none).
-        ks = tl.load(kv_start + b64 * C + keys, mask=tree_row, other=0)
-        ke = tl.load(kv_end + b64 * C + keys, mask=tree_row, other=-1)
-        # visible[r, c]: packed row r is a real query and key c is a prefix row, or a tree row
-        # holding an ancestor of r's node (or the node itself): FlashSpecInfer's interval test.
-        # YOUR CODE HERE: exercise swiftspec.tree_cache_attention_kernel, region 1 (delete the todo line when you start)
-        todo("swiftspec.tree_cache_attention_kernel", region=1, lines=2, defines="visible")
+        # Which keys are rows of the sample (key_in: below `used`), of its prefix, of its tree; the
+        # DFS interval [ks, ke] of the node stored in each tree row (row c of sample b: kv_start and
+        # kv_end at b64 * C + c; nothing loaded for the other rows). Then visible[r, c]: packed row r
+        # is a real query and key c is a prefix row, or a tree row holding an ancestor of r's node
+        # (or the node itself): FlashSpecInfer's interval test.
+        # YOUR CODE HERE: exercise swiftspec.tree_cache_attention_kernel, region 2 (delete the todo line when you start)
+        todo("swiftspec.tree_cache_attention_kernel", region=2, lines=7, defines="key_in, visible")
         if tl.max(tl.max(visible.to(tl.int32), axis=1), axis=0) > 0:  # else skip the block's K, V
             rows64 = keys.to(tl.int64)
             k = tl.load(k_base + rows64[:, None] * stride_kc + dims[None, :] * stride_kd,
