@@ -1,25 +1,17 @@
 """Notebooks 13 and 14: DeFT, attention over a tree-structured KV cache, in Triton.
 
 Yao et al., "DeFT: Decoding with Flash Tree-attention for Efficient Tree-structured LLM
-Inference" (ICLR 2025). Phase 1, QKV preparation on the host, is given
-(`course.topics.deft.groups`: `node_groups`, `flatten_blocks`): the QKV groups of §3.2 and the
-blocks of §3.3 as small index tensors. Phase 2 is here, in Triton.
-
-`deft_node_kernel` / `deft_flatten_kernel`: one program per (tile of a group's queries, KV head).
-The rows of the program's tile are (query, query head) pairs: with grouped-query attention, the
-H_q / H_kv query heads that share a KV head are rows of the same tile, so each KV tile the program
-loads serves all of them. The program streams over its group's tokens with the online softmax
-(notebook 12's `online_softmax_step`, FlashAttention-2) and writes one float32 partial output row
-and its log-sum-exp per (group, query, head). Both kernels share `tile_rows` (a tile's rows and
-their q) and `store_partials` (the partials' stores), notebook 13's exercise. `reduce_partials_kernel`,
-one program per (query, block of heads), then merges each query's partials in increasing group
-order (§3.4's global reduction, the Flash-Decoding merge): no atomics, so two runs give the same bits.
-
-Paged KV: `slots`, (T,) int32, maps each flattened token to its row of the cache. The token loops
-run over run-time bounds, which Triton pipelines on a GPU (`course.core.interpreter` makes them run
-in the interpreter); on a Hopper GPU the benches' launches (`course.topics.deft.launch`) bring whole
-tiles of contiguous KV through TMA tensor descriptors. Input checks: `course.topics.deft.validate`;
-tile sizes: `course.topics.deft.tuning`.
+Inference" (ICLR 2025), specified in `pyspec_ref.deft`. Phase 1, QKV preparation on the host, is
+given (`course.topics.deft.groups`: `node_groups`, `flatten_blocks`). Phase 2 is here.
+`deft_node_kernel` / `deft_flatten_kernel`: one program per (tile of a group's queries, KV head);
+a tile's rows are (query, query head) pairs, so one K/V tile serves the H_q / H_kv query heads
+that share a KV head. The program streams its group's tokens with the online softmax (notebook
+12's `online_softmax_step`) and writes a float32 partial output row and its log-sum-exp per
+(group, query, head): `tile_rows` and `store_partials`, shared by both kernels, are notebook 13's
+exercise. `reduce_partials_kernel` merges each query's partials in increasing group order (§3.4,
+the Flash-Decoding merge): no atomics, so two runs give the same bits. Paged KV: `slots` (T,)
+int32 maps each flattened token to its cache row. Launches (grids, tiles, TMA on a Hopper GPU):
+`course.topics.deft.launch`; input checks: `course.topics.deft.validate`.
 """
 
 from __future__ import annotations
@@ -32,7 +24,14 @@ from course.core import interpreter
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
 from course.topics.deft import launch
 from course.topics.deft import validate as check
-from course.topics.deft.groups import FlattenBlocks, KVGroups, NodeGroups, flatten_blocks, node_groups  # noqa: F401
+from course.topics.deft.groups import (  # noqa: F401  (node_groups, flatten_blocks: phase 1, given)
+    FlattenBlocks,
+    KVGroups,
+    NodeGroups,
+    flatten_blocks,
+    node_groups,
+    work_item,
+)
 
 from .triton_attention import LN2, online_softmax_step
 
@@ -57,15 +56,9 @@ def _load_kv_tile(k, v, slots, tokens, inside, kv_head, cols,
 def _attend_all(q_tile, k, v, slots, k_desc, v_desc, token_start, token_end, kv_head, cols, stride_k_row,
                 stride_k_head, stride_v_row, stride_v_head, qk_scale, m, l, acc,
                 BLOCK_N: tl.constexpr, PAGED: tl.constexpr, TMA: tl.constexpr, PRECISION: tl.constexpr):
-    """Fold the tokens [token_start, token_end), every one visible to every row, into (m, l, acc).
-
-    The online softmax (notebook 12's step, FlashAttention-2 Algorithm 1), in base 2 with the
-    scale folded in. The whole tiles pass the constant True as their mask, which the compiler
-    folds away: no select on the scores. Only the ragged end, if any, takes a masked step.
-    With TMA (contiguous KV on a Hopper GPU, `course.topics.deft.launch.kv_descriptors`) the
-    whole tiles come through tensor descriptors. DeFT-Node's loop, and DeFT-Flatten's for its
-    dense programs.
-    """
+    """Fold the tokens [token_start, token_end), every one visible to every row, into (m, l, acc):
+    whole tiles with the constant mask True (through TMA descriptors where `launch.kv_descriptors`
+    made them), the ragged end masked. DeFT-Node's loop, and DeFT-Flatten's for its dense programs."""
     whole_end = token_start + (token_end - token_start) // BLOCK_N * BLOCK_N
     for start in range(token_start, whole_end, BLOCK_N):
         if TMA:
@@ -84,21 +77,6 @@ def _attend_all(q_tile, k, v, slots, k_desc, v_desc, token_start, token_end, kv_
         m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, inside[None, :], m, l, acc, qk_scale,
                                         PRECISION)
     return m, l, acc
-
-
-@triton.jit
-def _work_item(work_group, work_tile, group_start, group_end, group_ptr):
-    """This program's work item w = program_id(0), tile work_tile[w] of group g = work_group[w]:
-    (tile, the group's tokens [token_start, token_end), its first partial `first` = group_ptr[g],
-    its number of queries `count`)."""
-    work = tl.program_id(0)
-    g = tl.load(work_group + work)
-    tile = tl.load(work_tile + work)
-    token_start = tl.load(group_start + g)
-    token_end = tl.load(group_end + g)
-    first = tl.load(group_ptr + g)
-    count = tl.load(group_ptr + g + 1) - first
-    return tile, token_start, token_end, first, count
 
 
 @triton.jit
@@ -157,17 +135,10 @@ def deft_node_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, TMA: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """One program per (tile of one node group's queries, KV head): the group's partials.
-
-    Work item w is tile work_tile[w] of group work_group[w]: the group's members
-    QUERIES_PER_TILE * tile ... (+ QUERIES_PER_TILE - 1). Row r of the tile is member
-    r // GROUP with query head kv_head * GROUP + r % GROUP, so one K/V tile load serves
-    every query head that shares this KV head. The program streams over the node's tokens
-    (all visible to all its queries: no mask) and writes partial out and lse (natural log)
-    at position group_ptr[g] + member.
-    """
+    """One program per (tile of one node group's queries, KV head): the group's partials. Every
+    token of the node is visible to every query of its group: no mask but the ragged end."""
     kv_head = tl.program_id(1)
-    tile, token_start, token_end, first, count = _work_item(work_group, work_tile, group_start, group_end,
+    tile, token_start, token_end, first, count = work_item(work_group, work_tile, group_start, group_end,
                                                             group_ptr)
     member, head, valid, q_tile = tile_rows(q, member_query, tile, first, count, kv_head, stride_q_row,
                                             stride_q_head, GROUP, QUERIES_PER_TILE, D, BLOCK_M)
@@ -193,21 +164,21 @@ def deft_flatten_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, TMA: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """One program per (tile of one block's queries, KV head): the block's partials.
-
-    As `deft_node_kernel`, but a block holds pieces of several nodes, and a query of the
-    block sees only some of them: the score tile is masked by the segments' bitmasks, read
-    per token (token_words). A tile's QUERIES_PER_TILE members divide 64, so all its rows read
-    the same bitmask word.
-    """
+    """One program per (tile of one block's queries, KV head): the block's partials. As
+    `deft_node_kernel`, but a query sees only some of the block's tokens: the score tile is masked
+    by the bitmask words of each token (token_words)."""
     kv_head = tl.program_id(1)
-    tile, token_start, token_end, first, count = _work_item(work_group, work_tile, group_start, group_end,
+    tile, token_start, token_end, first, count = work_item(work_group, work_tile, group_start, group_end,
                                                             group_ptr)
     member, head, valid, q_tile = tile_rows(q, member_query, tile, first, count, kv_head, stride_q_row,
                                             stride_q_head, GROUP, QUERIES_PER_TILE, D, BLOCK_M)
     cols = tl.arange(0, D)
-    word = (tile * QUERIES_PER_TILE) // 64  # the bitmask word of this tile's members
-    row_bit = tl.full([BLOCK_M], 1, tl.int64) << (member % 64).to(tl.int64)  # each row's bit in it
+    # The bitmask word of this tile's members (QUERIES_PER_TILE divides 64: one word for the tile),
+    # and each row's bit in it, an int64 1 shifted by its member's place in the word.
+    ### BEGIN SOLUTION
+    word = (tile * QUERIES_PER_TILE) // 64
+    row_bit = tl.full([BLOCK_M], 1, tl.int64) << (member % 64).to(tl.int64)
+    ### END SOLUTION
     # Most blocks of a speculative tree are prefix: every member sees every token, and the host
     # said so (work_dense, `groups.work_list`). Those take a loop without the words' loads and the bit
     # tests; the other loop loads each token's word with the K/V tiles, its address known ahead.
@@ -243,17 +214,9 @@ def reduce_partials_kernel(
     out_part, lse_part, query_ptr, query_parts, out, lse,
     HEADS_Q: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """One program per (query, BLOCK_H query heads): merge the query's partials for those heads.
-
-    §3.4's global reduction, the Flash-Decoding merge, in a fixed order (increasing group):
-    out = sum_p exp(lse_p - lse) out_p with lse = log sum_p exp(lse_p), computed around a
-    running maximum that starts at -inf. Each step folds one partial: its BLOCK_H lse's and
-    its (BLOCK_H, D) rows of out_part, which lie next to each other in memory (out_part is
-    (P, H_q, d)), so one step reads BLOCK_H * D * 4 contiguous bytes. A program per head
-    instead would read 512 bytes a step and wait a memory round trip for each; with 32 heads
-    that is 32 times the programs, each mostly waiting. No atomics, so the result is the same
-    bits every run.
-    """
+    """One program per (query, BLOCK_H query heads): merge the query's partials for those heads, in
+    increasing group order: out = sum_p exp(lse_p - lse) out_p with lse = log sum_p exp(lse_p),
+    around a running maximum that starts at -inf (§3.4, the Flash-Decoding merge)."""
     query = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     real = heads < HEADS_Q  # the last program's spare heads (H_q not a multiple of BLOCK_H)
@@ -264,13 +227,14 @@ def reduce_partials_kernel(
     l = tl.zeros([BLOCK_H], tl.float32)  # running sum of exp(lse_p - m)
     acc = tl.zeros([BLOCK_H, D], tl.float32)  # running sum of exp(lse_p - m) * out_p
     for i in range(first, last):
+        # Pair i's partial, number part = query_parts[i] (int64): its lse's and out rows for the
+        # program's heads (a spare head reads lse = 0 and out = 0: finite, and never stored). Fold
+        # them into (m, l, acc): the Flash-Decoding merge as a running recurrence.
+        ### BEGIN SOLUTION
         part = tl.load(query_parts + i).to(tl.int64)
-        # A spare head reads lse = 0 and out = 0: finite, and never stored.
         lse_p = tl.load(lse_part + part * HEADS_Q + heads, mask=real, other=0.0)
         out_p = tl.load(out_part + (part * HEADS_Q + heads[:, None]) * D + cols[None, :], mask=real[:, None],
                         other=0.0)
-        # Fold this partial into (m, l, acc): the Flash-Decoding merge as a running recurrence.
-        ### BEGIN SOLUTION
         m_new = tl.maximum(m, lse_p)  # finite: every partial's lse is
         alpha = tl.exp(m - m_new)  # rescales what was summed around the old max (0 at first)
         w = tl.exp(lse_p - m_new)
@@ -279,12 +243,16 @@ def reduce_partials_kernel(
         m = m_new
         ### END SOLUTION
     result = acc / l[:, None]
+    # The merged rows stored for the real heads: result in out's dtype, and lse = m + log(l), at row
+    # query * HEADS_Q + head of (Q, H_q, d) out and (Q, H_q) lse.
+    ### BEGIN SOLUTION
     where = query * HEADS_Q + heads
     tl.store(out + where[:, None] * D + cols[None, :], result.to(out.dtype.element_ty), mask=real[:, None])
     tl.store(lse + where, m + tl.log(l), mask=real)
+    ### END SOLUTION
 
 
-interpreter.prepare(_work_item, _load_kv_tile, _attend_all, tile_rows, store_partials, deft_node_kernel,
+interpreter.prepare(_load_kv_tile, _attend_all, tile_rows, store_partials, deft_node_kernel,
                     deft_flatten_kernel, reduce_partials_kernel)
 
 
@@ -306,12 +274,8 @@ def _check(q, k, v, prepared, slots, kind: type | None = None) -> None:
 
 
 def group_partials(q, k, v, prepared: KVGroups, *, slots=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Phase 2, step 1 alone: (out_part (P, H_q, d) float32, lse_part (P, H_q) float32).
-
-    Row p is the partial of the p-th (group, query) pair of `prepared` (query
-    prepared.member_query[p]): attention over the tokens of its group that the query sees,
-    with their log-sum-exp (natural log). `prepared` from `node_groups` or `flatten_blocks`.
-    """
+    """Phase 2, step 1 alone: (out_part (P, H_q, d) float32, lse_part (P, H_q) float32), row p the
+    partial of the p-th (group, query) pair of `prepared` (from `node_groups` or `flatten_blocks`)."""
     _check(q, k, v, prepared, slots)
     kernel, *helpers = _kernels_of(prepared)
     require_written(kernel, *helpers)
@@ -321,12 +285,8 @@ def group_partials(q, k, v, prepared: KVGroups, *, slots=None) -> tuple[torch.Te
 
 
 def reduce_partials(out_part, lse_part, query_ptr, query_parts, *, out_dtype=torch.float32):
-    """Phase 2, step 2 alone: merge each query's partials by LSE; return (out, lse).
-
-    out_part (P, H_q, d) and lse_part (P, H_q) float32 partials; query i merges rows
-    query_parts[query_ptr[i] : query_ptr[i + 1]] in that order. out is (Q, H_q, d) of
-    `out_dtype`, lse (Q, H_q) float32 (natural log).
-    """
+    """Phase 2, step 2 alone: merge each query's partials by LSE; return (out (Q, H_q, d) of
+    `out_dtype`, lse (Q, H_q) float32). Query i merges rows query_parts[query_ptr[i] : query_ptr[i + 1]]."""
     check.partials(out_part, lse_part, query_ptr, query_parts, out_dtype)
     require_written(reduce_partials_kernel)
     run, out, lse = launch.reduce_launch(reduce_partials_kernel, out_part, lse_part, query_ptr, query_parts,
@@ -345,12 +305,8 @@ def _attention(q, k, v, prepared, slots, return_lse, kind):
 
 def deft_node_attention(q, k, v, prepared: NodeGroups, *, slots=None, return_lse: bool = False):
     """DeFT-Node attention: q (Q, H_q, d) over the KV tree of `prepared` (from `node_groups`).
-
-    k, v: (T, H_kv, d) in the flattened DFS layout, or with `slots` (T,) int32 a paged cache
-    (S, H_kv, d). H_q a multiple of H_kv; d in 16, 32, 64, 128; float16, bfloat16 (GPU only) or
-    float32, accumulated in float32. Returns out (Q, H_q, d) in q's dtype, and with
-    return_lse=True also lse (Q, H_q) float32.
-    """
+    k, v: (T, H_kv, d) in the flattened DFS layout, or with `slots` a paged cache (S, H_kv, d).
+    Returns out (Q, H_q, d) in q's dtype, and with return_lse=True also lse (Q, H_q) float32."""
     return _attention(q, k, v, prepared, slots, return_lse, NodeGroups)
 
 

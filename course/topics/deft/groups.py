@@ -8,7 +8,8 @@ node piece of the block gets a bitmask of the block's queries that see it (64 qu
 word, as many words as the block needs). The result is a few small int32/int64 tensors
 (`NodeGroups`, `FlattenBlocks`): each group's token range, its queries as a CSR list, and for
 every query the positions of its partial results, in increasing group order. `work_list` cuts the
-groups into the work items of phase 2's kernels (`solutions/deft.py`). The specification is
+groups into the work items of phase 2's kernels (`solutions/deft.py`), and `work_item` (Triton)
+reads a program's item back in them. The specification is
 `pyspec_ref.deft`.
 """
 
@@ -17,7 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import triton
+import triton.language as tl
 
+from course.core import interpreter
 from course.topics.deft import validate as check
 from course.topics.deft.tuning import WORD_BITS
 
@@ -277,3 +281,20 @@ def _dense_items(prepared: KVGroups, groups: list[int], tiles: list[int], counts
         dense.append(int(all(words[word] & members == members for words in block_segments[blocks[g]])))
     return dense
 
+
+@triton.jit
+def work_item(work_group, work_tile, group_start, group_end, group_ptr):
+    """In a phase-2 kernel launched over `work_list`'s items: this program's work item
+    w = program_id(0), tile work_tile[w] of group g = work_group[w]: (tile, the group's tokens
+    [token_start, token_end), its first partial `first` = group_ptr[g], its number of queries `count`)."""
+    work = tl.program_id(0)
+    g = tl.load(work_group + work)
+    tile = tl.load(work_tile + work)
+    token_start = tl.load(group_start + g)
+    token_end = tl.load(group_end + g)
+    first = tl.load(group_ptr + g)
+    count = tl.load(group_ptr + g + 1) - first
+    return tile, token_start, token_end, first, count
+
+
+interpreter.prepare(work_item)
