@@ -22,18 +22,14 @@ import triton.language as tl
 
 from course.core import interpreter
 from course.exercise import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.topics.deft import launch
+from course.topics.deft import groups, launch
 from course.topics.deft import validate as check
-from course.topics.deft.groups import (  # noqa: F401  (node_groups, flatten_blocks: phase 1, given)
-    FlattenBlocks,
-    KVGroups,
-    NodeGroups,
-    flatten_blocks,
-    node_groups,
-    work_item,
-)
+from course.topics.deft.groups import FlattenBlocks, KVGroups, NodeGroups, check_inputs, work_item
 
 from .triton_attention import LN2, online_softmax_step
+
+# Phase 1 is given; the checks call it through this module.
+node_groups, flatten_blocks = groups.node_groups, groups.flatten_blocks
 
 
 @triton.jit
@@ -106,13 +102,10 @@ def tile_rows(q, member_query, tile, first, count, kv_head, stride_q_row, stride
 @triton.jit
 def store_partials(out_part, lse_part, m, l, acc, first, member, head, valid,
                    HEADS_Q: tl.constexpr, D: tl.constexpr):
-    """Finish the online softmax of a tile's rows and store each valid row's partial.
-
-    The row's pair is partial number first + member (its place in member_query): out_part[p, h, :]
-    starts at element (p * HEADS_Q + h) * D, lse_part[p, h] is element p * HEADS_Q + h. A row
-    past its group's queries saw zeros and is never stored; every real row saw a token (a group's
-    queries see all of a node, and a block's queries some of it), so l > 0 there.
-    """
+    """Finish the online softmax of a tile's rows and store each valid row's partial, number
+    first + member (its place in member_query): out_part[p, h, :] starts at element
+    (p * HEADS_Q + h) * D, lse_part[p, h] is element p * HEADS_Q + h. Every valid row saw a token
+    (a group's queries see all of a node, a block's some of it), so l > 0 there."""
     l = tl.where(l > 0, l, 1.0)
     out = acc / l[:, None]
     lse = (m + tl.log2(l)) * LN2  # back to natural log
@@ -256,9 +249,6 @@ interpreter.prepare(_load_kv_tile, _attend_all, tile_rows, store_partials, deft_
                     deft_flatten_kernel, reduce_partials_kernel)
 
 
-# --------------------------------------------------------------------------- launchers
-
-
 def _kernels_of(prepared) -> tuple:
     """Phase 2's first kernel for `prepared` and the exercise helpers it calls: what
     `require_written` must see written before a launch."""
@@ -266,17 +256,10 @@ def _kernels_of(prepared) -> tuple:
     return kernel, tile_rows, store_partials, online_softmax_step
 
 
-def _check(q, k, v, prepared, slots, kind: type | None = None) -> None:
-    """Check phase 2's inputs against `prepared`, which must be of `kind` (default: either)."""
-    kind = kind or (FlattenBlocks if isinstance(prepared, FlattenBlocks) else NodeGroups)
-    check.attention_inputs(q, k, v, prepared, slots, kind,
-                           "flatten_blocks" if kind is FlattenBlocks else "node_groups")
-
-
 def group_partials(q, k, v, prepared: KVGroups, *, slots=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Phase 2, step 1 alone: (out_part (P, H_q, d) float32, lse_part (P, H_q) float32), row p the
     partial of the p-th (group, query) pair of `prepared` (from `node_groups` or `flatten_blocks`)."""
-    _check(q, k, v, prepared, slots)
+    check_inputs(q, k, v, prepared, slots)
     kernel, *helpers = _kernels_of(prepared)
     require_written(kernel, *helpers)
     run, out_part, lse_part = launch.partials_launch(kernel, q, k, v, prepared, slots)
@@ -296,7 +279,7 @@ def reduce_partials(out_part, lse_part, query_ptr, query_parts, *, out_dtype=tor
 
 
 def _attention(q, k, v, prepared, slots, return_lse, kind):
-    _check(q, k, v, prepared, slots, kind)
+    check_inputs(q, k, v, prepared, slots, kind)
     kernel, *helpers = _kernels_of(prepared)
     require_written(kernel, *helpers, reduce_partials_kernel)
     out, lse = launch.attention_launch(kernel, reduce_partials_kernel, q, k, v, prepared, slots)()

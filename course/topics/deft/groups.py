@@ -244,6 +244,13 @@ def flatten_blocks(parents, lengths, query_nodes, block_tokens, device) -> Flatt
 
 
 
+def check_inputs(q, k, v, prepared: KVGroups, slots, kind: type | None = None) -> None:
+    """Check phase 2's inputs against `prepared`, which must be of `kind` (default: either)."""
+    kind = kind or (FlattenBlocks if isinstance(prepared, FlattenBlocks) else NodeGroups)
+    check.attention_inputs(q, k, v, prepared, slots, kind,
+                           "flatten_blocks" if kind is FlattenBlocks else "node_groups")
+
+
 def work_list(prepared: KVGroups, queries_per_tile: int) -> tuple[torch.Tensor, ...]:
     """(group, tile, dense) of every work item: group g has ceil(its queries / queries_per_tile) tiles.
 

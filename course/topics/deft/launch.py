@@ -25,8 +25,7 @@ from course.core import runtime
 from course.core.impl import load
 from course.core.launch import poisoned_empty
 from course.exercise import require_written
-from course.topics.deft import validate as check
-from course.topics.deft.groups import FlattenBlocks, KVGroups, NodeGroups, work_list
+from course.topics.deft.groups import FlattenBlocks, KVGroups, check_inputs, work_list
 from course.topics.deft.tuning import HEADS_PER_MERGE, MERGE_WARPS, TileShape, tile_shape
 
 
@@ -128,10 +127,8 @@ def prepare_attention(q, k, v, prepared: KVGroups, *, slots=None, tiles: TileSha
     benchmarks that time alternatives.
     """
     deft = load("deft", impl)
-    kind = FlattenBlocks if isinstance(prepared, FlattenBlocks) else NodeGroups
-    check.attention_inputs(q, k, v, prepared, slots, kind,
-                           "flatten_blocks" if kind is FlattenBlocks else "node_groups")
-    kernel = deft.deft_flatten_kernel if kind is FlattenBlocks else deft.deft_node_kernel
+    check_inputs(q, k, v, prepared, slots)
+    kernel = deft.deft_flatten_kernel if isinstance(prepared, FlattenBlocks) else deft.deft_node_kernel
     require_written(kernel, deft.tile_rows, deft.store_partials, deft.online_softmax_step,
                     deft.reduce_partials_kernel)
     run = attention_launch(kernel, deft.reduce_partials_kernel, q, k, v, prepared, slots, tiles)
