@@ -213,8 +213,8 @@ def reduce_partials_kernel(
         # them into (m, l, acc): the Flash-Decoding merge as a running recurrence.
         # YOUR CODE HERE: exercise deft.reduce_partials_kernel, region 1 (delete the todo line when you start)
         todo("deft.reduce_partials_kernel", region=1, lines=10, defines="l, acc, m")
-    result = acc / l[:, None]
-    # The merged rows stored for the real heads: result in out's dtype, and lse = m + log(l), at row
+    result = (acc / l[:, None]).to(out.dtype.element_ty)
+    # The merged rows stored for the real heads: result, and lse = m + log(l), at row
     # query * HEADS_Q + head of (Q, H_q, d) out and (Q, H_q) lse.
     # YOUR CODE HERE: exercise deft.reduce_partials_kernel, region 2 (delete the todo line when you start)
     todo("deft.reduce_partials_kernel", region=2, lines=3)

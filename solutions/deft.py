@@ -235,12 +235,12 @@ def reduce_partials_kernel(
         acc = acc * alpha[:, None] + w[:, None] * out_p
         m = m_new
         ### END SOLUTION
-    result = acc / l[:, None]
-    # The merged rows stored for the real heads: result in out's dtype, and lse = m + log(l), at row
+    result = (acc / l[:, None]).to(out.dtype.element_ty)
+    # The merged rows stored for the real heads: result, and lse = m + log(l), at row
     # query * HEADS_Q + head of (Q, H_q, d) out and (Q, H_q) lse.
     ### BEGIN SOLUTION
     where = query * HEADS_Q + heads
-    tl.store(out + where[:, None] * D + cols[None, :], result.to(out.dtype.element_ty), mask=real[:, None])
+    tl.store(out + where[:, None] * D + cols[None, :], result, mask=real[:, None])
     tl.store(lse + where, m + tl.log(l), mask=real)
     ### END SOLUTION
 
