@@ -3,88 +3,31 @@
 """Notebook 17: EMS-SD, attention over an unpadded multi-sample batch, in Triton.
 
 Ni et al., "EMS-SD: Efficient Multi-sample Speculative Decoding for Accelerating Large Language
-Models" (NAACL 2025), §3. A batch of B samples decodes speculatively; in one verification step
-sample b feeds ``counts[b]`` new tokens (its last accepted token and its drafts), and samples
-accept different numbers of tokens. The bookkeeping is specified in `pyspec_ref.kvcache`:
-
-* "unpad input tokens": the new tokens of all samples are concatenated, q is (T, H, d) with
-  T = sum(counts), and ``offsets`` (B + 1 exclusive prefix sums of counts, the ``cu_seqlens`` of
-  variable-length attention) says where each sample's tokens start;
-* "unpad KV cache": sample b owns the cache rows starting at ``kv_starts[b]``; it holds
-  ``kv_lengths[b]`` cached tokens and the step's counts[b] new keys and values are already
-  written right after them. Token i of sample b sees rows [start_b, start_b + len_b + i].
+Models" (NAACL 2025), §3, specified in `pyspec_ref.kvcache`. "Unpad input tokens": the counts[b]
+new tokens of each sample b are concatenated, q (T, H, d), `offsets` (the B + 1 exclusive prefix
+sums of counts) says where each sample's start. "Unpad KV cache": sample b owns the rows from
+kv_starts[b], kv_lengths[b] cached then counts[b] new; its token i sees [start_b, start_b + len_b + i].
 
 `unpadded_attention_kernel`: one program per (tile of BLOCK_M consecutive flat tokens, query
-head). A tile may hold tokens of several samples (a sample feeds only a few tokens), so the
-program first restores every row's sample and position (index restoration), then, for each
-sample its tile touches, streams over that sample's KV rows in blocks of BLOCK_N with the online
-softmax (FlashAttention-2; notebook 12's `online_softmax_step`), rows of other samples masked
-out. Every sample's KV is read by the one or two programs (per head) whose tiles hold its
-tokens: nothing is read for padding. Both loops are `for` loops over run-time bounds (Triton
-pipelines the inner one on a GPU; `course.core.interpreter` makes them run in the interpreter).
-
-Index restoration. The paper's kernel (Algorithm 2) finds a token's sample by scanning the
-counts from sample 0: O(B) loads per token. Here every row does a binary search over the
-``offsets`` array (last b with offsets[b] <= t, `pyspec_ref.kvcache.restore_indices`): ceil(log2 B)
-steps, at most 6 for B = 64, branch-free (every step is a masked gather and a `where`), once
-per program, before the KV loop, from a B + 1-entry array that stays in cache. A precomputed
-token -> sample table would cost O(1) per row but one more pass and one more (T,) tensor to build
-and keep in step with the batch every step; the search needs only the offsets, which the batch
-keeps anyway. Either way the restoration runs once per program and is negligible next to the KV
-loop; the linear scan is not, at B = 64 (64 dependent loads per row).
-
-`padded_attention` is the vanilla baseline (torch): pad the inputs to W = max(counts) and the
-cache to a common width, then one masked SDPA call over the rectangle.
-
-Input checks live in `course.topics.kvcache.validate`.
+head). It restores every row's sample and position by a binary search over `offsets` (ceil(log2 B)
+steps, where the paper's Algorithm 2 scans the counts: B steps), then streams over the KV rows of
+each sample its tile touches with the online softmax (notebook 12's `online_softmax_step`), rows of
+other samples masked out: nothing is read for padding. The padded baseline is
+`course.topics.kvcache.baselines`; the launch (grid, tiles, buffers) `course.topics.kvcache.launch`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
-
-import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from course.core import interpreter, runtime
-from course.core.launch import poisoned_empty
+from course.core import interpreter
 from course.core.stubs import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.core.validate import require_dot_block, require_scale
-from course.topics.kvcache.validate import HEAD_DIMS, Batch, check_batch, same_layout
+from course.core.validate import require_scale
+from course.topics.kvcache import launch
+from course.topics.kvcache.validate import Batch, check_batch, same_layout
 
-from .triton_attention import LN2, LOG2_E, online_softmax_step
-
-
-@dataclass(frozen=True)
-class Config:
-    """Tile sizes of one launch."""
-
-    block_m: int  # flat query tokens per program
-    block_n: int  # KV rows per step of the loop
-    num_warps: int
-
-
-def config_for(d: int, dtype: torch.dtype = torch.float16) -> Config:
-    """Tiles for head dim d: 16 query rows (a sample feeds a few tokens; 16 is tl.dot's minimum),
-    KV blocks of 64 rows on a GPU (16 in the interpreter, where every op is a NumPy call)."""
-    if d not in HEAD_DIMS:
-        raise ValueError(f"d must be one of {HEAD_DIMS}, got {d!r}")
-    block_m = 16
-    block_n = runtime.pick(sim=16, gpu=64 if d <= 64 else 32)
-    require_dot_block(block_m=block_m, block_n=block_n, d=d)
-    return Config(block_m, block_n, num_warps=4)
-
-
-def search_steps(batch: int) -> int:
-    """Steps of the binary search over samples 0..B-1: ceil(log2 B) (0 for one sample)."""
-    return (batch - 1).bit_length()
-
-
-# --------------------------------------------------------------------------- the kernel
+from .triton_attention import LN2, online_softmax_step
 
 
 @triton.jit
@@ -95,13 +38,8 @@ def unpadded_attention_kernel(
     BATCH: tl.constexpr, STEPS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """One program per (tile of BLOCK_M flat tokens, query head): their attention and LSE.
-
-    Row r is flat token t = tile * BLOCK_M + r (valid if t < total). The program restores each
-    row's sample and position, then loops over the samples its rows belong to; for sample b it
-    streams over b's KV rows kv_starts[b] + j, j in [0, kv_lengths[b] + counts[b]), in blocks,
-    with the online softmax in base 2 (the scale folded into qk_scale).
-    """
+    """One program per (tile of BLOCK_M flat tokens, query head); row r is flat token
+    tile * BLOCK_M + r. The online softmax runs in base 2, the scale folded into qk_scale."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // GROUP
@@ -113,22 +51,20 @@ def unpadded_attention_kernel(
     # empty samples, whose offsets equal the next one's), by STEPS = ceil(log2 BATCH) halvings of
     # [lo, hi]; then position[r] = t[r] - offsets[sample[r]], the row's index among its sample's
     # new tokens. (The paper's Algorithm 2 scans the counts from sample 0 instead: BATCH steps.)
+    # Then the first and the last sample of the tile's valid rows, b_first and b_last.
     # YOUR CODE HERE: exercise emssd.unpadded_attention_kernel, region 1 (delete the todo line when you start)
-    todo("emssd.unpadded_attention_kernel", region=1, lines=9, defines="sample, position")
+    todo("emssd.unpadded_attention_kernel", region=1, lines=11, defines="sample, position, b_first, b_last")
     q_tile = tl.load(q + rows.to(tl.int64)[:, None] * stride_q_row + head * stride_q_head + cols[None, :],
                      mask=valid[:, None], other=0.0)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scores (log2 units)
     l = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m)
     acc = tl.zeros([BLOCK_M, D], tl.float32)  # running sum of exp2(score - m) * v
-    b_first = tl.min(tl.where(valid, sample, BATCH), axis=0)  # the tile's first and last samples
-    b_last = tl.max(tl.where(valid, sample, -1), axis=0)
     for b in range(b_first, b_last + 1):
-        first = tl.load(offsets + b)
-        count = tl.load(offsets + b + 1) - first
-        kv_start = tl.load(kv_starts + b).to(tl.int64)
-        kv_len = tl.load(kv_lengths + b)
-        mine = valid & (sample == b)  # this tile's rows that belong to sample b
-        width = kv_len + count  # b's cached keys and its new ones, written right after them
+        # Sample b: its count of new tokens (from offsets), its KV region (kv_starts[b] as int64, and
+        # kv_lengths[b] cached rows), `mine`, the tile's real rows that belong to it, and `width`, the
+        # keys of its region: its cached ones and its new ones, written right after them.
+        # YOUR CODE HERE: exercise emssd.unpadded_attention_kernel, region 2 (delete the todo line when you start)
+        todo("emssd.unpadded_attention_kernel", region=2, lines=6, defines="count, kv_start, kv_len, mine, width")
         if count > 0:
             for j0 in range(0, width, BLOCK_N):
                 cols_kv = j0 + tl.arange(0, BLOCK_N)  # b's key indices in this block
@@ -141,8 +77,8 @@ def unpadded_attention_kernel(
                 # visible[r, c]: row r belongs to sample b and key j0 + c is one it sees: b's
                 # cache and b's new tokens up to its own position (causal), i.e.
                 # j <= kv_len + position[r] (which also keeps j inside b's region).
-                # YOUR CODE HERE: exercise emssd.unpadded_attention_kernel, region 2 (delete the todo line when you start)
-                todo("emssd.unpadded_attention_kernel", region=2, lines=1, defines="visible")
+                # YOUR CODE HERE: exercise emssd.unpadded_attention_kernel, region 3 (delete the todo line when you start)
+                todo("emssd.unpadded_attention_kernel", region=3, lines=1, defines="visible")
                 # The online softmax step of notebook 12. Rows of other samples see nothing here:
                 # their max may still be -inf, and the step keeps them at -inf and 0, without NaN.
                 m, l, acc = online_softmax_step(q_tile, k_tile, v_tile, visible, m, l, acc, qk_scale,
@@ -158,45 +94,18 @@ def unpadded_attention_kernel(
 interpreter.prepare(unpadded_attention_kernel)
 
 
-# --------------------------------------------------------------------------- launchers
-
-
-def _launch(q, k_cache, v_cache, batch: Batch, scale):
-    """Allocate the outputs and return (a function launching the kernel, out, lse)."""
-    total, heads, d = q.shape
-    group = heads // k_cache.shape[1]
-    config = config_for(d, q.dtype)
-    out = poisoned_empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = poisoned_empty((total, heads), dtype=torch.float32, device=q.device)
-    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2_E
-    grid = (triton.cdiv(total, config.block_m), heads)
-    args = (q, k_cache, v_cache, out, lse, batch.offsets, batch.starts, batch.lengths, total,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
-            v_cache.stride(1), out.stride(0), out.stride(1), qk_scale)
-    meta = dict(BATCH=batch.size, STEPS=search_steps(batch.size), GROUP=group, D=d,
-                BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=config.num_warps)
-
-    def launch():
-        unpadded_attention_kernel[grid](*args, **meta)
-    return launch, out, lse
-
-
 def unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, scale=None,
                        return_lse: bool = False, checked: Batch | None = None):
     """EMS-SD attention of a concatenated batch over per-sample KV regions (§3), in Triton.
 
-    q: (T, H, d), the new tokens of all samples concatenated (T = sum(counts)); k_cache, v_cache:
-    (S, H_kv, d), H a multiple of H_kv (grouped-query attention); counts, kv_starts, kv_lengths:
-    one int >= 0 per sample (lists or 1-D int tensors). Sample b's new keys/values are already
-    written at rows kv_starts[b] + kv_lengths[b] + i; its token i sees rows [kv_starts[b],
-    kv_starts[b] + kv_lengths[b] + i]. float16, bfloat16 (GPU only) or float32, accumulated in
-    float32; d in HEAD_DIMS. Returns out (T, H, d) in q's dtype, and with return_lse=True also
-    lse (T, H) float32 (natural log). Equals `pyspec_ref.kvcache.unpadded_attention` per head.
+    q: (T, H, d) (T = sum(counts)); k_cache, v_cache: (S, H_kv, d), H a multiple of H_kv; counts,
+    kv_starts, kv_lengths: one int >= 0 per sample (lists or 1-D int tensors), laid out as the
+    module doc says. float16, bfloat16 (GPU only) or float32, accumulated in float32; d in
+    HEAD_DIMS. Returns out (T, H, d) in q's dtype, and with return_lse=True also lse (T, H) float32
+    (natural log). Equals `pyspec_ref.kvcache.unpadded_attention` per head.
 
-    checked: `check_batch`'s result for this very layout, from an earlier call (a model runs every
-    layer over the same batch: checked once per step, not once per layer); counts, kv_starts and
-    kv_lengths are then not read, and only the shapes of q and the caches are compared with it.
+    checked: `check_batch`'s result for this very layout from an earlier call (a model's layers
+    share one batch); the index arguments are then not read, only the shapes compared with it.
     """
     require_scale(scale)
     if checked is None:
@@ -204,87 +113,6 @@ def unpadded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, sc
     else:
         batch = same_layout(checked, q, k_cache, v_cache)
     require_written(unpadded_attention_kernel, online_softmax_step)
-    launch, out, lse = _launch(q, k_cache, v_cache, batch, scale)
-    launch()
+    run, out, lse = launch.unpadded_launch(unpadded_attention_kernel, q, k_cache, v_cache, batch, scale)
+    run()
     return (out, lse) if return_lse else out
-
-
-def prepare_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *,
-                      scale=None) -> Callable[[], torch.Tensor]:
-    """Check once; return a function that only launches the kernel (for timing). Returns out."""
-    require_scale(scale)
-    batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
-    require_written(unpadded_attention_kernel, online_softmax_step)
-    launch, out, _ = _launch(q, k_cache, v_cache, batch, scale)
-
-    def run() -> torch.Tensor:
-        launch()
-        return out
-    return run
-
-
-# --------------------------------------------------------------------------- the padded baseline
-
-
-@dataclass(frozen=True)
-class PaddedBatch:
-    """EMS-SD's vanilla batch: a rectangle (B, H, ...) with padding (§3, Appendix B).
-
-    q: (B, H, W, d) with W = max(counts); k, v: (B, H, L + W, d) with L = max(kv_lengths): sample
-    b's cached keys at 0..kv_lengths[b] - 1, padding up to L, its W new slots at L..L + W - 1.
-    mask: (B, 1, W, L + W) bool: query i sees the sample's cache and new slots L..L + i (padding
-    queries i >= counts[b] are computed too, and thrown away: that is the waste).
-    """
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    mask: torch.Tensor
-    counts: list[int]
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.q, self.k, self.v, self.mask))
-
-
-def pad_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths) -> PaddedBatch:
-    """Lay an unpadded batch out the vanilla way (`PaddedBatch`); GQA heads are repeated."""
-    batch = check_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
-    total, heads, d = q.shape
-    group = heads // k_cache.shape[1]
-    size, width = batch.size, max(batch.counts)
-    cached = max(batch.kv_lengths)
-    device = q.device
-    qp = torch.zeros((size, width, heads, d), dtype=q.dtype, device=device)
-    kp = torch.zeros((size, cached + width, heads, d), dtype=q.dtype, device=device)
-    vp = torch.zeros_like(kp)
-    offsets = batch.offsets.tolist()
-    for b in range(size):
-        c, s, n = batch.counts[b], batch.kv_starts[b], batch.kv_lengths[b]
-        qp[b, :c] = q[offsets[b]:offsets[b + 1]]
-        for dst, src in ((kp, k_cache), (vp, v_cache)):
-            dst[b, :n] = src[s:s + n].repeat_interleave(group, dim=1)
-            dst[b, cached:cached + c] = src[s + n:s + n + c].repeat_interleave(group, dim=1)
-    i = torch.arange(width, device=device)[:, None]
-    j = torch.arange(cached + width, device=device)[None, :]
-    lengths = torch.tensor(batch.kv_lengths, device=device)[:, None, None]
-    mask = (j[None] < lengths) | ((j[None] >= cached) & (j[None] <= cached + i[None]))
-    return PaddedBatch(qp.transpose(1, 2).contiguous(), kp.transpose(1, 2).contiguous(),
-                       vp.transpose(1, 2).contiguous(), mask[:, None], list(batch.counts))
-
-
-def padded_forward(padded: PaddedBatch, scale=None) -> torch.Tensor:
-    """The vanilla step itself: one masked SDPA over the rectangle, (B, H, W, d)."""
-    return F.scaled_dot_product_attention(padded.q, padded.k, padded.v, attn_mask=padded.mask, scale=scale)
-
-
-def unpad(out_padded: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """(B, H, W, d) -> (T, H, d): keep each sample's first counts[b] rows, concatenated."""
-    return torch.cat([out_padded[b, :, :c].transpose(0, 1) for b, c in enumerate(counts)], dim=0)
-
-
-def padded_attention(q, k_cache, v_cache, counts, kv_starts, kv_lengths, *, scale=None) -> torch.Tensor:
-    """The vanilla baseline end to end: pad, one masked SDPA, unpad. Returns (T, H, d) like
-    `unpadded_attention` (the padding rows are computed and dropped)."""
-    require_scale(scale)
-    padded = pad_batch(q, k_cache, v_cache, counts, kv_starts, kv_lengths)
-    return unpad(padded_forward(padded, scale), padded.counts)

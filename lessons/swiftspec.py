@@ -3,64 +3,46 @@
 """Notebook 18: SwiftSpec's tree-aware KV cache, in Triton: in-place compaction and non-square attention.
 
 SwiftSpec ("SwiftSpec: Ultra-Low Latency LLM Decoding by Scaling Asynchronous Speculative Decoding")
-keeps the draft model's KV cache as [prefix | tree] (§3.2, Figure 5): rows 0..P-1 hold the
-committed prefix, the next T rows the nodes of the current draft tree. The specification of the
-bookkeeping is `pyspec_ref.kvcache` (`reroot`, `compact_plan`, `apply_moves`,
-`nonsquare_tree_attention`); this module runs it on the GPU.
+keeps a KV cache as [prefix | tree] (§3.2, Figure 5): rows 0..P-1 the committed prefix, the next T
+rows the nodes of the current draft tree. The bookkeeping is specified in `pyspec_ref.kvcache`.
 
-1. `compact_kernel` (launcher `compact`): after verification, the KV rows of the committed path
-   move to the end of the prefix and the surviving subtree is compacted right after it (§3.2).
-   Every move shifts a row LEFT (dst < src), and source and destination ranges overlap (a subtree
-   moving by a few slots overlaps itself). The moves are applied in place, with the meaning of
-   `pyspec_ref.kvcache.apply_moves` (every read sees the old cache). Why the kernel is race-free:
+1. `compact_kernel`: after verification, the committed path's rows move to the end of the prefix
+   and the surviving subtree is compacted after it (§3.2), in place, with the meaning of
+   `pyspec_ref.kvcache.apply_moves` (every read sees the old cache). Every move shifts a row left
+   (dst < src) and moves may overlap. One program owns one (sample, stacked row) slice, so programs
+   never touch each other's bytes; inside it the moves, sorted by dst, go BLOCK_M at a time: load
+   the chunk's sources, `tl.debug_barrier()`, store. Within a chunk that makes the moves
+   simultaneous; across chunks a later move i has src_i > dst_i > dst_j for every earlier move j,
+   so no load reads a row an earlier store wrote (memmove's front-to-back copy, tiled).
 
-   * one program owns one (sample, stacked row) slice of the cache, cache[b, r, :, :]: every move
-     reads and writes only inside it, so programs never touch each other's bytes;
-   * inside a program the moves are processed in increasing dst order (the launcher sorts them),
-     BLOCK_M at a time: load the chunk's source rows, `tl.debug_barrier()` (a CTA barrier: every
-     thread's loads are done before any thread stores), then store them to their destinations.
-     Within a chunk that makes the moves simultaneous, so chunk-internal overlaps (move (6 -> 5)
-     next to move (5 -> 4)) are safe. Across chunks: a later move i has
-     src_i > dst_i > dst_j for every earlier move j, so no load ever reads a row that an earlier
-     store wrote; and every earlier chunk's loads precede, through its barrier, the later
-     chunk's stores, so no store overwrites a row before the move that reads it. This is
-     memmove's front-to-back copy, tiled.
+2. `tree_cache_attention_kernel`: the non-square attention of §3.1 (Figure 4): w query nodes against
+   the whole cache, a w x (P + T) mask. Query q sees every prefix row, and tree row j iff
+   kv_start[j] <= start[q] and end[q] <= kv_end[j] (FlashSpecInfer §5.1's interval test). One
+   program per (block of packed (query head of a GQA group, query) rows, KV head, sample): the
+   group's query heads share the KV head's loads. Whole prefix blocks need no mask; a tree block no
+   row of the program sees is skipped before its K and V are loaded. FlashAttention-2's online
+   softmax, fp32.
 
-   `naive_compact` is the baseline: gather every moved row into a temporary (index_select), then
-   copy it back (index_put): correct for any overlap, but it writes and reads a second copy.
-
-2. `tree_cache_attention_kernel` (launcher `tree_cache_attention`): the non-square attention of
-   §3.1 (Figure 4). The draft model runs only the w nodes being expanded (or the target model the
-   nodes being verified) as queries, but their keys are the whole cache: a w x (P + T) mask, not
-   T x T. Query node q sees every prefix row and tree row j iff kv_start[j] <= start[q] and
-   end[q] <= kv_end[j] (FlashSpecInfer §5.1's interval test: j is an ancestor of q, or q itself).
-   Tree rows may be in any order (the DFS times are per row). One program per (block of packed
-   (query head of a GQA group, query) rows, KV head, sample): the group's query heads share the
-   KV head's loads. Full prefix blocks need no mask at all; a tree block that no row of the
-   program sees is skipped before its K and V are loaded. FlashAttention-2's online softmax, fp32.
-
-Input checks live in `course.topics.kvcache.validate`, the attention's tile sizes and key split in
-`course.topics.kvcache.tuning`.
+The launches (grids, tiles, buffers, Flash-Decoding's split of the keys and `merge_splits_kernel`)
+are in `course.topics.kvcache.launch`, the baseline `naive_compact` in
+`course.topics.kvcache.baselines`, input checks in `course.topics.kvcache.validate`.
 """
 
 from __future__ import annotations
-
-import math
-from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-from course.core import interpreter, runtime
-from course.core.launch import poisoned_empty
+from course.core import interpreter
 from course.core.stubs import require_written, todo  # noqa: F401  (the lesson stubs call todo)
-from course.core.validate import require_dot_block, require_scale
+from course.core.validate import require_scale
+from course.topics.kvcache import launch
 from course.topics.kvcache import validate as check
-from course.topics.kvcache.tuning import AttentionConfig, attention_config, kv_splits
-from course.topics.kvcache.validate import CacheBatch, Moves, check_attention_inputs, check_moves
+from course.topics.kvcache.launch import plan_tensors  # noqa: F401  (the checks build their moves with it)
+from course.topics.kvcache.validate import CacheBatch, check_attention_inputs, check_moves
 
-from .triton_attention import LN2, LOG2_E, online_softmax_step
+from .triton_attention import LN2, online_softmax_step
 
 # --------------------------------------------------------------------------- compaction
 
@@ -77,16 +59,13 @@ def compact_kernel(cache, src, dst, counts, D, stride_b, stride_r, stride_c, str
     cols = tl.arange(0, BLOCK_D)
     col_in = cols < D
     for m0 in range(0, n, BLOCK_M):
-        moves = m0 + tl.arange(0, BLOCK_M)
-        live = moves < n
-        s = tl.load(src + b * stride_moves + moves, mask=live, other=0).to(tl.int64)
-        t = tl.load(dst + b * stride_moves + moves, mask=live, other=0).to(tl.int64)
-        mask = live[:, None] & col_in[None, :]
-        # Move this chunk's BLOCK_M rows (each of D columns): read every source row of the chunk,
-        # wait until all threads have read (a destination of one move can be the source of
-        # another move of the chunk), then write the destinations.
+        # This chunk's moves m0 .. m0 + BLOCK_M - 1, those below n live: their source and destination
+        # slots (sample b's row of src and dst, stride_moves apart, as int64 for the addresses), then
+        # their rows, each of D columns (col_in): read every source row of the chunk, wait until all
+        # threads have read (a destination of one move can be the source of another move of the
+        # chunk), then write the destinations.
         # YOUR CODE HERE: exercise swiftspec.compact_kernel, region 1 (delete the todo line when you start)
-        todo("swiftspec.compact_kernel", region=1, lines=3)
+        todo("swiftspec.compact_kernel", region=1, lines=8)
 
 
 # --------------------------------------------------------------------------- non-square attention
@@ -113,11 +92,10 @@ def tree_cache_attention_kernel(
     kv_head = tl.program_id(1)
     b = tl.program_id(2)
     packed = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    group = packed // W
-    w = packed % W
-    head = kv_head * GROUP + group
-    count = tl.load(query_counts + b)
-    valid = (packed < GROUP * W) & (w < count)
+    # Each packed row's query w (of W), its query head (the GQA group's heads share this KV head),
+    # and whether it is real: inside the GROUP * W rows and not one of the sample's padding queries.
+    # YOUR CODE HERE: exercise swiftspec.tree_cache_attention_kernel, region 1 (delete the todo line when you start)
+    todo("swiftspec.tree_cache_attention_kernel", region=1, lines=4, defines="w, head, valid")
     n_valid = tl.sum(valid.to(tl.int32), axis=0)
     prefix = tl.load(prefix_lengths + b)
     used = tl.where(n_valid > 0, prefix + tl.load(tree_lengths + b), 0)  # nothing to do: no keys
@@ -150,16 +128,13 @@ def tree_cache_attention_kernel(
     # 2. The rest: the prefix's last partial block, then the tree rows, under the non-square mask.
     for j0 in range(tl.maximum(full, lo), hi, BLOCK_N):
         keys = j0 + tl.arange(0, BLOCK_N)
-        key_in = keys < used
-        in_prefix = keys < prefix
-        tree_row = key_in & (keys >= prefix)
-        # The DFS interval of the node stored in each tree row (prefix and unused rows: none).
-        ks = tl.load(kv_start + b64 * C + keys, mask=tree_row, other=0)
-        ke = tl.load(kv_end + b64 * C + keys, mask=tree_row, other=-1)
-        # visible[r, c]: packed row r is a real query and key c is a prefix row, or a tree row
-        # holding an ancestor of r's node (or the node itself): FlashSpecInfer's interval test.
-        # YOUR CODE HERE: exercise swiftspec.tree_cache_attention_kernel, region 1 (delete the todo line when you start)
-        todo("swiftspec.tree_cache_attention_kernel", region=1, lines=2, defines="visible")
+        # Which keys are rows of the sample (key_in: below `used`), of its prefix, of its tree; the
+        # DFS interval [ks, ke] of the node stored in each tree row (row c of sample b: kv_start and
+        # kv_end at b64 * C + c; nothing loaded for the other rows). Then visible[r, c]: packed row r
+        # is a real query and key c is a prefix row, or a tree row holding an ancestor of r's node
+        # (or the node itself): FlashSpecInfer's interval test.
+        # YOUR CODE HERE: exercise swiftspec.tree_cache_attention_kernel, region 2 (delete the todo line when you start)
+        todo("swiftspec.tree_cache_attention_kernel", region=2, lines=7, defines="key_in, visible")
         if tl.max(tl.max(visible.to(tl.int32), axis=1), axis=0) > 0:  # else skip the block's K, V
             rows64 = keys.to(tl.int64)
             k = tl.load(k_base + rows64[:, None] * stride_kc + dims[None, :] * stride_kd,
@@ -184,58 +159,10 @@ def tree_cache_attention_kernel(
             tl.store(Lse + o_rows, lse, mask=in_range)
 
 
-@triton.jit
-def merge_splits_kernel(Part_out, Part_lse, Out, Lse, ROWS, SPLITS, D: tl.constexpr, BLOCK_R: tl.constexpr,
-                        RETURN_LSE: tl.constexpr):
-    """BLOCK_R output rows per program: merge the SPLITS partial results of each row by their LSE
-    (notebook 02's merge_attention, over S parts: weights exp(lse_s - max), a part that saw no key
-    has lse = -inf and weight 0), in a fixed order (deterministic)."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    inside = rows < ROWS
-    dims = tl.arange(0, D)
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    for s in range(SPLITS):
-        m = tl.maximum(m, tl.load(Part_lse + s * ROWS + rows, mask=inside, other=float("-inf")))
-    safe = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, D], tl.float32)
-    for s in range(SPLITS):
-        weight = tl.exp(tl.load(Part_lse + s * ROWS + rows, mask=inside, other=float("-inf")) - safe)
-        part = tl.load(Part_out + (s * ROWS + rows.to(tl.int64))[:, None] * D + dims[None, :],
-                       mask=inside[:, None], other=0.0)
-        total += weight
-        acc += weight[:, None] * part
-    seen = total > 0.0
-    out = tl.where(seen[:, None], acc / tl.where(seen, total, 1.0)[:, None], 0.0)
-    tl.store(Out + rows.to(tl.int64)[:, None] * D + dims[None, :], out.to(Out.dtype.element_ty),
-             mask=inside[:, None])
-    if RETURN_LSE:
-        tl.store(Lse + rows, tl.where(seen, safe + tl.log(tl.where(seen, total, 1.0)), float("-inf")),
-                 mask=inside)
+interpreter.prepare(compact_kernel, tree_cache_attention_kernel)
 
 
-interpreter.prepare(compact_kernel, tree_cache_attention_kernel, merge_splits_kernel)
-
-
-# --------------------------------------------------------------------------- compaction: launchers
-
-
-def _compact_config(d: int) -> tuple[int, int]:
-    block_d = triton.next_power_of_2(d)
-    block_m = runtime.pick(sim=16, gpu=max(16, min(128, 8192 // block_d)))
-    return block_m, block_d
-
-
-def _compact_launch(cache: torch.Tensor, moves: Moves) -> Callable[[], torch.Tensor]:
-    batch, rows, _, d = cache.shape
-    block_m, block_d = _compact_config(d)
-    args = (cache, moves.src, moves.dst, moves.counts, d, *cache.stride(), moves.src.stride(0))
-
-    def launch() -> torch.Tensor:
-        if moves.total:
-            compact_kernel[(rows, batch)](*args, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=4)
-        return cache
-    return launch
+# --------------------------------------------------------------------------- launchers
 
 
 def compact(cache: torch.Tensor, src, dst, counts) -> torch.Tensor:
@@ -245,108 +172,9 @@ def compact(cache: torch.Tensor, src, dst, counts) -> torch.Tensor:
     left (dst < src) with distinct destinations; they may overlap each other's sources (applied as if
     simultaneously, `pyspec_ref.kvcache.apply_moves`). Bad input raises ValueError/TypeError before
     anything is written. Returns cache."""
-    return prepare_compact(cache, src, dst, counts)()
-
-
-def prepare_compact(cache: torch.Tensor, src, dst, counts) -> Callable[[], torch.Tensor]:
-    """Check once; return a function that only launches the compaction (for timing)."""
     moves = check_moves(cache, src, dst, counts)
     require_written(compact_kernel)
-    return _compact_launch(cache, moves)
-
-
-def prepare_compact_buffers(cache: torch.Tensor, src, dst, counts) -> Callable[[], torch.Tensor]:
-    """`prepare_compact` for moves that are rewritten on the device between launches (a decoder that
-    builds each round's moves inside a CUDA graph). The buffers' dtypes, shapes and devices are
-    checked once, with the moves they hold now; each launch then applies whatever they hold: int32,
-    contiguous, sorted by dst with dst <= src (a move with dst == src leaves its row as it is) and
-    distinct destinations. Nothing checks those later values: the caller's construction must
-    guarantee them, as the moves of an accepted path do (path ids increase, so node i of the path
-    moves from tree row id_i >= i to row i)."""
-    check_moves(cache, src, dst, counts)
-    for name, buffer in (("src", src), ("dst", dst), ("counts", counts)):
-        if buffer.dtype != torch.int32 or not buffer.is_contiguous():
-            raise TypeError(f"{name} must be a contiguous int32 tensor: the kernel reads it as it is, "
-                            f"got {buffer.dtype}{'' if buffer.is_contiguous() else ' (not contiguous)'}")
-    require_written(compact_kernel)
-    return _compact_launch(cache, Moves(src, dst, counts, total=src.shape[1]))
-
-
-def _naive_launch(cache: torch.Tensor, moves: Moves) -> Callable[[], torch.Tensor]:
-    width = moves.src.shape[1]
-    live = torch.arange(width, device=cache.device)[None, :] < moves.counts[:, None]
-    sample = torch.nonzero(live)[:, 0]
-    src = moves.src[live].long()
-    dst = moves.dst[live].long()
-
-    def launch() -> torch.Tensor:
-        if moves.total:
-            moved = cache[sample, :, src]  # (moves, R, d): gathered into a temporary
-            cache[sample, :, dst] = moved  # and copied back
-        return cache
-    return launch
-
-
-def naive_compact(cache: torch.Tensor, src, dst, counts) -> torch.Tensor:
-    """The gather-and-copy baseline of `compact`: gather every moved row into a temporary (one
-    indexed read), then write it to the destinations. Same arguments, checks and result."""
-    return _naive_launch(cache, check_moves(cache, src, dst, counts))()
-
-
-def prepare_naive_compact(cache: torch.Tensor, src, dst, counts) -> Callable[[], torch.Tensor]:
-    """Check once; return a function that only runs the gather-and-copy (for timing)."""
-    return _naive_launch(cache, check_moves(cache, src, dst, counts))
-
-
-def plan_tensors(plans, device=None, width: int | None = None):
-    """`pyspec_ref.kvcache.compact_plan` outputs (one list of (src, dst) per sample) as the
-    (src, dst, counts) tensors of `compact`: src/dst int32 (B, M) padded with 0, counts int32 (B,).
-    M = the longest plan (at least 1), or `width`."""
-    rows, width = check.compact_plans(plans, width)
-    src = torch.zeros((len(rows), width), dtype=torch.int32)
-    dst = torch.zeros((len(rows), width), dtype=torch.int32)
-    for b, pairs in enumerate(rows):
-        for m, (s, t) in enumerate(pairs):
-            src[b, m], dst[b, m] = s, t
-    counts = torch.tensor([len(r) for r in rows], dtype=torch.int32)
-    device = device if device is not None else runtime.torch_device()
-    return src.to(device), dst.to(device), counts.to(device)
-
-
-# --------------------------------------------------------------------------- attention: launchers
-
-
-def _attention_launch(q, k_cache, v_cache, checked: CacheBatch, scale, return_lse: bool,
-                      config: AttentionConfig | None = None):
-    batch, heads, width, d = q.shape
-    heads_kv, slots = k_cache.shape[1], k_cache.shape[2]
-    group = heads // heads_kv
-    config = config or attention_config(group * width, d, q.dtype)
-    tiles = triton.cdiv(group * width, config.block_m)
-    splits = config.splits or kv_splits(tiles * heads_kv * batch, slots, config.block_n, q.device)
-    out = poisoned_empty((batch, heads, width, d), dtype=q.dtype, device=q.device)
-    lse = poisoned_empty((batch, heads, width), dtype=torch.float32, device=q.device) if return_lse else out
-    rows = batch * heads * width
-    # The partial results of the key ranges (unused without a split: one element stands in).
-    part_out = poisoned_empty((splits, rows, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
-    part_lse = poisoned_empty((splits, rows) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
-    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2_E
-    grid = (tiles * splits, heads_kv, batch)
-    args = (q, k_cache, v_cache, out, lse, checked.q_start, checked.q_end, checked.kv_start, checked.kv_end,
-            checked.prefix_lengths, checked.tree_lengths, checked.query_counts, width, slots,
-            *q.stride(), *k_cache.stride(), *v_cache.stride(), qk_scale, splits, part_out, part_lse, rows)
-    meta = dict(GROUP=group, D=d, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", RETURN_LSE=return_lse,
-                SPLIT_KV=splits > 1, num_warps=config.num_warps, num_stages=config.num_stages)
-    merge_rows = 16
-
-    def launch():
-        tree_cache_attention_kernel[grid](*args, **meta)
-        if splits > 1:
-            merge_splits_kernel[(triton.cdiv(rows, merge_rows),)](
-                part_out, part_lse, out, lse, rows, splits, D=d, BLOCK_R=merge_rows, RETURN_LSE=return_lse)
-        return (out, lse) if return_lse else out
-    return launch
+    return launch.compact_launch(compact_kernel, cache, moves)()
 
 
 def tree_cache_attention(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths,
@@ -379,18 +207,5 @@ def tree_cache_attention(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, 
     else:
         checked = check.same_cache_layout(checked, q, k_cache, v_cache)
     require_written(online_softmax_step, tree_cache_attention_kernel)
-    return _attention_launch(q, k_cache, v_cache, checked, scale, return_lse)()
-
-
-def prepare_attention(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths, tree_lengths,
-                      *, query_counts=None, scale=None, return_lse: bool = False,
-                      config: AttentionConfig | None = None) -> Callable:
-    """Check once; return a function that only launches `tree_cache_attention`'s kernel (for timing
-    and for callers that reuse one checked layout). `config` overrides `attention_config`."""
-    require_scale(scale)
-    checked = check_attention_inputs(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_lengths,
-                                     tree_lengths, query_counts)
-    require_written(online_softmax_step, tree_cache_attention_kernel)
-    if config is not None:
-        require_dot_block(block_m=config.block_m, block_n=config.block_n, d=q.shape[-1])
-    return _attention_launch(q, k_cache, v_cache, checked, scale, return_lse, config)
+    return launch.tree_attention_launch(tree_cache_attention_kernel, q, k_cache, v_cache, checked, scale,
+                                        return_lse)()

@@ -64,16 +64,17 @@ def test_tree_kernel_rejects_a_token_the_target_forbids_even_with_r_zero():
 
 
 def test_compact_buffers_refuse_buffers_the_kernel_cannot_read_as_they_are():
-    swiftspec = load("swiftspec", "solutions")
+    from course.topics.kvcache.launch import prepare_compact_buffers
+
     cache = torch.zeros((1, 2, 8, 16), device=DEVICE)
     int32 = dict(dtype=torch.int32, device=DEVICE)
     src, dst, counts = torch.zeros((1, 3), **int32), torch.zeros((1, 3), **int32), torch.zeros(1, **int32)
     with pytest.raises(TypeError, match="src must be a contiguous int32 tensor"):
-        swiftspec.prepare_compact_buffers(cache, src.long(), dst, counts)
+        prepare_compact_buffers(cache, src.long(), dst, counts, impl="solutions")
     with pytest.raises(TypeError, match="dst must be a contiguous int32 tensor"):
-        swiftspec.prepare_compact_buffers(cache, src, torch.zeros((1, 6), **int32)[:, ::2], counts)
+        prepare_compact_buffers(cache, src, torch.zeros((1, 6), **int32)[:, ::2], counts, impl="solutions")
     with pytest.raises(ValueError, match=r"counts\[0\] = 4"):
-        swiftspec.prepare_compact_buffers(cache, src, dst, counts + 4)
+        prepare_compact_buffers(cache, src, dst, counts + 4, impl="solutions")
 
 
 # --------------------------------------------------------------------------- dense mask

@@ -19,6 +19,8 @@ import pyspec_ref.deft as spec
 from course.core import inputs
 from course.core.stubs import ExerciseNotImplemented
 from course.topics.deft import check as deft_checks
+from course.topics.deft import groups as deft_groups
+from course.topics.deft import launch as deft_launch
 from course.topics.deft import tuning
 from course.topics.deft.check import KVTreeCase, case_tensors
 from solutions import deft
@@ -117,14 +119,14 @@ def test_a_work_item_is_dense_exactly_when_its_members_see_its_whole_block(seed)
     seen = [set(tokens) for tokens in spec.visible_tokens(parents, lengths, queries)]
     flat = deft.flatten_blocks(parents, lengths, queries, random.Random(seed).choice([16, 32, 64]), DEVICE)
     per_tile = random.Random(seed).choice([4, 16, 64])
-    groups, tiles, dense = (x.tolist() for x in deft._work_list(flat, per_tile))
+    groups, tiles, dense = (x.tolist() for x in deft_groups.work_list(flat, per_tile))
     assert set(dense) <= {0, 1}
     for g, tile, flag in zip(groups, tiles, dense, strict=True):
         members = _members(flat, g)[tile * per_tile : (tile + 1) * per_tile]
         block = range(flat.group_start[g].item(), flat.group_end[g].item())
         assert flag == all(token in seen[i] for i in members for token in block)
     node = deft.node_groups(parents, lengths, queries, DEVICE)
-    assert set(deft._work_list(node, per_tile)[2].tolist()) == {1}  # a node's queries see all of it
+    assert set(deft_groups.work_list(node, per_tile)[2].tolist()) == {1}  # a node's queries see all of it
 
 
 def test_block_candidates_are_whole_tiles_equal_cuts_and_powers_of_two():
@@ -257,7 +259,7 @@ def test_a_stub_in_notebook_12s_softmax_step_stops_both_kernels(monkeypatch):
     flat = deft.flatten_blocks([-1, 0, 0], [5, 3, 2], [1, 2], 16, DEVICE)
     for call in (lambda: deft.deft_node_attention(q, k, v, prepared),
                  lambda: deft.deft_flatten_attention(q, k, v, flat),
-                 lambda: deft.prepare_attention(q, k, v, prepared),
+                 lambda: deft_launch.prepare_attention(q, k, v, prepared, impl="solutions"),
                  lambda: deft.group_partials(q, k, v, flat)):
         with pytest.raises(ExerciseNotImplemented, match="exercise triton_attention.online_softmax_step"):
             call()
@@ -273,7 +275,7 @@ def test_runner_repeats_the_attention_bit_for_bit():
     prepared = deft.flatten_blocks(case.parents, case.lengths, case.query_nodes, 16, DEVICE)
     args = (tensors.q, tensors.cache_k, tensors.cache_v, prepared)
     want = deft.deft_flatten_attention(*args, slots=tensors.slots)
-    run = deft.prepare_attention(*args, slots=tensors.slots)
+    run = deft_launch.prepare_attention(*args, slots=tensors.slots, impl="solutions")
     assert torch.equal(run(), want) and torch.equal(run(), want)
 
 

@@ -1,5 +1,6 @@
 """EMS-SD (notebook 17): the unpadded attention launcher, its padded baseline, its check, its bench."""
 
+import functools
 import importlib
 import random
 import types
@@ -13,6 +14,7 @@ from course.checks import run_cases
 from course.core import runtime
 from course.core.stubs import ExerciseNotImplemented
 from course.oracle import kvcache as kv_oracle
+from course.topics.kvcache import baselines, launch
 from course.topics.kvcache import bench as kv_bench
 from course.topics.kvcache import check as checks
 from solutions import emssd
@@ -35,7 +37,7 @@ def test_kernel_and_padded_baseline_match_the_oracle():
     out, lse = emssd.unpadded_attention(q, k, v, counts, starts, lengths, return_lse=True)
     torch.testing.assert_close(out.double().cpu(), want, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(lse.double().cpu(), want_lse, atol=1e-4, rtol=1e-5)
-    padded = emssd.padded_attention(q, k, v, counts, starts, lengths)
+    padded = baselines.padded_attention(q, k, v, counts, starts, lengths)
     torch.testing.assert_close(padded.double().cpu(), want, atol=2e-5, rtol=1e-4)
     again = emssd.unpadded_attention(q, k, v, torch.tensor(counts, device=q.device),
                                      torch.tensor(starts, dtype=torch.int32, device=q.device), lengths)
@@ -43,7 +45,7 @@ def test_kernel_and_padded_baseline_match_the_oracle():
 
 
 def test_binary_search_steps_and_restoration_match_the_spec():
-    assert [emssd.search_steps(b) for b in (1, 2, 3, 4, 5, 64, 65)] == [0, 1, 2, 2, 3, 6, 7]
+    assert [launch.search_steps(b) for b in (1, 2, 3, 4, 5, 64, 65)] == [0, 1, 2, 2, 3, 6, 7]
     counts = [0, 3, 0, 0, 2, 1, 0]
     assert spec.restore_indices(counts) == [spec.restore_index_scan(counts, t) for t in range(sum(counts))]
 
@@ -86,7 +88,8 @@ def test_a_stub_in_notebook_12s_softmax_step_stops_the_kernel(monkeypatch):
     monkeypatch.setattr(emssd, "online_softmax_step",
                         importlib.import_module("lessons.triton_attention").online_softmax_step)
     q, k, v, starts = _batch([2, 3], [4, 5])
-    for call in (emssd.unpadded_attention, emssd.prepare_attention):
+    prepared = functools.partial(launch.prepare_unpadded_attention, impl="solutions")
+    for call in (emssd.unpadded_attention, prepared):
         with pytest.raises(ExerciseNotImplemented, match="exercise triton_attention.online_softmax_step"):
             call(q, k, v, [2, 3], starts, [4, 5])
 

@@ -12,10 +12,10 @@ import pyspec_ref.kvcache as spec
 from course.checks import run_cases
 from course.core import inputs, runtime
 from course.oracle import kvcache as kv_oracle
+from course.topics.kvcache import baselines, launch, tuning
 from course.topics.kvcache import bench as swiftspec_bench
 from course.topics.kvcache import check as checks
 from course.topics.kvcache import figures as kv_figures
-from course.topics.kvcache import tuning
 from solutions import swiftspec
 
 DEVICE = runtime.torch_device()
@@ -42,12 +42,12 @@ def test_compact_and_naive_equal_the_specification(dtype):
     sources = [checks.slot_sources(p, t, path, capacity) for p, t, path in samples]
     cache = _cache((3, 2, capacity, 16), 1, dtype)
     want = kv_oracle.compaction(cache, sources)
-    src, dst, counts = swiftspec.plan_tensors(plans, DEVICE)
+    src, dst, counts = launch.plan_tensors(plans, DEVICE)
     got = cache.clone()
     assert swiftspec.compact(got, src, dst, counts) is got
     assert torch.equal(got, want)
     naive = cache.clone()
-    swiftspec.naive_compact(naive, src, dst, counts)
+    baselines.naive_compact(naive, src, dst, counts)
     assert torch.equal(naive, want)
 
 
@@ -59,7 +59,7 @@ def test_compact_handles_a_long_overlapping_shift_and_views():
     data = _cache((1, 5, 50, 16), 2)
     old = data.clone()
     view = data[:, 1:4]  # stacked rows 1..3 only: non-contiguous in dims 0/1
-    src, dst, counts = swiftspec.plan_tensors([plan], DEVICE)
+    src, dst, counts = launch.plan_tensors([plan], DEVICE)
     swiftspec.compact(view, src, dst, counts)
     want = kv_oracle.compaction(old[:, 1:4], [checks.slot_sources(3, parents, [0, 2], 50)])
     assert torch.equal(data[:, 1:4], want)
@@ -91,20 +91,20 @@ def test_moves_in_any_order_and_no_moves():
 def test_bad_moves_are_refused_by_name_and_the_cache_is_unchanged(change, error, message):
     cache = _cache((2, 2, 12, 16), 4)
     old = cache.clone()
-    for fn in (swiftspec.compact, swiftspec.naive_compact):
+    for fn in (swiftspec.compact, baselines.naive_compact):
         with pytest.raises(error, match=message):
             fn(cache, *checks.bad_moves(change, DEVICE))
         assert torch.equal(cache, old)
 
 
 def test_plan_tensors_pads_and_refuses_bad_plans():
-    src, dst, counts = swiftspec.plan_tensors([[(5, 3), (6, 4)], []], DEVICE)
+    src, dst, counts = launch.plan_tensors([[(5, 3), (6, 4)], []], DEVICE)
     assert src.tolist() == [[5, 6], [0, 0]] and dst.tolist() == [[3, 4], [0, 0]] and counts.tolist() == [2, 0]
-    assert swiftspec.plan_tensors([[]], DEVICE)[0].shape == (1, 1)
+    assert launch.plan_tensors([[]], DEVICE)[0].shape == (1, 1)
     with pytest.raises(ValueError, match="width"):
-        swiftspec.plan_tensors([[(5, 3), (6, 4)]], DEVICE, width=1)
+        launch.plan_tensors([[(5, 3), (6, 4)]], DEVICE, width=1)
     with pytest.raises(TypeError, match=r"plans\[0\]\[0\]"):
-        swiftspec.plan_tensors([[(5, 3.0)]], DEVICE)
+        launch.plan_tensors([[(5, 3.0)]], DEVICE)
 
 
 def _attention(samples, heads=4, heads_kv=2, width=4, d=16, dtype=torch.float32, **options):
@@ -147,12 +147,12 @@ def test_key_ranges_merged_by_lse_equal_one_pass(splits):
     t1, t2 = _tree(20, 1), _tree(9, 2)
     samples = [(37, t1, (19, 3, 0, 12), None), (0, t2, (8, 5, 1, 2), None)]
     kwargs, _ = _attention(samples, counts=[4, 2], capacity=80)
-    one = swiftspec.prepare_attention(**kwargs, return_lse=True)()
+    one = launch.prepare_tree_attention(**kwargs, return_lse=True, impl="solutions")()
     config = tuning.attention_config(2 * 4, 16, torch.float32)
-    split = swiftspec.prepare_attention(**kwargs, return_lse=True,
-                                        config=tuning.AttentionConfig(config.block_m, config.block_n,
-                                                                      config.num_warps, config.num_stages,
-                                                                      splits=splits))()
+    split = launch.prepare_tree_attention(**kwargs, return_lse=True, impl="solutions",
+                                          config=tuning.AttentionConfig(config.block_m, config.block_n,
+                                                                        config.num_warps, config.num_stages,
+                                                                        splits=splits))()
     want, want_lse = kv_oracle.nonsquare_tree_attention(**kwargs)
     torch.testing.assert_close(split[0].double().cpu(), want.cpu(), atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(split[0], one[0], atol=1e-5, rtol=1e-5)
@@ -260,14 +260,14 @@ def _square_only(q, k_cache, v_cache, q_start, q_end, kv_start, kv_end, prefix_l
 
 
 def test_checks_catch_wrong_kernels():
-    wrong = types.SimpleNamespace(compact=_reverse_order_compact, plan_tensors=swiftspec.plan_tensors)
+    wrong = types.SimpleNamespace(compact=_reverse_order_compact, plan_tensors=launch.plan_tensors)
     cases = list(checks.check_compaction(wrong, 0))
     report = run_cases("swiftspec.compact_kernel", cases[1:2])  # the long overlapping shift
     assert not report.passed and "holds the row of old slot" in report.results[0].detail
     refusals = run_cases("swiftspec.compact_kernel", cases[-4:])
     assert not refusals.passed  # it never refuses anything
     wrong = types.SimpleNamespace(tree_cache_attention=_square_only, compact=swiftspec.compact,
-                                  plan_tensors=swiftspec.plan_tensors)
+                                  plan_tensors=launch.plan_tensors)
     cases = list(checks.check_tree_cache_attention(wrong, 0))
     report = run_cases("swiftspec.tree_cache_attention_kernel", cases[:1])
     assert not report.passed and "out" in report.results[0].detail
@@ -336,7 +336,7 @@ def test_gpu_compaction_is_race_free_at_model_scale():
     plan = spec.compact_plan(700, parents, [0, 2])
     cache = _cache((4, 96, 2048, 64), 9, torch.float16)
     old = cache.clone()
-    src, dst, counts = swiftspec.plan_tensors([plan] * 4, DEVICE)
+    src, dst, counts = launch.plan_tensors([plan] * 4, DEVICE)
     swiftspec.compact(cache, src, dst, counts)
     want = kv_oracle.compaction(old, [checks.slot_sources(700, parents, [0, 2], 2048)] * 4)
     assert torch.equal(cache, want)

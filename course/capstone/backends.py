@@ -18,9 +18,10 @@ workspace's q view, the verification and move buffers): their input checks run t
 return launches only kernels that read the buffers' current contents, without waiting for the host.
 That is what a CUDA graph needs, and the decoder's loop never checks a value again.
 
-Kernels: `emssd.unpadded_attention`, `swiftspec.prepare_attention`, `swiftspec.prepare_compact_buffers`,
-`tree_verification.prepare_greedy` / `prepare_sampling`, each loaded through `course.core.impl.load`
-(lessons/ by default, solutions/ with COURSE_IMPL=solutions or impl=).
+Kernels: `emssd.unpadded_attention`, SwiftSpec's through `course.topics.kvcache.launch`
+(`prepare_tree_attention`, `prepare_compact_buffers`), `tree_verification.prepare_greedy` /
+`prepare_sampling`, each loaded through `course.core.impl.load` (lessons/ by default, solutions/ with
+COURSE_IMPL=solutions or impl=).
 
 How the unpadded kernel meets the model's cache (prefill). `unpadded_attention` takes one flat cache
 (S, H_kv, d) where each sample owns a run of rows; the model's cache is (B, R, C, d) (R = layers x
@@ -40,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from course.core import impl as course_impl
+from course.topics.kvcache import launch as kvcache_launch
 
 BACKENDS = ("kernels", "reference")
 
@@ -220,7 +222,7 @@ class KernelBackend:
 
     def __init__(self, impl: str | None = None):
         self.emssd = course_impl.load("emssd", impl)
-        self.swiftspec = course_impl.load("swiftspec", impl)
+        self.impl = impl or course_impl.impl_name()  # SwiftSpec's kernels run through kvcache_launch
         self.verification = course_impl.load("tree_verification", impl)
 
     def causal(self, counts: list[int], kv_lengths: list[int]) -> Callable:
@@ -261,9 +263,10 @@ class KernelBackend:
         """One checked launch per layer, bound to the workspace's q view, the layer's cache views and
         `index` (whose contents must describe a valid tree now: the checks read them once)."""
         q = workspace.q()
-        launches = [self.swiftspec.prepare_attention(q, cache.k(layer), cache.v(layer), index.q_start,
-                                                     index.q_end, index.kv_start, index.kv_end, index.prefix,
-                                                     index.tree_len, query_counts=index.counts)
+        launches = [kvcache_launch.prepare_tree_attention(q, cache.k(layer), cache.v(layer), index.q_start,
+                                                          index.q_end, index.kv_start, index.kv_end,
+                                                          index.prefix, index.tree_len,
+                                                          query_counts=index.counts, impl=self.impl)
                     for layer in range(model.config.n_layers)]
 
         def attend(layer, q_now, k, v):
@@ -282,7 +285,7 @@ class KernelBackend:
                                                   replacement=replacement)
 
     def compactor(self, cache, src, dst, counts) -> Callable:
-        return self.swiftspec.prepare_compact_buffers(cache.data, src, dst, counts)
+        return kvcache_launch.prepare_compact_buffers(cache.data, src, dst, counts, impl=self.impl)
 
 
 def make_backend(name: str, impl: str | None = None):

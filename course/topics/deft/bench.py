@@ -35,7 +35,7 @@ A method that fails (FlexAttention's compile, a missing kernel, out of memory) g
 an "error" field and null median_ms and max_abs_err (the schema allows that for error rows):
 skip rows with "error" (`ok_rows`).
 
-The DeFT kernels (`solutions.deft.prepare_attention`) and notebook 12's kernel
+The DeFT kernels (`course.topics.deft.launch.prepare_attention`) and notebook 12's kernel
 (`solutions.triton_attention.prepare_attention(...).attention`) are timed without their launchers' input
 checks (which read all of K and V and wait for the GPU); the one-time preparation (grouping,
 block lists, masks, per-query KV copies) is outside every timing, as it is for the baselines.
@@ -62,9 +62,11 @@ import torch
 
 from course import oracle
 from course.core import runtime
+from course.core.impl import bench_impl
 from course.measure import results, timing
 from course.topics.deft import baselines as deft_baselines
-from course.topics.deft import tuning, workloads
+from course.topics.deft import groups, tuning, workloads
+from course.topics.deft import launch as deft_launch
 from course.topics.deft.workloads import LLAMA3_8B, Workload
 
 SUITE = "deft"
@@ -101,17 +103,12 @@ def ok_rows(rows) -> list[dict]:
 # --------------------------------------------------------------------------- methods
 
 
-def _deft_module():
-    from course.core.impl import bench_impl, load
-
-    return load("deft", bench_impl())
-
-
 def make_method(method: str, q, k, v, workload: Workload, *, block_tokens: int = BLOCK_TOKENS,
                 seed: int = SEED, tiles: tuple[int, int, int, int] | None = None):
     """A function of no arguments running `method` on these inputs (preparation done already).
 
-    DeFT's methods run `solutions.deft.prepare_attention`: the two kernels alone, the inputs checked
+    DeFT's methods run `course.topics.deft.launch.prepare_attention` on the kernels of `bench_impl()`
+    (solutions/ here, the student's lessons/ in a hand-out): the two kernels alone, the inputs checked
     once when the launcher is made (the attention functions check them on every call: a pass over K
     and V). tiles: DeFT-Flatten's (rows, keys per tile, warps, stages), default
     `course.topics.deft.tuning.tile_shape`.
@@ -120,11 +117,11 @@ def make_method(method: str, q, k, v, workload: Workload, *, block_tokens: int =
         return deft_baselines.BASELINES[method](q, k, v, workload)
     if method not in DEFT_METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    module = _deft_module()
+    prepare = functools.partial(deft_launch.prepare_attention, impl=bench_impl())
     tree = (list(workload.parents), list(workload.lengths), list(workload.query_nodes))
     if method == "deft_node":
-        return module.prepare_attention(q, k, v, module.node_groups(*tree, q.device))
-    prepared = module.flatten_blocks(*tree, block_tokens, q.device)
+        return prepare(q, k, v, groups.node_groups(*tree, q.device))
+    prepared = groups.flatten_blocks(*tree, block_tokens, q.device)
     if method == "deft_flatten":
         shape = None
         if tiles is not None:
@@ -132,9 +129,9 @@ def make_method(method: str, q, k, v, workload: Workload, *, block_tokens: int =
             shape = tuning.tile_shape(q.shape[2], q.shape[1] // k.shape[1], block_tokens, dtype=q.dtype,
                                       block_m=block_m, block_n=block_n, num_warps=num_warps,
                                       num_stages=num_stages)
-        return module.prepare_attention(q, k, v, prepared, tiles=shape)
+        return prepare(q, k, v, prepared, tiles=shape)
     cache_k, cache_v, slots = workloads.paged(k, v, seed)
-    return module.prepare_attention(q, cache_k, cache_v, prepared, slots=slots)
+    return prepare(q, cache_k, cache_v, prepared, slots=slots)
 
 
 def modelled(method: str, workload: Workload, shape: dict = LLAMA3_8B, *,

@@ -3,7 +3,8 @@
 `tile_shape` gives the tile sizes of phase 2's first kernel; `HEADS_PER_MERGE` and `MERGE_WARPS`
 the merge's launch. `suggest_block_tokens` picks DeFT-Flatten's block length for a tree with a
 cost model, `modelled_launch_time`, whose constants were fitted to a sweep of block lengths on
-the H100. `solutions/deft.py` holds the kernels and their launchers; it takes its defaults from here.
+the H100. `course.topics.deft.launch` launches the kernels of `solutions/deft.py` (or the student's
+lessons/deft.py) with these defaults.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Argument checks of DeFT's launchers (notebooks 13 and 14); every message names the argument.
 
-`solutions/deft.py` calls these before phase 1 builds its groups and before phase 2 launches
-its kernels, so a wrong tree, shape or cache row fails on the host with a clear message
-instead of reading out of bounds on the GPU.
+Phase 1 (`course.topics.deft.groups`) calls these before it builds its groups, and the launchers
+(`solutions/deft.py`, `course.topics.deft.launch`) before phase 2 launches its kernels, so a
+wrong tree, shape or cache row fails on the host with a clear message instead of reading out of
+bounds on the GPU.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ lengths. The unpadded cache grows by each sample's own a_b; the vanilla cache by
 (`pyspec_ref.kvcache.vanilla_kv_growth`). Then one verification step is timed, at Llama-2-7B's
 attention shape (32 heads, d = 128, fp16), by two methods:
 
-  unpadded   `solutions.emssd.prepare_attention`: the Triton kernel, no input checks in the timing
+  unpadded   `course.topics.kvcache.launch.prepare_unpadded_attention`: the Triton kernel, no input
+             checks in the timing
   padded     the vanilla step: one masked SDPA over the padded rectangle (inputs padded to
              W = max counts, cache to the common padded length); padding built outside the timing
 
@@ -25,8 +26,8 @@ outputs included).
 SwiftSpec (notebook 18), sections "compaction" and "attention" (rows with "study": "swiftspec"
 and "section": "swiftspec", "figure" the section's name):
 
-* "compaction": SwiftSpec §3.2's compaction after one verification, `solutions.swiftspec.compact`
-  (in place: each moved row read once and written once) against `naive_compact` (gather every
+* "compaction": SwiftSpec §3.2's compaction after one verification, `swiftspec.compact`
+  (in place: each moved row read once and written once) against `baselines.naive_compact` (gather every
   moved row into a temporary, then copy it back: twice the traffic and an allocation). The cache
   is a whole model's, (B, layers x {k, v} x KV heads, C, d) in float16, for two shapes:
   MODELS (a Llama-3.2-1B-like draft model and a Llama-3-8B-like target). Per sample: a random
@@ -35,7 +36,7 @@ and "section": "swiftspec", "figure" the section's name):
   probability 1 - ALPHA at each step), whose `compact_plan` gives
   the moves. Tree sizes TREES, cache capacities CACHES.
 * "attention": SwiftSpec §3.1's non-square attention of w query nodes against [prefix | tree],
-  `solutions.swiftspec.tree_cache_attention` ("nonsquare") against SDPA with a dense boolean
+  `swiftspec.tree_cache_attention` ("nonsquare") against SDPA with a dense boolean
   (w, P + N) mask built outside the timing ("sdpa_dense_mask", GQA via enable_gqa), and against
   the square notebook-12 kernel over the whole tree ("square_tree", N x N queries and keys, the
   prefix not even included: what re-running the whole tree each round would cost at least).
@@ -51,6 +52,7 @@ attention: vs the float64 oracle of `course.topics.kvcache.check` on the first s
 
 from __future__ import annotations
 
+import functools
 import random
 
 import torch
@@ -58,6 +60,7 @@ import torch
 from course.core import impl, runtime
 from course.measure import timing
 from course.oracle import kvcache as kv_oracle
+from course.topics.kvcache import baselines, launch
 
 SUITE = "kvcache"
 ALPHA = 0.75  # per-token acceptance rate of the simulated drafts (both studies)
@@ -107,10 +110,8 @@ def _peak(fn) -> int:
 
 def measure_unpadded(batch: int) -> list[dict]:
     """EMS-SD's unpadded against the vanilla padded verification step, at batch size `batch`."""
-    from course.core.impl import bench_impl, load
     from course.core.inputs import random_tensor
 
-    emssd = load("emssd", bench_impl())
     sim = simulate(batch)
     counts, lengths, padded_len = sim["counts"], sim["kv_lengths"], sim["padded_length"]
     starts, row = [], 0
@@ -132,7 +133,7 @@ def measure_unpadded(batch: int) -> list[dict]:
                 padded_kv_slots=batch * (padded_len + width), accept_alpha=ALPHA, max_draft=MAX_DRAFT)
     rows = []
 
-    run = emssd.prepare_attention(q, k, v, counts, starts, lengths)
+    run = launch.prepare_unpadded_attention(q, k, v, counts, starts, lengths, impl=impl.bench_impl())
     err = float((run()[:t_few].double().cpu() - want).abs().max())
     rows.append(dict(base, name="unpadded", N=max(n + c for n, c in zip(lengths, counts, strict=True)),
                      median_ms=timing.bench(run), max_abs_err=err, kv_bytes=2 * k.numel() * k.element_size(),
@@ -140,7 +141,7 @@ def measure_unpadded(batch: int) -> list[dict]:
     del run
     try:
         # The vanilla cache: every sample padded to the common length padded_len (>= max real).
-        layout = emssd.pad_batch(q, k, v, counts, starts, lengths)
+        layout = baselines.pad_batch(q, k, v, counts, starts, lengths)
         extra = padded_len - max(lengths)
         pad = torch.zeros((batch, HEADS, extra, D), dtype=DTYPE, device=device)
         cached = max(lengths)
@@ -149,12 +150,12 @@ def measure_unpadded(batch: int) -> list[dict]:
         mask = torch.cat([layout.mask[..., :cached],
                           torch.zeros((batch, 1, width, extra), dtype=torch.bool, device=device),
                           layout.mask[..., cached:]], dim=3)
-        vanilla = emssd.PaddedBatch(layout.q, kp, vp, mask, layout.counts)
+        vanilla = baselines.PaddedBatch(layout.q, kp, vp, mask, layout.counts)
         del layout, pad
 
         def padded():
-            return emssd.padded_forward(vanilla)
-        out = emssd.unpad(padded(), counts)
+            return baselines.padded_forward(vanilla)
+        out = baselines.unpad(padded(), counts)
         err = float((out[:t_few].double().cpu() - want).abs().max())
         rows.append(dict(base, name="padded", N=padded_len + width, median_ms=timing.bench(padded),
                          max_abs_err=err, kv_bytes=2 * kp.numel() * kp.element_size(),
@@ -201,8 +202,6 @@ def plans_for(batch: int, n: int, prefix: int, seed: int) -> tuple[list, list]:
 
 
 def measure_compaction(model: str, n: int, capacity: int) -> list[dict]:
-    swiftspec = impl.load("swiftspec", impl.bench_impl())
-
     from course.topics.kvcache.check import slot_sources
 
     layers, heads_kv, d = MODELS[model]
@@ -210,7 +209,7 @@ def measure_compaction(model: str, n: int, capacity: int) -> list[dict]:
     device = runtime.torch_device()
     samples, plans = plans_for(BATCH, n, PREFIX, SEED + n)
     cache = torch.randn((BATCH, rows_r, capacity, d), dtype=torch.float16, device=device)
-    src, dst, counts = swiftspec.plan_tensors(plans, device)
+    src, dst, counts = launch.plan_tensors(plans, device)
     moves = int(counts.sum())
     sources = [slot_sources(p, t, path, capacity) for p, t, path in samples]
     width = PREFIX + n
@@ -221,7 +220,8 @@ def measure_compaction(model: str, n: int, capacity: int) -> list[dict]:
                 d=d, moves=moves, dtype="float16",
                 cache_bytes=cache.numel() * element)
     out = []
-    methods = (("compact", swiftspec.prepare_compact, 2), ("naive", swiftspec.prepare_naive_compact, 4))
+    compact = functools.partial(launch.prepare_compact, impl=impl.bench_impl())
+    methods = (("compact", compact, 2), ("naive", baselines.prepare_naive_compact, 4))
     for name, make, traffic in methods:
         trial = cache.clone()
         run = make(trial, src, dst, counts)
@@ -264,7 +264,6 @@ def _attention_inputs(prefix: int, n: int, w: int, seed: int):
 def measure_attention(prefix: int, n: int, w: int) -> list[dict]:
     import torch.nn.functional as F
 
-    swiftspec = impl.load("swiftspec", impl.bench_impl())
     triton_attention = impl.load("triton_attention", impl.bench_impl())
 
 
@@ -279,7 +278,7 @@ def measure_attention(prefix: int, n: int, w: int) -> list[dict]:
                 C=kwargs["k_cache"].shape[2], d=ATTN_D, w=w, dtype="float16")
     kv_bytes = 2 * BATCH * ATTN_KV_HEADS * used * ATTN_D * element
     out = []
-    run = swiftspec.prepare_attention(**kwargs)
+    run = launch.prepare_tree_attention(**kwargs, impl=impl.bench_impl())
     err = float((run()[:1].double().cpu() - want).abs().max())
     out.append(dict(base, name="nonsquare", median_ms=timing.bench_graphed(run), max_abs_err=err,
                     bytes=kv_bytes, cells=BATCH * ATTN_HEADS * w * used))

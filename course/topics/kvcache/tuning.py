@@ -1,6 +1,7 @@
-"""SwiftSpec's attention launch settings (notebook 18): tile sizes and the Flash-Decoding split.
+"""The kvcache kernels' launch settings (notebooks 17 and 18): tile sizes and the Flash-Decoding split.
 
-`solutions/swiftspec.py` launches `tree_cache_attention_kernel` with `attention_config`'s tiles,
+`course.topics.kvcache.launch` launches EMS-SD's `unpadded_attention_kernel` with
+`unpadded_config`'s tiles, and SwiftSpec's `tree_cache_attention_kernel` with `attention_config`'s,
 its keys cut into `kv_splits` ranges; callers that time alternatives pass their own
 `AttentionConfig`.
 """
@@ -15,6 +16,26 @@ from course.core import runtime
 from course.core.validate import require_dot_block
 
 from .validate import HEAD_DIMS
+
+
+@dataclass(frozen=True)
+class UnpaddedConfig:
+    """EMS-SD's tiles of one launch."""
+
+    block_m: int  # flat query tokens per program
+    block_n: int  # KV rows per step of the loop
+    num_warps: int
+
+
+def unpadded_config(d: int, dtype: torch.dtype = torch.float16) -> UnpaddedConfig:
+    """EMS-SD's tiles for head dim d: 16 query rows (a sample feeds a few tokens; 16 is tl.dot's
+    minimum), KV blocks of 64 rows on a GPU (16 in the interpreter, where every op is a NumPy call)."""
+    if d not in HEAD_DIMS:
+        raise ValueError(f"d must be one of {HEAD_DIMS}, got {d!r}")
+    block_m = 16
+    block_n = runtime.pick(sim=16, gpu=64 if d <= 64 else 32)
+    require_dot_block(block_m=block_m, block_n=block_n, d=d)
+    return UnpaddedConfig(block_m, block_n, num_warps=4)
 
 
 @dataclass(frozen=True)

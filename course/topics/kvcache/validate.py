@@ -1,6 +1,7 @@
 """Argument checks of the KV-cache launchers: SwiftSpec (notebook 18) and EMS-SD (notebook 17).
 
-Every message names the argument. `solutions/swiftspec.py` and `solutions/emssd.py` call these
+Every message names the argument. The launchers of `solutions/swiftspec.py` and
+`solutions/emssd.py` and the `prepare_*` launchers of `course.topics.kvcache.launch` call these
 before they launch a kernel, so a wrong shape, a move out of range or two samples sharing cache
 rows fail on the host with a clear message instead of corrupting the cache on the GPU. The
 checked results (`Moves`, `CacheBatch`, `Batch`) hold the index tensors the kernels read.
