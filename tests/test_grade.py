@@ -98,7 +98,7 @@ def _processes_with(marker: str) -> list[int]:
 ALL = sorted(p.name for p in SAMPLES.iterdir() if (p / "sample.py").is_file())
 ESCAPING = ["segfault", "exits", "writes_outside", "forged_results", "crashing_reply", "answer_key",
             "patch_checks", "fake_tensor", "spec_in_kernel", "detached_helper", "fork_allocate", "many_files",
-            "info_leak", "zero_stride_reply"]
+            "info_leak", "zero_stride_reply", "spec_import"]
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +156,7 @@ REFUSED = {  # sample: (exercise, why)
     "detached_helper": (ONLINE, "uses an import"), "fork_allocate": (ONLINE, "uses an import"),
     "many_files": (ONLINE, "uses `try`"), "info_leak": (ONLINE, "uses an import"),
     "zero_stride_reply": (ONLINE, "uses an import"),
+    "spec_import": (ONLINE, "uses an import"),
     "alias_module": (ONLINE, "uses the module torch as a value"),
     "module_level": (DFS, "outside its function (module-level code)"),
 }
@@ -363,6 +364,7 @@ ESCAPED = {  # sample: (its points on online_softmax (dfs for spec_in_kernel), n
     "many_files": (0, "printed or wrote too much", "too much output"),
     "info_leak": (0, "", ""),
     "zero_stride_reply": (0, "", ""),
+    "spec_import": (0, "", ""),
 }
 
 
@@ -403,6 +405,18 @@ def test_the_answer_key_is_out_of_reach(escaped):
     assert "No module named 'solutions'" in text and "found []" in text
     processes = [int(p) for p in text.split("among processes [")[1].split("]")[0].split(", ")]
     assert max(processes) < 50  # its own PID namespace: the grader's processes are not there
+
+
+@needs_bwrap
+def test_nothing_in_the_sandbox_holds_an_answer(escaped):
+    """Past the hole rules, code that imports the specification, the oracle and the checks, reads their
+    files and asks the grader to run the specification finds nothing: only the stand-ins of the
+    validators launch code needs (course.grading.services), which the grader runs for a launcher."""
+    text = _all_text(escaped["grades"]["spec_import"])
+    assert "answers [] checks [] files [] served []" in text, text
+    assert escaped["grades"]["spec_import"].exercises[ONLINE].points == 0
+    spec_in_kernel = _all_text(escaped["grades"]["spec_in_kernel"])  # imports pyspec_ref in the kernel
+    assert "grading does not run 'pyspec_ref.dfs_times'" in spec_in_kernel, spec_in_kernel
 
 
 @needs_bwrap

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from . import sandbox, wire
+from . import sandbox, services, wire
 from .child import tensors_in
 
 STARTUP_S = 180.0
@@ -88,11 +88,29 @@ class Channel:
                  device_ok: Callable[[str], bool], cleaned: Callable[[str], str] = lambda text: text):
         self.spawn, self.limits, self.device_ok, self.cleaned = spawn, limits, device_ok, cleaned
         self.child: sandbox.Child | None = None
-        self.deadline = float("inf")
+        self.deadline = float("inf")  # wall-clock: the backstop for a child that waits without computing
+        self.cpu_budget = float("inf")  # CPU seconds the exercise may use, all its children together
+        self.cpu_spent = 0.0  # by the exercise's children stopped so far
+        self.cpu_base = 0.0  # the running child's CPU time when the exercise's count began for it
         self.unreadable = ""  # set by a reply the grader could not read: the exercise's later calls fail too
 
-    def start_exercise(self, deadline: float) -> None:
-        self.deadline, self.unreadable = deadline, ""
+    def start_exercise(self, cpu_budget: float, deadline: float) -> None:
+        """The exercise's limits: `cpu_budget` seconds of the submission's own CPU time (its processes
+        together: `sandbox.Child.cpu_seconds`), and a wall-clock `deadline` for a child that waits."""
+        self.deadline, self.cpu_budget, self.cpu_spent, self.unreadable = deadline, cpu_budget, 0.0, ""
+        if self.child is not None and not self.child.closed:
+            self._arm(self.child)
+
+    def _arm(self, child: sandbox.Child) -> None:
+        """Count the exercise's CPU time on this child from now: it is stopped past the budget."""
+        self.cpu_base = child.cpu_seconds()
+        child.cpu_limit = self.cpu_base + max(0.0, self.cpu_budget - self.cpu_spent)
+
+    def exercise_cpu(self) -> float:
+        """The CPU time the exercise used so far (its children's, the start-ups excluded)."""
+        child = self.child
+        running = child.cpu_seconds() - self.cpu_base if child is not None and not child.closed else 0.0
+        return self.cpu_spent + max(0.0, running)
 
     def _ensure(self) -> sandbox.Child:
         """The running child, or a fresh one. Starting one (importing torch and the harness) has a
@@ -110,18 +128,21 @@ class Channel:
             self.stop()
             raise ChildGone("garbled", "the child did not start as expected")
         self.deadline += time.monotonic() - started
+        self._arm(self.child)
         return self.child
 
     def stop(self) -> None:
-        if self.child is not None:
-            self.child.close()
+        child = self.child
+        if child is not None and not child.closed:
+            self.cpu_spent += max(0.0, child.cpu_seconds() - self.cpu_base)
+            child.close()
 
     def _read(self, deadline: float) -> tuple[dict, bytes]:
         child = self.child
         try:
             return wire.read_frame(child.replies, self.limits, deadline, child.tick)
-        except TimeoutError:
-            raise ChildGone("timeout") from None
+        except TimeoutError:  # the wall-clock backstop: CPU time limits are the child's own (tick)
+            raise ChildGone("waited") from None
         except EOFError:
             raise self._gone() from None
         except (wire.WireError, OSError) as error:
@@ -152,8 +173,9 @@ class Channel:
 
     def request(self, message: dict, values: dict, name_of=lambda obj: None, callbacks: dict | None = None,
                 resolve: Callable[[str], type | None] = lambda name: None,
-                read: Callable = lambda header, decoder: (header, decoder)):
-        """Send one request, serve the child's callbacks meanwhile, and return read(header, decoder)
+                read: Callable = lambda header, decoder: (header, decoder), scope: str = services.TIMING):
+        """Send one request, serve the child's callbacks and services (course.grading.services, for
+        `scope`: the lesson module called, or timing) meanwhile, and return read(header, decoder)
         of its answer. After a reply it could not read, the grader stops the child and fails the
         exercise's later calls at once (a fresh child per call would only spend the time limit)."""
         if self.unreadable:
@@ -168,13 +190,33 @@ class Channel:
             while True:
                 header, blob = self._read(self.deadline)
                 decoder = wire.Decoder(header, blob, resolve, self.device_ok)
-                if header.get("op") != "callback":
+                if header.get("op") == "service":
+                    self._serve_service(header, decoder, scope)
+                elif header.get("op") == "callback":
+                    self._serve_callback(header, decoder, callbacks or {}, name_of)
+                else:
                     return read(header, decoder)
-                self._serve_callback(header, decoder, callbacks or {}, name_of)
         except ReplyError as error:
             self.stop()
             self.unreadable = f"{error} (and so every later call of this exercise)"
             raise
+
+    def _serve_service(self, header: dict, decoder: wire.Decoder, scope: str) -> None:
+        """Run what the child's launch code asked of the specification, here; its error goes back."""
+        try:
+            args = decoder.decode(header.get("args"))
+            kwargs = decoder.decode(header.get("kwargs"))
+            if not isinstance(args, list) or not isinstance(kwargs, dict) or not all(
+                    isinstance(k, str) for k in kwargs):
+                raise services.Refused("a service's arguments must be a list and keywords")
+            result = services.run(header.get("name"), scope, args, kwargs)
+            reply = wire.frame({"op": "service_done"}, result=result)
+        except wire.WireError as error:
+            reply = wire.frame({"op": "service_failed", "kind": "RuntimeError", "message": str(error)[:300]})
+        except Exception as error:  # noqa: BLE001  (the validator's refusal goes back as its type)
+            reply = wire.frame({"op": "service_failed", "kind": type(error).__name__,
+                                "message": str(error)[:2000]})
+        self._send(reply)
 
     def _serve_callback(self, header: dict, decoder: wire.Decoder, callbacks: dict, name_of) -> None:
         stand_in = callbacks.get(header.get("name"))
@@ -217,7 +259,8 @@ class Channel:
             return result
 
         outcome = self.request({"op": "call", "module": module, "name": name, "callbacks": sorted(callbacks)},
-                               {"args": list(args), "kwargs": kwargs}, name_of, callbacks, resolve, answer)
+                               {"args": list(args), "kwargs": kwargs}, name_of, callbacks, resolve, answer,
+                               scope=module)
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
