@@ -152,7 +152,7 @@ REFUSED = {  # sample: (exercise, why)
     "crashing_reply": (ONLINE, "uses an import"), "answer_key": (ONLINE, "uses an import"),
     "patch_checks": (ONLINE, "uses an import"), "fake_tensor": (ONLINE, "uses a class"),
     "library_softmax": (ONLINE, "uses torch.softmax"),
-    "spec_in_kernel": (DFS, "reads the attribute .dfs_times"),
+    "spec_in_kernel": (DFS, "uses an import"),
     "detached_helper": (ONLINE, "uses an import"), "fork_allocate": (ONLINE, "uses an import"),
     "many_files": (ONLINE, "uses `try`"), "info_leak": (ONLINE, "uses an import"),
     "zero_stride_reply": (ONLINE, "uses an import"),

@@ -41,8 +41,8 @@ DETAIL_CHARS = 600
 
 @dataclass(frozen=True)
 class Limits:
-    per_exercise_s: float = 600.0
-    total_s: float = 3600.0
+    per_exercise_s: float = 600.0  # the submission's own CPU time, all its processes together (Clock)
+    total_s: float = 3600.0  # the same, over all its exercises
     memory_mb: int = 8192  # all the submission's processes together (see course.grading.sandbox)
     output_mb: int = 16  # stdout + stderr + every file it writes, together
     processes: int = 4096  # processes and threads together (the simulator runs a thread per GPU thread)

@@ -24,7 +24,9 @@ namespace) and, in the simulator, RLIMIT_AS, while the grader adds up the sandbo
 (proportional set size) four times a second and stops it past the limit. Output: the two
 tmpfs are no larger than the output limit and each file the child writes (stdout and stderr
 included) is capped by RLIMIT_FSIZE; the grader adds the four up at the same rate and stops the
-submission when the sum passes the limit. Killing bubblewrap kills everything inside
+submission when the sum passes the limit. CPU time: the cgroup's accounting where it has one, else
+the sandbox's process tree from /proc (`Child.cpu_seconds`), checked at the same rate against the
+limit the grader sets (`Child.cpu_limit`). Killing bubblewrap kills everything inside
 (`--die-with-parent` on a PID namespace), detached (setsid) helpers included.
 """
 
