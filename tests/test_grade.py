@@ -98,7 +98,7 @@ def _processes_with(marker: str) -> list[int]:
 ALL = sorted(p.name for p in SAMPLES.iterdir() if (p / "sample.py").is_file())
 ESCAPING = ["segfault", "exits", "writes_outside", "forged_results", "crashing_reply", "answer_key",
             "patch_checks", "fake_tensor", "spec_in_kernel", "detached_helper", "fork_allocate", "many_files",
-            "info_leak", "zero_stride_reply", "spec_import"]
+            "info_leak", "zero_stride_reply", "spec_import", "module_level", "library_softmax"]
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ FILTERED = {  # sample: (exercise, its points, note on it, flag)
 
 
 @needs_bwrap
-@pytest.mark.parametrize("student", ["correct", "zipped", "ann_lee", "ann_lee-3"])
+@pytest.mark.parametrize("student", ["correct", "zipped", "ann_lee", "ann_lee-3", "respaced"])
 def test_correct_submissions_get_every_point(graded, student):
     g = graded["grades"][student]
     assert _points(g) == POINTS, g.exercises
@@ -348,7 +348,8 @@ def test_simulator_grading_times_nothing_and_says_so(graded):
 
 # ------------------------------------------------------------------------------------ past the hole rules
 
-ESCAPED = {  # sample: (its points on online_softmax (dfs for spec_in_kernel), note on it, flag)
+ON_DFS = ("spec_in_kernel", "module_level")  # the samples of the escaped run that attack dfs_times_kernel
+ESCAPED = {  # sample: (its points on online_softmax (dfs_times_kernel for ON_DFS), note on it, flag)
     "segfault": (0, "crashed the interpreter: SIGSEGV", "crashed"),
     "exits": (0, "ended the process: exit code 3", "exited"),
     "writes_outside": (2, "", ""),
@@ -365,6 +366,8 @@ ESCAPED = {  # sample: (its points on online_softmax (dfs for spec_in_kernel), n
     "info_leak": (0, "", ""),
     "zero_stride_reply": (0, "", ""),
     "spec_import": (0, "", ""),
+    "module_level": (0, "", ""),  # its `return` is spliced; the grader's MASK_TILE sizes the other cases
+    "library_softmax": (2, "", ""),  # a library routine: only the hole rules refuse it (README)
 }
 
 
@@ -372,7 +375,7 @@ ESCAPED = {  # sample: (its points on online_softmax (dfs for spec_in_kernel), n
 @pytest.mark.parametrize("student", sorted(ESCAPED))
 def test_the_sandbox_holds_what_gets_past_the_hole_rules(escaped, student):
     points, note, flag = ESCAPED[student]
-    exercise = DFS if student == "spec_in_kernel" else ONLINE
+    exercise = DFS if student in ON_DFS else ONLINE
     g = escaped["grades"][student]
     limits = json.loads((escaped["out"] / "grades.json").read_text())["sandbox"]["limits"]
     if student == "fork_allocate" and not limits.startswith("cgroup"):

@@ -28,6 +28,7 @@ import os
 import resource
 import signal
 import sys
+import threading
 
 
 def _drop_privileges(uid: int | None) -> None:
@@ -181,6 +182,7 @@ class Server:
 
 
 SERVER: Server | None = None  # the running server, for the stand-ins of course.grading.services
+EXCHANGE = threading.Lock()  # a request to the grader and its answer, from one thread at a time
 
 
 def ask_grader(name: str, args: tuple, kwargs: dict):
@@ -189,8 +191,9 @@ def ask_grader(name: str, args: tuple, kwargs: dict):
     server = SERVER
     if server is None:
         raise RuntimeError(f"{name} is run by the grader, and only for a grading child")
-    server.send({"op": "service", "name": name}, args=list(args), kwargs=kwargs)
-    header, decoder = server.receive()
+    with EXCHANGE:  # the simulator runs a kernel's threads at once: one question and answer at a time
+        server.send({"op": "service", "name": name}, args=list(args), kwargs=kwargs)
+        header, decoder = server.receive()
     if header.get("op") == "service_done":
         return decoder.decode(header.get("result"))
     import builtins
@@ -213,8 +216,9 @@ class Callback:
 
     def __call__(self, *args, **kwargs):
         server = self.server
-        server.send({"op": "callback", "name": self.name}, args=list(args), kwargs=kwargs)
-        header, decoder = server.receive()
+        with EXCHANGE:
+            server.send({"op": "callback", "name": self.name}, args=list(args), kwargs=kwargs)
+            header, decoder = server.receive()
         if header.get("op") != "callback_done":
             why = str(header.get("message"))[:300]
             raise RuntimeError(f"grading's stand-in for {self.name} failed: {why}")
