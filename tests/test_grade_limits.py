@@ -213,3 +213,20 @@ def test_weights_split_the_points_between_seeded_and_fixed_cases():
     assert seeded.weights(["a", "b"], set()) == [0.5, 0.5]
     assert seeded.weights(["a", "b"], {"a", "b"}) == [0.5, 0.5]
     assert seeded.weights([], set()) == []
+
+
+def test_only_a_running_call_may_ask_the_grader():
+    """In the simulator a kernel's threads run on after one of them raised and the call was answered:
+    from then on the channel carries the answer and the next request, so they may not ask."""
+    from course.grading.child import Server
+
+    sent = []
+    server = object.__new__(Server)  # its channel stood in for: what it would send, what it reads
+    server.send = lambda message, **values: sent.append(message)
+    server.receive = lambda module=None: ({"op": "service_done"}, None)
+    server.busy = True
+    assert server.ask({"op": "service", "name": "x"}) == ({"op": "service_done"}, None)
+    server.done()
+    with pytest.raises(RuntimeError, match="only the code of a call the grader made may ask it"):
+        server.ask({"op": "service", "name": "y"})
+    assert sent == [{"op": "service", "name": "x"}]
