@@ -4,6 +4,7 @@ services, and the weight of the seeded cases (tests/test_grade.py grades samples
 
 from __future__ import annotations
 
+import json
 import tempfile
 import warnings
 from pathlib import Path
@@ -134,6 +135,31 @@ def test_the_harness_holds_no_answer(tmp_path):
     answers = ("def dfs_times(parents", "def attention_with_lse(q", "def dense_tree_mask(start")
     spec = [f for f, text in files.items() if any(answer in text for answer in answers)]
     assert spec == []
+
+
+def test_every_lesson_module_imports_with_the_childs_harness_alone(tmp_path):
+    """What launch code imports of pyspec_ref and course.oracle is in the stand-ins (a name added to a
+    launcher's imports and not to course.grading.services fails here, not in a student's grade)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from course.core import runtime
+
+    sandbox.copy_harness(tmp_path / "harness")
+    shutil.copytree(ROOT / "solutions", tmp_path / "code" / "lessons")
+    plan = sandbox.make_plan(tmp_path / "harness", [ROOT], False, runtime.SIMULATOR, runtime.SMALL_SIZES)
+    modules = sorted(p.stem for p in (ROOT / "solutions").glob("*.py") if p.stem != "__init__")
+    path = [str(tmp_path / "harness"), str(tmp_path / "code"), *plan.path]  # as the child's (sandbox.start)
+    script = (f"import importlib, json, sys; sys.path[:0] = {path!r}; import course; "
+              f"[importlib.import_module('lessons.' + m) for m in {modules!r}]; "
+              "print(json.dumps([m for m in sys.modules if m.startswith(('pyspec_ref', 'course.oracle'))]))")
+    done = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                          env={**dict(plan.env), "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    stand_ins = {path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+                 for path in services.stand_in_sources()}
+    assert set(json.loads(done.stdout.strip().splitlines()[-1])) <= stand_ins
 
 
 def test_the_grader_runs_only_what_the_table_allows_where_it_allows_it():
