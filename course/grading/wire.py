@@ -256,7 +256,7 @@ class Decoder:
     def _flat(self, index, device, dtype, start, count) -> torch.Tensor:
         if index not in self.built:
             itemsize = torch.empty(0, dtype=dtype).element_size()
-            raw = bytearray(self.blob[start : start + count * itemsize])
+            raw = bytearray(memoryview(self.blob)[start : start + count * itemsize])  # one copy, not two
             if dtype == torch.bool:  # a bool is 0 or 1; build it from the bytes rather than trust them
                 flat = torch.frombuffer(raw, dtype=torch.uint8) != 0 if raw else torch.empty(0, dtype=dtype)
             else:
