@@ -256,3 +256,14 @@ def test_only_a_running_call_may_ask_the_grader():
     with pytest.raises(RuntimeError, match="only the code of a call the grader made may ask it"):
         server.ask({"op": "service", "name": "y"})
     assert sent == [{"op": "service", "name": "x"}]
+
+
+def test_a_check_whose_cases_cannot_be_drawn_leaves_equal_weights_and_warns(setup, monkeypatch):
+    def broken(exercise, setup, seed):
+        raise RuntimeError("no cases")
+
+    monkeypatch.setattr(seeded, "seeded_cases", broken)
+    monkeypatch.setattr(setup, "seeded", {})
+    with pytest.warns(UserWarning, match="could not tell its seeded cases"):
+        setup.find_seeded(SEED)
+    assert set(setup.seeded) == set(EXERCISES) and not any(setup.seeded.values())
