@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from course.exercises import EXERCISES
-from course.grading import proxy, runner, sandbox, seeded, services, wire
+from course.grading import proxy, runner, sandbox, seeded, services, shapes, wire
 from course.grading.runner import Clock, Limits, Setup, case_seed
 from course.release import ROOT
 
@@ -267,3 +267,40 @@ def test_a_check_whose_cases_cannot_be_drawn_leaves_equal_weights_and_warns(setu
     with pytest.warns(UserWarning, match="could not tell its seeded cases"):
         setup.find_seeded(SEED)
     assert set(setup.seeded) == set(EXERCISES) and not any(setup.seeded.values())
+
+
+# ---------------------------------------------------------------------------- replies against the call
+
+def test_the_grader_knows_each_calls_outputs_from_its_own_launcher(setup):
+    """The course's launcher, run dry (no kernel, outputs on the meta device), gives each output's
+    dtype and shape; where it cannot (the exercise's own hole), nothing is expected."""
+    from course.core import inputs
+
+    batch = [inputs.TreeCase("chain", tuple(inputs.chain(5))), inputs.TreeCase("star", (-1, 0, 0, 0, 0))]
+    parents = inputs.batch_of_trees(batch, "cpu")
+    assert shapes.expected(setup.dry["trees"], "dfs_times", (parents,), {}) == [(torch.int32, (2, 5))] * 2
+    start, end = inputs.dfs_times_tensors(batch)
+    assert shapes.expected(setup.dry["trees"], "tree_mask", (start, end), {}) == [(torch.bool, (2, 5, 5))]
+    assert shapes.expected(setup.dry["trees"], "tree_mask", (start, end[:, :3]), {}) is None  # refused
+    assert shapes.expected(setup.dry["attention"], "online_softmax", (torch.ones(2, 3), 2), {}) is None
+
+
+def test_a_reply_must_hold_the_outputs_the_call_makes_before_any_is_built():
+    def header(*tensors):  # the "result" of the header of a reply holding these outputs
+        data = wire.frame({}, result=tuple(tensors))
+        _, size, _ = wire.PREFIX.unpack(data[: wire.PREFIX.size])
+        return json.loads(data[wire.PREFIX.size : wire.PREFIX.size + size])["result"]
+
+    want = [(torch.int32, (2, 5)), (torch.int32, (2, 5))]
+    proxy._require_outputs(header(torch.zeros(2, 5, dtype=torch.int32), torch.ones(2, 5, dtype=torch.int32)),
+                           want, "dfs_times")
+    for wrong in ((torch.zeros(2, 5, dtype=torch.int64), torch.ones(2, 5, dtype=torch.int32)),
+                  (torch.zeros(2, 5, dtype=torch.int32),),
+                  (torch.zeros(2, 5, dtype=torch.int32), torch.ones(2, 6, dtype=torch.int32))):
+        with pytest.raises(proxy.ReplyError, match="the reply's outputs are not the ones dfs_times makes"):
+            proxy._require_outputs(header(*wrong), want, "dfs_times")
+    # a terabyte's shape on a few bytes (zero strides) is refused from its header alone
+    spec = {"storage": 0, "dtype": "int32", "shape": [1 << 20, 1 << 20], "stride": [0, 0], "offset": 0}
+    bomb = {"tuple": [{"tensor": spec}]}
+    with pytest.raises(proxy.ReplyError, match=r"it sent int32 \(1048576, 1048576\)"):
+        proxy._require_outputs(bomb, [(torch.int32, (2, 5))], "dfs_times")

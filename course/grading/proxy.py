@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from . import sandbox, services, wire
+from . import sandbox, services, shapes, wire
 from .child import tensors_in
 
 STARTUP_S = 180.0
@@ -238,10 +238,15 @@ class Channel:
         self._send(wire.frame({"op": "callback_done"}, name_of, after=tensors_in((args, kwargs))))
 
     def call(self, module: str, name: str, args: tuple, kwargs: dict, name_of, resolve,
-             callbacks: dict[str, Callable]):
+             callbacks: dict[str, Callable], outputs: list | None = None):
+        """Run lessons.<module>.<name> in the child; `outputs`, the [(dtype, shape)] the grader's own
+        launcher makes (course.grading.shapes), is what the reply must hold, checked before any of
+        its tensors is built."""
         def answer(header: dict, decoder: wire.Decoder):
             if "error" in header:
                 return self._error(header)
+            if outputs is not None and header.get("result_is") is None:
+                _require_outputs(header.get("result"), outputs, name)
             try:
                 decoder.strict = True  # the outputs: each a contiguous tensor of its own
                 result = decoder.decode(header.get("result"))
@@ -291,6 +296,18 @@ class Channel:
         raised.remote_crash = Crash(kind, text["message"], text["thread"], text["place"], text["source"],
                                     text["access"], f"{kind}: {text['message']}")
         return raised
+
+
+def _require_outputs(result, outputs: list, name: str) -> None:
+    """ReplyError unless the reply's tensors are, in order, of the dtypes and shapes the call makes."""
+    want = [(wire.DTYPE_NAMES[dtype], list(shape)) for dtype, shape in outputs]
+    got = wire.tensor_specs(result)
+    if got != want:
+        def said(specs):
+            return ", ".join(f"{dtype} {tuple(shape) if isinstance(shape, list) else shape}"
+                             for dtype, shape in specs[:6]) or "none"
+        raise ReplyError(f"the reply's outputs are not the ones {name} makes: it sent {said(got)[:300]}, "
+                         f"where the course's launcher returns {said(want)}")
 
 
 def _copy_back(mine: list[torch.Tensor], theirs, in_place: bool, name: str) -> None:
@@ -350,9 +367,11 @@ class ProxyModule:
     """What a check gets as `module`: the grader's constants and helpers, the child's kernels."""
 
     def __init__(self, name: str, trusted: types.ModuleType, remote: set[str], kernels: set[str],
-                 stubs: dict[str, str], channel: Channel, modules: dict[str, types.ModuleType]):
+                 stubs: dict[str, str], channel: Channel, modules: dict[str, types.ModuleType],
+                 dry: types.ModuleType | None = None):
         self.__name__ = f"lessons.{name}"
         object.__setattr__(self, "_state", {"module": name, "trusted": trusted, "channel": channel,
+                                            "dry": dry,
                                             "remote": {n: (RemoteKernel(self, n, stubs.get(n)) if n in kernels
                                                            else RemoteFunction(self, n)) for n in remote},
                                             "modules": modules})
@@ -370,8 +389,10 @@ class ProxyModule:
         state = self._state
         remote = state["remote"]
         callbacks = {n: v for n, v in vars(self).items() if n in remote and v is not remote[n]}
+        in_place = name in IN_PLACE.get(state["module"], ())
+        outputs = None if in_place or callbacks else shapes.expected(state["dry"], name, args, kwargs)
         return state["channel"].call(state["module"], name, args, kwargs, self._name_of, self._resolve,
-                                     callbacks)
+                                     callbacks, outputs)
 
     def _name_of(self, obj) -> str | None:
         """A dataclass the child can rebuild: one of a lesson module's own classes or one it imports."""

@@ -32,7 +32,7 @@ from pathlib import Path
 from course.core import runtime
 
 from ..release import ROOT, files_of, lesson_holes, render_pieces
-from . import proxy, sandbox, seeded, splice, wire
+from . import proxy, sandbox, seeded, shapes, splice, wire
 from .collect import Submission, SubmissionError, prepare
 
 TAIL_BYTES = 2000
@@ -123,6 +123,7 @@ class Setup:
     rendered: dict  # the release's lessons tree (course.release.render_pieces)
     limits_by: str  # how memory and processes are limited (sandbox.Cgroup.probe)
     seeded: dict[str, frozenset[str]] = field(default_factory=dict)  # exercise -> its seeded cases
+    dry: dict[str, types.ModuleType] = field(default_factory=dict)  # the launchers' dry runs (shapes)
 
     def find_seeded(self, seed: int) -> None:
         """Which cases of each exercise draw their inputs from the seed (course.grading.seeded)."""
@@ -149,33 +150,36 @@ class Setup:
         modules = {e.module for e in exercises} | {r.split(".")[0] for e in exercises for r in e.requires}
         rendered = render_pieces(solutions)
         trusted = _stub_modules(rendered, workroot / "stubs", modules)
+        kernels = {m: proxy.kernel_names(s) for m, s in sources.items()}
+        dry = _stub_modules(rendered, workroot / "shapes", modules, shapes.SHAPES)
+        shapes.dry_modules(dry, kernels)
         harness = workroot / "harness"
         sandbox.copy_harness(harness)
         plan = sandbox.make_plan(harness, hidden, runtime.on_gpu(), runtime.SIMULATOR, runtime.SMALL_SIZES)
         return cls(exercises, trusted, {m: splice.context_of(m, t) for m, t in trusted.items()},
-                   proxy.remote_names(sources, holes), {m: proxy.kernel_names(s) for m, s in sources.items()},
-                   workroot, limits, plan, isolate, modules, rendered,
-                   sandbox.Cgroup.probe() if isolate else "")
+                   proxy.remote_names(sources, holes), kernels, workroot, limits, plan, isolate, modules,
+                   rendered, sandbox.Cgroup.probe() if isolate else "", dry=dry)
 
 
 STUBS = "course_grading_stubs"
 
 
-def _stub_modules(rendered: dict, folder: Path, modules: set[str]) -> dict[str, types.ModuleType]:
+def _stub_modules(rendered: dict, folder: Path, modules: set[str],
+                  package: str = STUBS) -> dict[str, types.ModuleType]:
     """The lesson modules as the release writes them, imported as the package STUBS: what the checks'
     constants, classes and helpers come from. Stubs, not the solutions: should a kernel ever run in
     the grader by mistake, it stops at its todo(...) rather than hand out the answer; and not the
     repository's lessons/, which may hold the instructor's own answers."""
-    for name in [n for n in sys.modules if n == STUBS or n.startswith(f"{STUBS}.")]:
+    for name in [n for n in sys.modules if n == package or n.startswith(f"{package}.")]:
         del sys.modules[name]  # an earlier grading run's, from a folder since removed
     for relative, content in files_of(rendered).items():
-        path = folder / STUBS / relative
+        path = folder / package / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
     sys.path.insert(0, str(folder))
     try:
         importlib.invalidate_caches()
-        return {m: importlib.import_module(f"{STUBS}.{m}") for m in sorted(modules)}
+        return {m: importlib.import_module(f"{package}.{m}") for m in sorted(modules)}
     finally:
         sys.path.remove(str(folder))
 
@@ -343,7 +347,8 @@ def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup:
     channel.start_exercise(budget, clock.wall_deadline(budget, started))
     name = exercise.module
     module = proxy.ProxyModule(name, setup.trusted[name], setup.remote[name], setup.kernels[name],
-                               prepared.spliced.modules[name].stubs, channel, setup.trusted)
+                               prepared.spliced.modules[name].stubs, channel, setup.trusted,
+                               setup.dry.get(name))
     try:
         cases = exercise.selected_cases(module, case_seed(seed, exercise.id), full=True)
         report = run_cases(exercise.id, cases)

@@ -280,6 +280,26 @@ class Decoder:
         return obj
 
 
+def tensor_specs(value, depth: int = 0) -> list[tuple]:
+    """(dtype, shape) of each tensor a value's header names, in the order `decode` builds them (and
+    course.grading.child.tensors_in finds them), without building any: an object's fields are not
+    searched, as tensors_in does not. Anything malformed is given as ("?", "?")."""
+    if depth > MAX_DEPTH or not isinstance(value, dict):
+        return []
+    if "tensor" in value:
+        spec = value["tensor"] if isinstance(value["tensor"], dict) else {}
+        dtype, shape = spec.get("dtype"), spec.get("shape")
+        return [(dtype, shape) if isinstance(dtype, str) and isinstance(shape, list) else ("?", "?")]
+    items = value.get("list", value.get("tuple"))
+    if isinstance(items, list):
+        return [found for item in items for found in tensor_specs(item, depth + 1)]
+    pairs = value.get("dict")
+    if isinstance(pairs, list):
+        return [found for pair in pairs if isinstance(pair, list) and len(pair) == 2
+                for found in tensor_specs(pair[1], depth + 1)]
+    return []
+
+
 def contiguous_strides(shape: list[int]) -> list[int]:
     """The strides of a row-major tensor of this shape, as torch gives a fresh one."""
     strides, step = [], 1
