@@ -6,6 +6,10 @@
 - `child`: that child: runs the graded modules' functions on the inputs it is sent;
 - `wire`: the channel's format (plain values, tensors as bytes; never a pickle);
 - `proxy`: the module a check gets: the grader's constants and helpers, the child's kernels;
+- `shapes`: the outputs a call makes, from the grader's own launcher run dry (what a reply must hold);
+- `services`: the few functions of pyspec_ref and the oracle that launch code needs, run by the grader
+  for the child (which holds neither);
+- `seeded`: which cases draw their inputs from the seed (they carry two thirds of the points);
 - `runner`: one submission's exercises, and what a crash, a hang or a limit means;
 - `report`: gradebook.csv, feedback/<student>.md, grades.json;
 - `speed`: on a GPU, each passed exercise's kernel timed against the solution's.

@@ -8,7 +8,9 @@ body holds a hole, and, transitively, whatever calls one, across lesson modules)
 to the child: the arguments go over as plain values and raw tensor bytes (`course.grading.wire`),
 the child runs the graded module's function, and the grader builds the outputs itself from the
 reply, checking every size against its limits (each output a contiguous tensor alone in memory of
-exactly its size, so the grader never builds more than the bytes that came), then copies back
+exactly its size, so the grader never builds more than the bytes that came; and, where its own
+launcher run dry says which, of exactly the dtypes and shapes the call makes: course.grading.shapes),
+then copies back
 into its own tensors what the call changed in them (in-place launchers). The child never sees
 the seed, the expected outputs, the tolerances or the checks.
 
