@@ -207,8 +207,10 @@ def main(argv=None) -> int:
     grade.add_argument("--out", required=True, help="where gradebook.csv and feedback/ go")
     grade.add_argument("--seed", type=int, required=True, help="the private seed (keep it out of the repo)")
     grade.add_argument("--exercises", nargs="+", help="exercise ids or notebook numbers (default: all)")
-    grade.add_argument("--timeout-per-exercise", type=float, default=600.0, help="seconds (default 600)")
-    grade.add_argument("--timeout-total", type=float, default=3600.0, help="seconds per submission")
+    grade.add_argument("--timeout-per-exercise", type=float, default=600.0,
+                       help="seconds of the submission's own CPU time (default 600)")
+    grade.add_argument("--timeout-total", type=float, default=3600.0,
+                       help="seconds of CPU time per submission (default 3600)")
     grade.add_argument("--memory-mb", type=int, default=8192,
                        help="memory of a submission's processes together (default 8192)")
     grade.add_argument("--output-mb", type=int, default=16,

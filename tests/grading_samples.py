@@ -1,7 +1,8 @@
 """Sample submissions (tests/submissions/<name>/sample.py) as the grader finds them: lessons/ folders.
 
 A sample is a recipe: HOLES (exercise -> the code a student wrote in its hole), STUBS (exercises
-left as the todo), OUTSIDE (module -> (old, new) lines changed outside the holes), FILES (other
+left as the todo), RESPACE (blank lines and trailing spaces changed around every answered hole),
+OUTSIDE (module -> (old, new) lines changed outside the holes), FILES (other
 files of the submission), LINKS (path -> a path of this repository to link to), NAME (the folder's
 name) and BARE (no lessons/ at all). Every other hole is answered from solutions/ here, at run
 time, so that no sample holds a solution. tests/test_grade.py and tools/gpu_grade_check.sh use it.
@@ -45,20 +46,31 @@ def _pieces(module: str) -> list[Piece]:
     return render_pieces(ROOT / "solutions")[Path(f"{module}.py")]
 
 
-def lesson_with(module: str, holes: dict[str, str], stubs: list[str]) -> str:
+def lesson_with(module: str, holes: dict[str, str], stubs: list[str], respace: bool = False) -> str:
     """The lesson of `module` with every hole answered from solutions/, except `holes` (exercise ->
-    the student's code) and `stubs` (exercises left as the todo)."""
+    the student's code) and `stubs` (exercises left as the todo). `respace`: as a student's editor
+    leaves it, a blank line before every answered hole, trailing spaces on its lines, and the blank
+    lines after it deleted."""
     source_lines = (ROOT / "solutions" / f"{module}.py").read_text().splitlines(keepends=True)
     out = []
+    after_hole = False
     for piece in _pieces(module):
         exercise = piece.hole.region.exercise if piece.hole is not None else None
         if exercise is None or exercise in stubs:
-            out += piece.lines
+            lines = list(piece.lines)
+            while respace and after_hole and lines and not lines[0].strip():
+                lines.pop(0)
+            out += lines
+            after_hole = False
         elif exercise in holes:
             indent = piece.lines[0][: len(piece.lines[0]) - len(piece.lines[0].lstrip())]
             out.append(textwrap.indent(textwrap.dedent(holes[exercise]).strip("\n") + "\n", indent))
         else:
-            out += _answer(source_lines, piece)
+            answer = _answer(source_lines, piece)
+            if respace:
+                answer = ["\n", *[line.rstrip("\n") + "  \n" if line.strip() else line for line in answer]]
+            out += answer
+            after_hole = True
     return "".join(out)
 
 
@@ -74,7 +86,7 @@ def write_sample(name: str, target_root: Path, tokens: dict[str, str]) -> Path:
     if not spec.get("BARE"):
         lessons.mkdir(parents=True)
         for module in ("trees", "attention"):
-            text = lesson_with(module, holes, spec.get("STUBS", []))
+            text = lesson_with(module, holes, spec.get("STUBS", []), spec.get("RESPACE", False))
             for old, new in spec.get("OUTSIDE", {}).get(module, []):
                 assert text.count(old) == 1, f"{name}: {old!r} must stand once in lessons/{module}.py"
                 text = text.replace(old, new)

@@ -98,7 +98,7 @@ def _processes_with(marker: str) -> list[int]:
 ALL = sorted(p.name for p in SAMPLES.iterdir() if (p / "sample.py").is_file())
 ESCAPING = ["segfault", "exits", "writes_outside", "forged_results", "crashing_reply", "answer_key",
             "patch_checks", "fake_tensor", "spec_in_kernel", "detached_helper", "fork_allocate", "many_files",
-            "info_leak", "zero_stride_reply"]
+            "info_leak", "zero_stride_reply", "spec_import", "module_level", "library_softmax"]
 
 
 @pytest.fixture(scope="module")
@@ -152,10 +152,11 @@ REFUSED = {  # sample: (exercise, why)
     "crashing_reply": (ONLINE, "uses an import"), "answer_key": (ONLINE, "uses an import"),
     "patch_checks": (ONLINE, "uses an import"), "fake_tensor": (ONLINE, "uses a class"),
     "library_softmax": (ONLINE, "uses torch.softmax"),
-    "spec_in_kernel": (DFS, "reads the attribute .dfs_times"),
+    "spec_in_kernel": (DFS, "uses an import"),
     "detached_helper": (ONLINE, "uses an import"), "fork_allocate": (ONLINE, "uses an import"),
     "many_files": (ONLINE, "uses `try`"), "info_leak": (ONLINE, "uses an import"),
     "zero_stride_reply": (ONLINE, "uses an import"),
+    "spec_import": (ONLINE, "uses an import"),
     "alias_module": (ONLINE, "uses the module torch as a value"),
     "module_level": (DFS, "outside its function (module-level code)"),
 }
@@ -178,7 +179,7 @@ FILTERED = {  # sample: (exercise, its points, note on it, flag)
 
 
 @needs_bwrap
-@pytest.mark.parametrize("student", ["correct", "zipped", "ann_lee", "ann_lee-3"])
+@pytest.mark.parametrize("student", ["correct", "zipped", "ann_lee", "ann_lee-3", "respaced"])
 def test_correct_submissions_get_every_point(graded, student):
     g = graded["grades"][student]
     assert _points(g) == POINTS, g.exercises
@@ -347,7 +348,8 @@ def test_simulator_grading_times_nothing_and_says_so(graded):
 
 # ------------------------------------------------------------------------------------ past the hole rules
 
-ESCAPED = {  # sample: (its points on online_softmax (dfs for spec_in_kernel), note on it, flag)
+ON_DFS = ("spec_in_kernel", "module_level")  # the samples of the escaped run that attack dfs_times_kernel
+ESCAPED = {  # sample: (its points on online_softmax (dfs_times_kernel for ON_DFS), note on it, flag)
     "segfault": (0, "crashed the interpreter: SIGSEGV", "crashed"),
     "exits": (0, "ended the process: exit code 3", "exited"),
     "writes_outside": (2, "", ""),
@@ -363,6 +365,9 @@ ESCAPED = {  # sample: (its points on online_softmax (dfs for spec_in_kernel), n
     "many_files": (0, "printed or wrote too much", "too much output"),
     "info_leak": (0, "", ""),
     "zero_stride_reply": (0, "", ""),
+    "spec_import": (0, "", ""),
+    "module_level": (0, "", ""),  # its `return` is spliced; the grader's MASK_TILE sizes the other cases
+    "library_softmax": (2, "", ""),  # a library routine: only the hole rules refuse it (README)
 }
 
 
@@ -370,7 +375,7 @@ ESCAPED = {  # sample: (its points on online_softmax (dfs for spec_in_kernel), n
 @pytest.mark.parametrize("student", sorted(ESCAPED))
 def test_the_sandbox_holds_what_gets_past_the_hole_rules(escaped, student):
     points, note, flag = ESCAPED[student]
-    exercise = DFS if student == "spec_in_kernel" else ONLINE
+    exercise = DFS if student in ON_DFS else ONLINE
     g = escaped["grades"][student]
     limits = json.loads((escaped["out"] / "grades.json").read_text())["sandbox"]["limits"]
     if student == "fork_allocate" and not limits.startswith("cgroup"):
@@ -403,6 +408,18 @@ def test_the_answer_key_is_out_of_reach(escaped):
     assert "No module named 'solutions'" in text and "found []" in text
     processes = [int(p) for p in text.split("among processes [")[1].split("]")[0].split(", ")]
     assert max(processes) < 50  # its own PID namespace: the grader's processes are not there
+
+
+@needs_bwrap
+def test_nothing_in_the_sandbox_holds_an_answer(escaped):
+    """Past the hole rules, code that imports the specification, the oracle and the checks, reads their
+    files and asks the grader to run the specification finds nothing: only the stand-ins of the
+    validators launch code needs (course.grading.services), which the grader runs for a launcher."""
+    text = _all_text(escaped["grades"]["spec_import"])
+    assert "answers [] checks [] files [] served []" in text, text
+    assert escaped["grades"]["spec_import"].exercises[ONLINE].points == 0
+    spec_in_kernel = _all_text(escaped["grades"]["spec_in_kernel"])  # imports pyspec_ref in the kernel
+    assert "grading does not run 'pyspec_ref.dfs_times'" in spec_in_kernel, spec_in_kernel
 
 
 @needs_bwrap

@@ -6,14 +6,19 @@
 - `child`: that child: runs the graded modules' functions on the inputs it is sent;
 - `wire`: the channel's format (plain values, tensors as bytes; never a pickle);
 - `proxy`: the module a check gets: the grader's constants and helpers, the child's kernels;
+- `shapes`: the outputs a call makes, from the grader's own launcher run dry (what a reply must hold);
+- `services`: the few functions of pyspec_ref and the oracle that launch code needs, run by the grader
+  for the child (which holds neither);
+- `seeded`: which cases draw their inputs from the seed (they carry two thirds of the points);
 - `runner`: one submission's exercises, and what a crash, a hang or a limit means;
 - `report`: gradebook.csv, feedback/<student>.md, grades.json;
 - `speed`: on a GPU, each passed exercise's kernel timed against the solution's.
 
 The checks run here, in the grader's process, with the private seed: the child never sees the
 seed, the expected outputs or the tolerances. Every exercise's points come from
-`course.registry.EXERCISES`; partial credit is the share of its test cases passed. The same
-seed gives the same grade.
+`course.registry.EXERCISES`; partial credit is the share of its test cases passed, the cases
+drawn from the seed weighing two thirds of the points together (`seeded`). The same seed gives
+the same grade.
 """
 
 from __future__ import annotations
@@ -42,7 +47,6 @@ def grade(submissions, out, seed: int, exercises=None, limits=None, jobs: int = 
     """
     import shutil
     import tempfile
-    import warnings
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm import tqdm
@@ -95,11 +99,8 @@ def grade(submissions, out, seed: int, exercises=None, limits=None, jobs: int = 
     try:
         hidden = [ROOT, out, Path(submissions), workroot]
         setup = Setup.build(chosen, workroot, limits, sandbox, hidden)
-        if jobs > 1 and "cpu capped" not in setup.limits_by:
-            warnings.warn(f"grading {jobs} submissions at a time without a cpu controller (cpu.max or a "
-                          "cfs quota): one submission's processes can take CPU time from the one graded "
-                          "beside it, whose time limit is wall-clock time; grade with --jobs 1, or as root "
-                          "where the cgroup cpu controller can be used", stacklevel=2)
+        setup.find_seeded(seed)
+        warn_cpu_sharing(jobs, setup.limits_by)
         # Every submission is spliced here, in the main thread: CPython 3.11.7's ast.parse can fail
         # in a worker thread ("AST constructor recursion depth mismatch", fixed in later releases).
         prepared = [prepare_submission(s, setup) for s in found]
@@ -114,3 +115,15 @@ def grade(submissions, out, seed: int, exercises=None, limits=None, jobs: int = 
         shutil.rmtree(workroot, ignore_errors=True)
     report.write_all(grades, chosen, out, seed, speed, setup.describe())
     return grades
+
+
+def warn_cpu_sharing(jobs: int, limits_by: str) -> None:
+    """Warn when submissions graded side by side share the CPU with no controller to cap each."""
+    import warnings
+
+    if jobs > 1 and "cpu capped" not in limits_by:
+        warnings.warn(f"grading {jobs} submissions at a time without a cpu controller (cpu.max or a cfs "
+                      "quota): time limits count each submission's own CPU time, but one submission's "
+                      "processes can still slow the one graded beside it, up to the wall-clock backstop of a "
+                      "waiting child; grade with --jobs 1, or as root where the cgroup cpu controller can be "
+                      "used", stacklevel=3)

@@ -28,6 +28,7 @@ import os
 import resource
 import signal
 import sys
+import threading
 
 
 def _drop_privileges(uid: int | None) -> None:
@@ -95,6 +96,7 @@ class Server:
         self.wire = wire
         self.requests, self.replies = requests, replies
         self.pid = os.getpid()
+        self.busy = False  # a call (or timing) is running: its code may ask the grader (`ask`)
         # A process the code forks is no server: it loses the channel at once, so that nothing it
         # does (an exception climbing back through `call`) can be read as an answer.
         os.register_at_fork(after_in_child=self._forked)
@@ -146,14 +148,17 @@ class Server:
         args = decoder.decode(header.get("args", {"list": []}))
         kwargs = decoder.decode(header.get("kwargs", {"dict": []}))
         saved = {name: getattr(module, name) for name in header.get("callbacks", [])}
+        self.busy = True
         try:
             for name in saved:
                 setattr(module, name, Callback(self, name))
             result = getattr(module, header["name"])(*args, **kwargs)
         except BaseException as error:  # noqa: BLE001  (whatever the code raised goes back as text)
+            self.done()
             self.send({"error": describe(error)})
             return
         finally:
+            self.done()
             for name, value in saved.items():
                 setattr(module, name, value)
         given = tensors_in((args, kwargs))
@@ -173,11 +178,50 @@ class Server:
     def time(self, header: dict) -> None:
         from .speed import hook_from_spec, time_impl_with
 
+        self.busy = True
         try:
             ms, note = time_impl_with(hook_from_spec(header.get("hook")), "lessons")
         except BaseException as error:  # noqa: BLE001
             ms, note = None, f"timing stopped with {type(error).__name__}"
+        self.done()
         self.send({"ms": ms, "note": note})
+
+    def done(self) -> None:
+        """The request is answered next: a thread of its code still running (a kernel's, in the
+        simulator, after another raised) may no longer ask the grader, whose channel now carries
+        the answer and the next request (`ask`)."""
+        with EXCHANGE:
+            self.busy = False
+
+    def ask(self, message: dict, **values):
+        """Send the grader a question during a request, and read its answer: (header, decoder)."""
+        with EXCHANGE:  # the simulator runs a kernel's threads at once: one question and answer at a time
+            if not self.busy:
+                raise RuntimeError("only the code of a call the grader made may ask it anything, and only "
+                                   "until that call returns")
+            self.send(message, **values)
+            return self.receive()
+
+
+SERVER: Server | None = None  # the running server, for the stand-ins of course.grading.services
+EXCHANGE = threading.Lock()  # a request to the grader and its answer, from one thread at a time
+
+
+def ask_grader(name: str, args: tuple, kwargs: dict):
+    """Run service `name` in the grader (course.grading.services) and return its result; its error
+    (a ValueError from a validator) is raised here as the same type."""
+    server = SERVER
+    if server is None:
+        raise RuntimeError(f"{name} is run by the grader, and only for a grading child")
+    header, decoder = server.ask({"op": "service", "name": name}, args=list(args), kwargs=kwargs)
+    if header.get("op") == "service_done":
+        return decoder.decode(header.get("result"))
+    import builtins
+
+    from .services import ERRORS
+
+    kind = header.get("kind")
+    raise (getattr(builtins, kind) if kind in ERRORS else RuntimeError)(str(header.get("message"))[:2000])
 
 
 class Callback:
@@ -191,9 +235,8 @@ class Callback:
         return self
 
     def __call__(self, *args, **kwargs):
-        server = self.server
-        server.send({"op": "callback", "name": self.name}, args=list(args), kwargs=kwargs)
-        header, decoder = server.receive()
+        question = {"op": "callback", "name": self.name}
+        header, decoder = self.server.ask(question, args=list(args), kwargs=kwargs)
         if header.get("op") != "callback_done":
             why = str(header.get("message"))[:300]
             raise RuntimeError(f"grading's stand-in for {self.name} failed: {why}")
@@ -224,7 +267,8 @@ def main(config: dict) -> None:
 
     import course  # noqa: F401  (the runtime: simulator or GPU, before numba or triton)
 
-    server = Server(config["requests"], config["replies"])
+    global SERVER
+    server = SERVER = Server(config["requests"], config["replies"])
     try:
         server.serve()
     except EOFError:

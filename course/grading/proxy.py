@@ -8,7 +8,9 @@ body holds a hole, and, transitively, whatever calls one, across lesson modules)
 to the child: the arguments go over as plain values and raw tensor bytes (`course.grading.wire`),
 the child runs the graded module's function, and the grader builds the outputs itself from the
 reply, checking every size against its limits (each output a contiguous tensor alone in memory of
-exactly its size, so the grader never builds more than the bytes that came), then copies back
+exactly its size, so the grader never builds more than the bytes that came; and, where its own
+launcher run dry says which, of exactly the dtypes and shapes the call makes: course.grading.shapes),
+then copies back
 into its own tensors what the call changed in them (in-place launchers). The child never sees
 the seed, the expected outputs, the tolerances or the checks.
 
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from . import sandbox, wire
+from . import sandbox, services, shapes, wire
 from .child import tensors_in
 
 STARTUP_S = 180.0
@@ -88,11 +90,29 @@ class Channel:
                  device_ok: Callable[[str], bool], cleaned: Callable[[str], str] = lambda text: text):
         self.spawn, self.limits, self.device_ok, self.cleaned = spawn, limits, device_ok, cleaned
         self.child: sandbox.Child | None = None
-        self.deadline = float("inf")
+        self.deadline = float("inf")  # wall-clock: the backstop for a child that waits without computing
+        self.cpu_budget = float("inf")  # CPU seconds the exercise may use, all its children together
+        self.cpu_spent = 0.0  # by the exercise's children stopped so far
+        self.cpu_base = 0.0  # the running child's CPU time when the exercise's count began for it
         self.unreadable = ""  # set by a reply the grader could not read: the exercise's later calls fail too
 
-    def start_exercise(self, deadline: float) -> None:
-        self.deadline, self.unreadable = deadline, ""
+    def start_exercise(self, cpu_budget: float, deadline: float) -> None:
+        """The exercise's limits: `cpu_budget` seconds of the submission's own CPU time (its processes
+        together: `sandbox.Child.cpu_seconds`), and a wall-clock `deadline` for a child that waits."""
+        self.deadline, self.cpu_budget, self.cpu_spent, self.unreadable = deadline, cpu_budget, 0.0, ""
+        if self.child is not None and not self.child.closed:
+            self._arm(self.child)
+
+    def _arm(self, child: sandbox.Child) -> None:
+        """Count the exercise's CPU time on this child from now: it is stopped past the budget."""
+        self.cpu_base = child.cpu_seconds()
+        child.cpu_limit = self.cpu_base + max(0.0, self.cpu_budget - self.cpu_spent)
+
+    def exercise_cpu(self) -> float:
+        """The CPU time the exercise used so far (its children's, the start-ups excluded)."""
+        child = self.child
+        running = child.cpu_seconds() - self.cpu_base if child is not None and not child.closed else 0.0
+        return self.cpu_spent + max(0.0, running)
 
     def _ensure(self) -> sandbox.Child:
         """The running child, or a fresh one. Starting one (importing torch and the harness) has a
@@ -110,18 +130,21 @@ class Channel:
             self.stop()
             raise ChildGone("garbled", "the child did not start as expected")
         self.deadline += time.monotonic() - started
+        self._arm(self.child)
         return self.child
 
     def stop(self) -> None:
-        if self.child is not None:
-            self.child.close()
+        child = self.child
+        if child is not None and not child.closed:
+            self.cpu_spent += max(0.0, child.cpu_seconds() - self.cpu_base)
+            child.close()
 
     def _read(self, deadline: float) -> tuple[dict, bytes]:
         child = self.child
         try:
             return wire.read_frame(child.replies, self.limits, deadline, child.tick)
-        except TimeoutError:
-            raise ChildGone("timeout") from None
+        except TimeoutError:  # the wall-clock backstop: CPU time limits are the child's own (tick)
+            raise ChildGone("waited") from None
         except EOFError:
             raise self._gone() from None
         except (wire.WireError, OSError) as error:
@@ -152,8 +175,9 @@ class Channel:
 
     def request(self, message: dict, values: dict, name_of=lambda obj: None, callbacks: dict | None = None,
                 resolve: Callable[[str], type | None] = lambda name: None,
-                read: Callable = lambda header, decoder: (header, decoder)):
-        """Send one request, serve the child's callbacks meanwhile, and return read(header, decoder)
+                read: Callable = lambda header, decoder: (header, decoder), scope: str = services.TIMING):
+        """Send one request, serve the child's callbacks and services (course.grading.services, for
+        `scope`: the lesson module called, or timing) meanwhile, and return read(header, decoder)
         of its answer. After a reply it could not read, the grader stops the child and fails the
         exercise's later calls at once (a fresh child per call would only spend the time limit)."""
         if self.unreadable:
@@ -168,13 +192,33 @@ class Channel:
             while True:
                 header, blob = self._read(self.deadline)
                 decoder = wire.Decoder(header, blob, resolve, self.device_ok)
-                if header.get("op") != "callback":
+                if header.get("op") == "service":
+                    self._serve_service(header, decoder, scope)
+                elif header.get("op") == "callback":
+                    self._serve_callback(header, decoder, callbacks or {}, name_of)
+                else:
                     return read(header, decoder)
-                self._serve_callback(header, decoder, callbacks or {}, name_of)
         except ReplyError as error:
             self.stop()
             self.unreadable = f"{error} (and so every later call of this exercise)"
             raise
+
+    def _serve_service(self, header: dict, decoder: wire.Decoder, scope: str) -> None:
+        """Run what the child's launch code asked of the specification, here; its error goes back."""
+        try:
+            args = decoder.decode(header.get("args"))
+            kwargs = decoder.decode(header.get("kwargs"))
+            if not isinstance(args, list) or not isinstance(kwargs, dict) or not all(
+                    isinstance(k, str) for k in kwargs):
+                raise services.Refused("a service's arguments must be a list and keywords")
+            result = services.run(header.get("name"), scope, args, kwargs)
+            reply = wire.frame({"op": "service_done"}, result=result)
+        except wire.WireError as error:
+            reply = wire.frame({"op": "service_failed", "kind": "RuntimeError", "message": str(error)[:300]})
+        except Exception as error:  # noqa: BLE001  (the validator's refusal goes back as its type)
+            reply = wire.frame({"op": "service_failed", "kind": type(error).__name__,
+                                "message": str(error)[:2000]})
+        self._send(reply)
 
     def _serve_callback(self, header: dict, decoder: wire.Decoder, callbacks: dict, name_of) -> None:
         stand_in = callbacks.get(header.get("name"))
@@ -196,10 +240,15 @@ class Channel:
         self._send(wire.frame({"op": "callback_done"}, name_of, after=tensors_in((args, kwargs))))
 
     def call(self, module: str, name: str, args: tuple, kwargs: dict, name_of, resolve,
-             callbacks: dict[str, Callable]):
+             callbacks: dict[str, Callable], outputs: list | None = None):
+        """Run lessons.<module>.<name> in the child; `outputs`, the [(dtype, shape)] the grader's own
+        launcher makes (course.grading.shapes), is what the reply must hold, checked before any of
+        its tensors is built."""
         def answer(header: dict, decoder: wire.Decoder):
             if "error" in header:
                 return self._error(header)
+            if outputs is not None and header.get("result_is") is None:
+                _require_outputs(header.get("result"), outputs, name)
             try:
                 decoder.strict = True  # the outputs: each a contiguous tensor of its own
                 result = decoder.decode(header.get("result"))
@@ -217,7 +266,8 @@ class Channel:
             return result
 
         outcome = self.request({"op": "call", "module": module, "name": name, "callbacks": sorted(callbacks)},
-                               {"args": list(args), "kwargs": kwargs}, name_of, callbacks, resolve, answer)
+                               {"args": list(args), "kwargs": kwargs}, name_of, callbacks, resolve, answer,
+                               scope=module)
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
@@ -248,6 +298,18 @@ class Channel:
         raised.remote_crash = Crash(kind, text["message"], text["thread"], text["place"], text["source"],
                                     text["access"], f"{kind}: {text['message']}")
         return raised
+
+
+def _require_outputs(result, outputs: list, name: str) -> None:
+    """ReplyError unless the reply's tensors are, in order, of the dtypes and shapes the call makes."""
+    want = [(wire.DTYPE_NAMES[dtype], list(shape)) for dtype, shape in outputs]
+    got = wire.tensor_specs(result)
+    if got != want:
+        def said(specs):
+            return ", ".join(f"{dtype} {tuple(shape) if isinstance(shape, list) else shape}"
+                             for dtype, shape in specs[:6]) or "none"
+        raise ReplyError(f"the reply's outputs are not the ones {name} makes: it sent {said(got)[:300]}, "
+                         f"where the course's launcher returns {said(want)}")
 
 
 def _copy_back(mine: list[torch.Tensor], theirs, in_place: bool, name: str) -> None:
@@ -307,9 +369,11 @@ class ProxyModule:
     """What a check gets as `module`: the grader's constants and helpers, the child's kernels."""
 
     def __init__(self, name: str, trusted: types.ModuleType, remote: set[str], kernels: set[str],
-                 stubs: dict[str, str], channel: Channel, modules: dict[str, types.ModuleType]):
+                 stubs: dict[str, str], channel: Channel, modules: dict[str, types.ModuleType],
+                 dry: types.ModuleType | None = None):
         self.__name__ = f"lessons.{name}"
         object.__setattr__(self, "_state", {"module": name, "trusted": trusted, "channel": channel,
+                                            "dry": dry,
                                             "remote": {n: (RemoteKernel(self, n, stubs.get(n)) if n in kernels
                                                            else RemoteFunction(self, n)) for n in remote},
                                             "modules": modules})
@@ -327,8 +391,10 @@ class ProxyModule:
         state = self._state
         remote = state["remote"]
         callbacks = {n: v for n, v in vars(self).items() if n in remote and v is not remote[n]}
+        in_place = name in IN_PLACE.get(state["module"], ())
+        outputs = None if in_place or callbacks else shapes.expected(state["dry"], name, args, kwargs)
         return state["channel"].call(state["module"], name, args, kwargs, self._name_of, self._resolve,
-                                     callbacks)
+                                     callbacks, outputs)
 
     def _name_of(self, obj) -> str | None:
         """A dataclass the child can rebuild: one of a lesson module's own classes or one it imports."""

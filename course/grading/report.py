@@ -129,6 +129,9 @@ def feedback(grade: SubmissionGrade, seed_public: bool = False, speed: Speed | N
         passed = f"not counted ({_md(g.violation)})" if g.violation else passed
         lines.append(f"| `{g.exercise}` | {g.points:g} / {g.points_possible:g} | {passed} |")
     lines.append("")
+    if any(g.seeded for g in grade.exercises.values()):
+        lines += ["Where an exercise has both, the cases drawn from the grading seed carry two thirds of its "
+                  "points together, and the fixed cases (those the notebook runs too) the rest.", ""]
     for g in grade.exercises.values():
         if g.results and not g.failures and not g.note and not g.violation:
             continue
@@ -167,6 +170,7 @@ def as_json(grade: SubmissionGrade, speed: Speed | None = None) -> dict:
             "exercises": {g.exercise: {"points": g.points, "possible": g.points_possible,
                                        "fraction": g.fraction, "note": g.note, "violation": g.violation,
                                        "not_implemented": g.not_implemented, "seconds": g.seconds,
+                                       "seeded_cases": sorted(g.seeded),
                                        **timing(g), "results": [list(r) for r in g.results]}
                           for g in grade.exercises.values()}}
 

@@ -25,6 +25,7 @@ import time
 import types
 import unicodedata
 import urllib.parse
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,17 +33,18 @@ from course.core import runtime
 
 from ..core.regions import ROOT
 from ..release import files_of, lesson_holes, render_pieces
-from . import proxy, sandbox, speed, splice, wire
+from . import proxy, sandbox, seeded, shapes, speed, splice, wire
 from .collect import Submission, SubmissionError, prepare
 
 TAIL_BYTES = 2000
+NONE: frozenset[str] = frozenset()
 DETAIL_CHARS = 600
 
 
 @dataclass(frozen=True)
 class Limits:
-    per_exercise_s: float = 600.0
-    total_s: float = 3600.0
+    per_exercise_s: float = 600.0  # the submission's own CPU time, all its processes together (Clock)
+    total_s: float = 3600.0  # the same, over all its exercises
     memory_mb: int = 8192  # all the submission's processes together (see course.grading.sandbox)
     output_mb: int = 16  # stdout + stderr + every file it writes, together
     processes: int = 4096  # processes and threads together (the simulator runs a thread per GPU thread)
@@ -61,12 +63,16 @@ class ExerciseGrade:
     seconds: float | None = None
     student_ms: float | None = None  # the kernel's median time on a GPU (course.grading.speed)
     timing_note: str = ""  # why a passed exercise has no time
+    seeded: frozenset[str] = frozenset()  # the cases drawn from the seed (course.grading.seeded)
 
     @property
     def fraction(self) -> float:
+        """The share of the points earned: seeded cases weigh SEEDED_SHARE together, fixed ones the rest."""
         if self.violation or self.not_implemented or not self.results:
             return 0.0
-        return sum(passed for _, passed, _ in self.results) / len(self.results)
+        shares = seeded.weights([case for case, _, _ in self.results], set(self.seeded))
+        earned = sum(share for share, (_, passed, _) in zip(shares, self.results, strict=True) if passed)
+        return min(1.0, earned)
 
     @property
     def points(self) -> float:
@@ -117,6 +123,19 @@ class Setup:
     modules: set[str]  # the modules the chosen exercises run (the others stay stubs)
     rendered: dict  # the release's lessons tree (course.release.render_pieces)
     limits_by: str  # how memory and processes are limited (sandbox.Cgroup.probe)
+    seeded: dict[str, frozenset[str]] = field(default_factory=dict)  # exercise -> its seeded cases
+    dry: dict[str, types.ModuleType] = field(default_factory=dict)  # the launchers' dry runs (shapes)
+
+    def find_seeded(self, seed: int) -> None:
+        """Which cases of each exercise draw their inputs from the seed (course.grading.seeded)."""
+        for exercise in self.exercises:
+            try:
+                found = seeded.seeded_cases(exercise, self, case_seed(seed, exercise.id))
+            except Exception as error:  # noqa: BLE001  (its cases then weigh the same; grading goes on)
+                warnings.warn(f"{exercise.id}: could not tell its seeded cases ({type(error).__name__}: "
+                              f"{error}); they weigh the same as its fixed ones", stacklevel=2)
+                found = set()
+            self.seeded[exercise.id] = frozenset(found)
 
     def describe(self) -> dict:
         """What grades.json says about the sandbox."""
@@ -132,33 +151,36 @@ class Setup:
         modules = {e.module for e in exercises} | {r.split(".")[0] for e in exercises for r in e.requires}
         rendered = render_pieces(solutions)
         trusted = _stub_modules(rendered, workroot / "stubs", modules)
+        kernels = {m: proxy.kernel_names(s) for m, s in sources.items()}
+        dry = _stub_modules(rendered, workroot / "shapes", modules, shapes.SHAPES)
+        shapes.dry_modules(dry, kernels)
         harness = workroot / "harness"
         sandbox.copy_harness(harness)
         plan = sandbox.make_plan(harness, hidden, runtime.on_gpu(), runtime.SIMULATOR, runtime.SMALL_SIZES)
         return cls(exercises, trusted, {m: splice.context_of(m, t) for m, t in trusted.items()},
-                   proxy.remote_names(sources, holes), {m: proxy.kernel_names(s) for m, s in sources.items()},
-                   workroot, limits, plan, isolate, modules, rendered,
-                   sandbox.Cgroup.probe() if isolate else "")
+                   proxy.remote_names(sources, holes), kernels, workroot, limits, plan, isolate, modules,
+                   rendered, sandbox.Cgroup.probe() if isolate else "", dry=dry)
 
 
 STUBS = "course_grading_stubs"
 
 
-def _stub_modules(rendered: dict, folder: Path, modules: set[str]) -> dict[str, types.ModuleType]:
+def _stub_modules(rendered: dict, folder: Path, modules: set[str],
+                  package: str = STUBS) -> dict[str, types.ModuleType]:
     """The lesson modules as the release writes them, imported as the package STUBS: what the checks'
     constants, classes and helpers come from. Stubs, not the solutions: should a kernel ever run in
     the grader by mistake, it stops at its todo(...) rather than hand out the answer; and not the
     repository's lessons/, which may hold the instructor's own answers."""
-    for name in [n for n in sys.modules if n == STUBS or n.startswith(f"{STUBS}.")]:
+    for name in [n for n in sys.modules if n == package or n.startswith(f"{package}.")]:
         del sys.modules[name]  # an earlier grading run's, from a folder since removed
     for relative, content in files_of(rendered).items():
-        path = folder / STUBS / relative
+        path = folder / package / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
     sys.path.insert(0, str(folder))
     try:
         importlib.invalidate_caches()
-        return {m: importlib.import_module(f"{STUBS}.{m}") for m in sorted(modules)}
+        return {m: importlib.import_module(f"{package}.{m}") for m in sorted(modules)}
     finally:
         sys.path.remove(str(folder))
 
@@ -212,7 +234,8 @@ def grade_submission(prepared: Prepared, setup: Setup, seed: int,
     exercises, limits = setup.exercises, setup.limits
     submission = prepared.submission
     grade = SubmissionGrade(submission.student, str(submission.source),
-                            {e.id: ExerciseGrade(e.id, float(e.points)) for e in exercises},
+                            {e.id: ExerciseGrade(e.id, float(e.points), seeded=setup.seeded.get(e.id, NONE))
+                             for e in exercises},
                             list(prepared.notes), isolated=setup.isolate)
     try:
         if prepared.code is None:
@@ -221,10 +244,10 @@ def grade_submission(prepared: Prepared, setup: Setup, seed: int,
                 g.note = "not graded: the submission could not be used"
             return grade
         channel = _channel(prepared, setup)
-        total_deadline = time.monotonic() + limits.total_s
+        clock = Clock(limits)
         try:
             for exercise in exercises:
-                _grade_exercise(grade, exercise, prepared, setup, channel, seed, total_deadline, time_kernels)
+                _grade_exercise(grade, exercise, prepared, setup, channel, seed, clock, time_kernels)
         finally:
             channel.stop()
         return grade
@@ -271,13 +294,44 @@ def _student_lines(text: str, spliced: splice.Spliced) -> str:
     return re.sub(r"lessons/(\w+)\.py:(\d+)", student, text)
 
 
+# A child that waits without computing (a sleep, a blocking read) uses no CPU time: it is stopped
+# once the wall-clock time passes this many times its CPU time limit.
+WALL_FACTOR = 4
+
+
+@dataclass
+class Clock:
+    """A submission's time limits, in its own CPU time (course.grading.sandbox.Child.cpu_seconds):
+    per exercise, and in all; so a classmate graded beside it, or the grader's own checks, cost it
+    nothing. Wall-clock time is only the backstop (WALL_FACTOR) for a child that waits."""
+
+    limits: Limits
+    cpu_used: float = 0.0  # by the exercises graded so far
+    wall_start: float = field(default_factory=time.monotonic)
+
+    def exercise_budget(self) -> float:
+        """CPU seconds the next exercise may use (0: the total ran out)."""
+        return max(0.0, min(self.limits.per_exercise_s, self.limits.total_s - self.cpu_used))
+
+    def wall_deadline(self, budget: float, now: float) -> float:
+        total = self.wall_start + WALL_FACTOR * self.limits.total_s
+        return min(total, now + WALL_FACTOR * budget)
+
+    def count(self, cpu_seconds: float) -> None:
+        self.cpu_used += cpu_seconds
+
+    def total_ran_out(self) -> bool:
+        wall_end = self.wall_start + WALL_FACTOR * self.limits.total_s
+        return self.exercise_budget() <= 0 or time.monotonic() >= wall_end
+
+
 def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup: Setup,
-                    channel: proxy.Channel, seed: int, total_deadline: float, time_kernels: bool) -> None:
+                    channel: proxy.Channel, seed: int, clock: Clock, time_kernels: bool) -> None:
     from course.checks import run_cases
 
     g = grade.exercises[exercise.id]
-    if time.monotonic() >= total_deadline:
-        g.note = f"not run: the total time limit ({setup.limits.total_s:g} s) ran out"
+    if clock.total_ran_out():
+        g.note = f"not run: the total time limit ({setup.limits.total_s:g} s of CPU time) ran out"
         grade.flag("timed out")
         return
     wanted = (exercise.id, *exercise.requires)
@@ -290,10 +344,12 @@ def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup:
             grade.flag("tampering")
         return
     started = time.monotonic()
-    channel.start_exercise(min(total_deadline, started + setup.limits.per_exercise_s))
+    budget = clock.exercise_budget()
+    channel.start_exercise(budget, clock.wall_deadline(budget, started))
     name = exercise.module
     module = proxy.ProxyModule(name, setup.trusted[name], setup.remote[name], setup.kernels[name],
-                               prepared.spliced.modules[name].stubs, channel, setup.trusted)
+                               prepared.spliced.modules[name].stubs, channel, setup.trusted,
+                               setup.dry.get(name))
     try:
         cases = exercise.selected_cases(module, case_seed(seed, exercise.id), full=True)
         report = run_cases(exercise.id, cases)
@@ -302,10 +358,14 @@ def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup:
         _after_exercise(channel)
         hook = speed.hook_of(exercise)
         if time_kernels and report.passed and hook is not None:
-            channel.deadline = min(total_deadline, time.monotonic() + setup.limits.per_exercise_s)
+            clock.count(channel.exercise_cpu())
+            budget = clock.exercise_budget()
+            channel.start_exercise(budget, clock.wall_deadline(budget, time.monotonic()))
             g.student_ms, g.timing_note = channel.time(hook.spec)
     except proxy.ChildGone as gone:
-        _gone(grade, g, gone, channel, setup.limits, total_deadline)
+        if gone.why == "timeout":  # stopped at its budget: it used all of it
+            channel.cpu_spent = max(channel.cpu_spent, channel.cpu_budget)
+        _gone(grade, g, gone, channel, setup.limits, clock)
     except proxy.ModuleBroken as broken:
         g.note = f"importing lessons/{exercise.module}.py failed: {broken.message}"
         channel.stop()
@@ -313,6 +373,8 @@ def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup:
         g.note = str(error)
     except Exception as error:  # noqa: BLE001  (a check that broke must not stop the run)
         g.note = clean_text(f"the check stopped with {type(error).__name__}: {error}")[:DETAIL_CHARS]
+    clock.count(channel.exercise_cpu())
+    channel.start_exercise(0.0, float("inf"))  # nothing more counts against this exercise
     g.seconds = round(time.monotonic() - started, 3)
 
 
@@ -333,12 +395,12 @@ def _after_exercise(channel: proxy.Channel) -> None:
             raise proxy.ChildGone(child.over)
 
 
-GONE_FLAGS = {"timeout": "timed out", "memory": "out of memory", "output": "too much output",
-              "garbled": "garbled the results"}
+GONE_FLAGS = {"timeout": "timed out", "waited": "timed out", "memory": "out of memory",
+              "output": "too much output", "garbled": "garbled the results"}
 
 
 def _gone(grade: SubmissionGrade, g: ExerciseGrade, gone: proxy.ChildGone, channel: proxy.Channel,
-          limits: Limits, total_deadline: float) -> None:
+          limits: Limits, clock: Clock) -> None:
     child = channel.child
     channel.stop()
     code = child.returncode if child is not None else None
@@ -346,10 +408,8 @@ def _gone(grade: SubmissionGrade, g: ExerciseGrade, gone: proxy.ChildGone, chann
     if why == "ended" and code == -signal.SIGXFSZ:
         why = "output"
     when = f"while {g.exercise} was checked"
-    if why == "timeout":
-        which = ("the total time limit" if time.monotonic() >= total_deadline - 0.5
-                 else f"the time limit of {limits.per_exercise_s:g} s per exercise")
-        text = f"hung: it ran past {which} {when} (killed)"
+    if why in ("timeout", "waited"):
+        text = f"hung: it ran past {_time_limit_text(why, channel.cpu_budget, limits)} {when} (killed)"
     elif why == "memory":
         text = (f"used more than the memory limit ({limits.memory_mb} MB, all its processes together) {when} "
                 "(killed)")
@@ -365,11 +425,21 @@ def _gone(grade: SubmissionGrade, g: ExerciseGrade, gone: proxy.ChildGone, chann
     flag = GONE_FLAGS.get(why, "crashed" if code is not None and code < 0 else "exited")
     g.note, g.violation = f"{text}; scored zero", flag
     g.results = []
-    if child is not None and why not in ("timeout", "output"):
+    if child is not None and why not in ("timeout", "waited", "output"):
         stderr = _tail(child.logs[1]).strip()
         if stderr:
             g.note += f"\n\nstderr (end):\n{stderr}"
     grade.flag(flag)
+
+
+def _time_limit_text(why: str, budget: float, limits: Limits) -> str:
+    """Which time limit a child passed: its CPU time ("timeout"), or the wall-clock backstop ("waited")."""
+    which = (f"the time limit of {limits.per_exercise_s:g} s per exercise" if budget >= limits.per_exercise_s
+             else f"the total time limit ({limits.total_s:g} s)")
+    if why == "timeout":
+        return f"{which} (CPU time, all its processes together)"
+    return (f"{which}, waiting: {WALL_FACTOR} times that in wall-clock time passed while it used little CPU "
+            "time")
 
 
 def _signal_name(code: int) -> str:

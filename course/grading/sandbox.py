@@ -4,9 +4,10 @@ Each child (`course.grading.child`) runs under bubblewrap (`bwrap`) with
 - the system (/usr and its links, the dynamic loader's cache) and the Python it needs (its prefix
   and every folder on the grader's own sys.path, found at run time, not written here) read-only,
   and, on a GPU, the /dev/nvidia* device nodes and /sys;
-- the harness copy (`harness`: the parts of course/ that launch kernels, and pyspec_ref, which
-  the launchers validate with; never solutions/, tests/, the checks or the exercise table) and
-  the submission's graded lessons/ read-only, under /grading;
+- the harness copy (`harness`: the parts of course/ that launch kernels; never solutions/, tests/,
+  the checks, the exercise table, the oracle or pyspec_ref, whose few functions launch code needs
+  the grader runs for it: `course.grading.services`) and the submission's graded lessons/
+  read-only, under /grading;
 - writable only a private /tmp and /grading/work (its home and working folder), each a tmpfs of
   the output limit's size, and /grading/cache for Triton's and Numba's caches, a tmpfs of the
   cache limit's size;
@@ -23,7 +24,9 @@ namespace) and, in the simulator, RLIMIT_AS, while the grader adds up the sandbo
 (proportional set size) four times a second and stops it past the limit. Output: the two
 tmpfs are no larger than the output limit and each file the child writes (stdout and stderr
 included) is capped by RLIMIT_FSIZE; the grader adds the four up at the same rate and stops the
-submission when the sum passes the limit. Killing bubblewrap kills everything inside
+submission when the sum passes the limit. CPU time: the cgroup's accounting where it has one, else
+the sandbox's process tree from /proc (`Child.cpu_seconds`), checked at the same rate against the
+limit the grader sets (`Child.cpu_limit`). Killing bubblewrap kills everything inside
 (`--die-with-parent` on a PID namespace), detached (setsid) helpers included.
 """
 
@@ -150,7 +153,7 @@ def _inside_any(path: str, folders: list[str]) -> bool:
 # What the child's harness leaves out of course/: the exercise table and every check (their cases,
 # tolerances and diagnostics), the capstone. Its course/__init__.py imports the runtime alone.
 LEFT_OUT = ("registry.py", "topics/*/exercises.py", "checks/diagnose.py", "checks/diagnose_attention.py",
-            "topics/*/check.py", "capstone", "__main__.py")
+            "topics/*/check.py", "capstone", "__main__.py", "oracle")
 HARNESS_INIT = '''"""The grading child's copy of the harness: what launching kernels needs
 (course.grading.sandbox)."""
 
@@ -159,8 +162,11 @@ from .core import runtime  # noqa: F401  (decides between GPU and simulator befo
 
 
 def copy_harness(target: Path) -> None:
-    """Write the child's harness into target: course/ (less LEFT_OUT) and pyspec_ref/."""
+    """Write the child's harness into target: course/ less LEFT_OUT (the oracle, the checks, the
+    exercise table), and for pyspec_ref and course.oracle only the stand-ins of what launch code
+    asks the grader to run (course.grading.services): no answer is in the sandbox."""
     from ..core.regions import ROOT
+    from .services import stand_in_sources
 
     course = ROOT / "course"
     skip = {p for pattern in LEFT_OUT for p in course.glob(pattern)}
@@ -170,7 +176,10 @@ def copy_harness(target: Path) -> None:
 
     shutil.copytree(course, target / "course", ignore=ignore)
     (target / "course" / "__init__.py").write_text(HARNESS_INIT)
-    shutil.copytree(ROOT / "pyspec_ref", target / "pyspec_ref", ignore=shutil.ignore_patterns("__pycache__"))
+    for relative, source in stand_in_sources().items():
+        path = target / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
     readable(target)
 
 
@@ -193,6 +202,7 @@ class Cgroup:
     folders: list[Path]
     version: int
     cpu_capped: bool = False  # cpu.max holds it to one CPU
+    cpu_usage: Path | None = None  # v2's cpu.stat or v1's cpuacct.usage: its processes' CPU time together
 
     @classmethod
     def create(cls, name: str, memory_bytes: int, processes: int) -> Cgroup | None:
@@ -249,7 +259,7 @@ class Cgroup:
         if (folder / "memory.swap.max").exists():
             (folder / "memory.swap.max").write_text("0")
         (folder / "pids.max").write_text(str(processes))
-        made = cls([folder], 2)
+        made = cls([folder], 2, cpu_usage=folder / "cpu.stat" if (folder / "cpu.stat").exists() else None)
         if (folder / "cpu.max").exists():  # one CPU at most, however many helpers it starts
             try:
                 (folder / "cpu.max").write_text(f"{CPU_PERIOD_US} {CPU_PERIOD_US}")
@@ -293,7 +303,37 @@ class Cgroup:
             except OSError:
                 if folder.is_dir():
                     folder.rmdir()
+        group._account_v1(name)
         return group
+
+    def _account_v1(self, name: str) -> None:
+        """v1's cpuacct controller, where mounted: the CPU time of everything inside, together."""
+        cpuacct = self._own("cpuacct")
+        if cpuacct is None:
+            return
+        folder = cpuacct[0] / cpuacct[1] / name
+        try:
+            if not folder.is_dir():  # cpu and cpuacct mounted apart: a folder of its own
+                folder.mkdir()
+                self.folders.append(folder)
+            if (folder / "cpuacct.usage").exists():
+                self.cpu_usage = folder / "cpuacct.usage"
+        except OSError:
+            pass
+
+    def cpu_seconds(self) -> float | None:
+        """The CPU time its processes used, all of them together (exited ones included), or None
+        where this cgroup has no CPU accounting."""
+        if self.cpu_usage is None:
+            return None
+        try:
+            text = self.cpu_usage.read_text()
+            if self.cpu_usage.name == "cpu.stat":
+                usage = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2)
+                return int(usage["usage_usec"]) / 1e6
+            return int(text.split()[0]) / 1e9
+        except (OSError, ValueError, KeyError, IndexError):
+            return None
 
     @classmethod
     def probe(cls) -> str:
@@ -302,7 +342,8 @@ class Cgroup:
         if made is None:
             return "per process (RLIMIT_NPROC, RLIMIT_AS in the simulator) and the grader's polling"
         made.remove()
-        return f"cgroup v{made.version}" + (", cpu capped: one CPU each" if made.cpu_capped else "")
+        return (f"cgroup v{made.version}" + (", cpu capped: one CPU each" if made.cpu_capped else "")
+                + (", cpu time from the cgroup" if made.cpu_usage is not None else ""))
 
     @property
     def procs(self) -> list[str]:
@@ -387,8 +428,9 @@ class Child:
     inner_pid: int | None = None
     pid_namespace: str = ""
     fallback_work: Path | None = None  # the working folder, without isolation
-    over: str = ""  # "output" or "memory" once a limit was passed (the child is killed)
+    over: str = ""  # "output", "memory" or "timeout" once a limit was passed (the child is killed)
     closed: bool = field(default=False)
+    cpu_limit: float | None = None  # stop it once cpu_seconds() passes this (course.grading.proxy sets it)
 
     def _read_info(self) -> None:
         if self.info is None:
@@ -434,6 +476,16 @@ class Child:
                 pass
         return total
 
+    def cpu_seconds(self) -> float:
+        """The CPU time the submission's processes used, together: the cgroup's accounting where it
+        has one, else the process tree's (each live process's user and system time, and that of
+        the children it reaped: `tree_cpu_seconds`)."""
+        counted = self.cgroup.cpu_seconds() if self.cgroup is not None else None
+        if counted is not None:
+            return counted
+        self._read_info()
+        return tree_cpu_seconds(self._processes())
+
     def _processes(self) -> list[int]:
         if self.pid_namespace:
             found = []
@@ -445,10 +497,12 @@ class Child:
                     except OSError:
                         pass
             return found
-        return [self.proc.pid]
+        if self.settings.isolate:  # bubblewrap has not said where its namespace is yet
+            return [self.proc.pid]
+        return descendants(self.proc.pid)
 
     def tick(self) -> None:
-        """Stop the child once the submission passed its output or memory limit."""
+        """Stop the child once the submission passed its output, memory or CPU time limit."""
         if self.over or self.closed:
             return
         if self.cgroup is not None and self.cgroup.out_of_memory():
@@ -457,6 +511,8 @@ class Child:
             self.over = "output"
         elif self.cgroup is None and self.settings.memory and self.memory_bytes() > self.settings.memory:
             self.over = "memory"
+        elif self.cpu_limit is not None and self.cpu_seconds() > self.cpu_limit:
+            self.over = "timeout"
         if self.over:
             self.kill()
 
@@ -497,6 +553,47 @@ class Child:
         if self.cgroup is not None:
             self.cgroup.remove()
         self.closed = True
+
+
+def stat_cpu_ticks(stat: str) -> int:
+    """utime + stime + cutime + cstime from a /proc/<pid>/stat line, in clock ticks: the process's
+    own CPU time and that of the children it waited for. The command name, in parentheses, may
+    hold spaces and parentheses itself: the fields are counted after its last ')'."""
+    fields = stat[stat.rindex(")") + 2:].split()
+    return sum(int(fields[i]) for i in (11, 12, 13, 14))  # fields 14-17 of proc(5), from field 3 on
+
+
+def tree_cpu_seconds(pids: list[int], read=lambda pid: Path(f"/proc/{pid}/stat").read_text(),
+                     ticks_per_second: int | None = None) -> float:
+    """The CPU time of these processes, with what each reaped: a process that ended counts once,
+    in the parent that waited for it (a sandbox's first process reaps every orphan)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            ticks += stat_cpu_ticks(read(pid))
+        except (OSError, ValueError, IndexError):
+            pass  # it ended meanwhile: its parent counts it
+    return ticks / (ticks_per_second or os.sysconf("SC_CLK_TCK"))
+
+
+def descendants(root: int, listing=lambda: os.listdir("/proc"),
+                read=lambda pid: Path(f"/proc/{pid}/stat").read_text()) -> list[int]:
+    """root and every live process under it (by parent id)."""
+    children: dict[int, list[int]] = {}
+    for entry in listing():
+        if entry.isdigit():
+            try:
+                stat = read(int(entry))
+                parent = int(stat[stat.rindex(")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += [c for c in children.get(pid, []) if c not in found]
+    return found
 
 
 def _folder_bytes(folder: Path) -> int:

@@ -256,7 +256,7 @@ class Decoder:
     def _flat(self, index, device, dtype, start, count) -> torch.Tensor:
         if index not in self.built:
             itemsize = torch.empty(0, dtype=dtype).element_size()
-            raw = bytearray(self.blob[start : start + count * itemsize])
+            raw = bytearray(memoryview(self.blob)[start : start + count * itemsize])  # one copy, not two
             if dtype == torch.bool:  # a bool is 0 or 1; build it from the bytes rather than trust them
                 flat = torch.frombuffer(raw, dtype=torch.uint8) != 0 if raw else torch.empty(0, dtype=dtype)
             else:
@@ -278,6 +278,26 @@ class Decoder:
         for key, item in fields.items():
             object.__setattr__(obj, key, self.decode(item, depth + 1))
         return obj
+
+
+def tensor_specs(value, depth: int = 0) -> list[tuple]:
+    """(dtype, shape) of each tensor a value's header names, in the order `decode` builds them (and
+    course.grading.child.tensors_in finds them), without building any: an object's fields are not
+    searched, as tensors_in does not. Anything malformed is given as ("?", "?")."""
+    if depth > MAX_DEPTH or not isinstance(value, dict):
+        return []
+    if "tensor" in value:
+        spec = value["tensor"] if isinstance(value["tensor"], dict) else {}
+        dtype, shape = spec.get("dtype"), spec.get("shape")
+        return [(dtype, shape) if isinstance(dtype, str) and isinstance(shape, list) else ("?", "?")]
+    items = value.get("list", value.get("tuple"))
+    if isinstance(items, list):
+        return [found for item in items for found in tensor_specs(item, depth + 1)]
+    pairs = value.get("dict")
+    if isinstance(pairs, list):
+        return [found for pair in pairs if isinstance(pair, list) and len(pair) == 2
+                for found in tensor_specs(pair[1], depth + 1)]
+    return []
 
 
 def contiguous_strides(shape: list[int]) -> list[int]:
