@@ -39,9 +39,9 @@ RECORD = Path(__file__).with_name("triton_launches.json")
 TARGET = ("cuda", 90, 32)  # an H100: CUDA, compute capability 9.0, 32 threads a warp
 # Modules of course/ that hold the course's own kernels (the others only handle them): the capstone's,
 # and the given kernels of the topics' rooms that the student modules launch.
-COURSE_MODULES = ("course.capstone.kernels", "course.capstone.model_kernels", "course.topics.sampling.kernels",
-                  "course.topics.triton_attention.blocks", "course.topics.verification.kernels",
-                  "course.topics.verification.times")
+COURSE_MODULES = ("course.capstone.kernels", "course.capstone.model_kernels",
+                  "course.topics.sampling.kernels", "course.topics.triton_attention.blocks",
+                  "course.topics.verification.kernels", "course.topics.verification.times")
 # The tests whose launches the record also holds: the capstone's kernels run in its decoder, and
 # SwiftSpec's merge of key ranges only where the cache is split.
 RECORDED_TESTS = ("tests/test_capstone_decoder.py::test_fused_bookkeeping_equals_its_torch_statement",
