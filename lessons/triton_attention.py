@@ -67,7 +67,7 @@ def tree_attention_kernel(Q, K, V, start, end, kv_count, kv_list, Out, Lse, N, H
     dims = tl.arange(0, D)
     row_in = rows < N
     q = tl.load(Q + base + rows[:, None] * D + dims[None, :], mask=row_in[:, None], other=0.0)
-    # A row past N gets the interval [-1, -1]: it sees no key, and stays finite (see the end).
+    # A row past N gets the interval [-1, -1]: it sees no key, so its l stays 0 (the end divides by l).
     row_start = tl.load(start + b * N + rows, mask=row_in, other=-1)
     row_end = tl.load(end + b * N + rows, mask=row_in, other=-1)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scaled scores (log2)
