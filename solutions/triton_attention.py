@@ -99,14 +99,13 @@ def tree_attention_kernel(Q, K, V, start, end, kv_count, kv_list, Out, Lse, N, H
         sees = (key_start[None, :] <= row_start[:, None]) & (row_end[:, None] <= key_end[None, :])
         ### END SOLUTION
         m_i, l_i, acc = online_softmax_step(q, k, v, sees, m_i, l_i, acc, qk_scale, DOT_PRECISION)
-    # After the loop: out = acc / l, stored in Out's dtype for the rows < N, and (RETURN_LSE) each
+    # After the loop: out = acc / l, stored in the input dtype for the rows < N, and (RETURN_LSE) each
     # row's natural-log LSE at Lse[bh, row]; m_i and l_i are in log2 units.
     ### BEGIN SOLUTION
     # Every real row sees itself, so l > 0; a row past N has l = 0 and must not divide by it.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
-    tl.store(Out + base + rows[:, None] * D + dims[None, :], out.to(Out.dtype.element_ty),
-             mask=row_in[:, None])
+    tl.store(Out + base + rows[:, None] * D + dims[None, :], out.to(q.dtype), mask=row_in[:, None])
     if RETURN_LSE:
         # log(sum exp(q.k / sqrt(d))) = ln(2) * (m + log2(l)), m and l in log2 units.
         lse = (m_i + tl.math.log2(l_safe)) * LN2
