@@ -38,8 +38,11 @@ from course.core.regions import ROOT
 
 RECORD = Path(__file__).with_name("triton_launches.json")
 TARGET = ("cuda", 90, 32)  # an H100: CUDA, compute capability 9.0, 32 threads a warp
-# Modules of course/ that hold the course's own kernels (the others only handle them).
-COURSE_MODULES = ("course.capstone.kernels", "course.capstone.model_kernels", "course.topics.kvcache.launch")
+# Modules of course/ that hold the course's own kernels (the others only handle them): the capstone's,
+# and the given kernels of the topics' rooms that the student modules launch.
+COURSE_MODULES = ("course.capstone.kernels", "course.capstone.model_kernels", "course.topics.kvcache.launch",
+                  "course.topics.sampling.kernels", "course.topics.triton_attention.blocks",
+                  "course.topics.verification.kernels", "course.topics.verification.times")
 # The tests whose launches the record also holds: the capstone's kernels run in its decoder, and
 # SwiftSpec's merge of key ranges only where the cache is split.
 RECORDED_TESTS = ("tests/test_capstone_decoder.py::test_fused_bookkeeping_equals_its_torch_statement",
@@ -191,11 +194,13 @@ def jit_functions(module: types.ModuleType) -> list[types.FunctionType]:
     return found
 
 
-def launched(functions: Iterable[types.FunctionType]) -> list[types.FunctionType]:
-    """The kernels among @triton.jit functions: those no other of them calls (the rest are helpers,
-    compiled inside the kernels that call them)."""
+def launched(functions: Iterable[types.FunctionType],
+             callers: Iterable[types.FunctionType] = ()) -> list[types.FunctionType]:
+    """The kernels among @triton.jit functions: those no other of them calls, nor any of `callers`
+    (the jit functions of other modules: a room's given helper, such as `load_weights`, is called
+    from a student module's kernels only). The rest are helpers, compiled inside those kernels."""
     functions = list(functions)
-    called = {name for f in functions for name in f.__code__.co_names}
+    called = {name for f in [*functions, *callers] for name in f.__code__.co_names}
     return [f for f in functions if f.__name__ not in called]
 
 
@@ -232,10 +237,11 @@ def chosen(launches: list[dict]) -> list[dict]:
     return picked
 
 
-def compile_module(module: types.ModuleType, where: str, kernels: dict) -> tuple[int, list[str]]:
-    """(launches compiled, one message per failure) for every kernel of `module`."""
+def compile_module(module: types.ModuleType, where: str, kernels: dict,
+                   callers: Iterable[types.FunctionType] = ()) -> tuple[int, list[str]]:
+    """(launches compiled, one message per failure) for every kernel of `module` (`launched`'s callers)."""
     count, problems = 0, []
-    for function in launched(jit_functions(module)):
+    for function in launched(jit_functions(module), callers):
         key = kernel_key(function)
         entry = kernels.get(key)
         if entry is None:
@@ -289,13 +295,14 @@ def compile_all(kernels: dict, modules: list[str] | None = None) -> int:
             sys.path.insert(0, folder)  # `lessons` is now the finished copy
             modules = [*COURSE_MODULES, *(f"solutions.{m}" for m in triton_modules("solutions")),
                        *(f"lessons.{m}" for m in triton_modules("solutions"))]
+        callers = [f for name in modules for f in jit_functions(importlib.import_module(name))]
         for name in modules:
             if name.startswith("lessons.") and same_code(name, f"solutions.{name.removeprefix('lessons.')}"):
                 print(f"{name}: finished, the same code as its solution (compiled above)")
                 continue
             module = importlib.import_module(name)
             where = "lessons (finished) " + name if name.startswith("lessons.") else name
-            compiled, found = compile_module(module, where, kernels)
+            compiled, found = compile_module(module, where, kernels, callers)
             count, problems = count + compiled, problems + found
     for problem in problems:
         print(problem, flush=True)

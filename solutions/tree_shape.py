@@ -1,21 +1,11 @@
 """Notebook 21: a node's siblings drawn without replacement, on the GPU, in one pass (Triton).
 
-Sequoia (Chen et al., 2024, §3.2) draws the k children of a tree node WITHOUT replacement: sibling i
-from the draft's q with siblings 0..i-1 removed, so no two siblings carry the same token and a
-rejected token is never proposed twice (notebook 16 verifies them). Drawn one after another that is
-k passes over the vocabulary. The Gumbel top-k trick does it in one: give every token v the key
-
-    key(v) = log q(v) + g_v,    g_v = -log(-log u_v),  u_v uniform in (0, 1),
-
-and take the k largest keys in decreasing order. The largest is v with probability q(v) (the
-Gumbel-max trick); the next, among the rest, with probability q(v') / (1 - q(v)); and so on: the
-sequential draws, in distribution (`pyspec_ref.sampling.gumbel_top_k` is the specification, and
-its docstring the argument).
-
-`sibling_draw_kernel`, one program per node: the node's logits row (V numbers, V <= BLOCK_V), its
-log-softmax in float64, the keys, then k rounds of "take the largest key, write it, remove it". A
-row of the capstone's vocabulary (80 tokens) is one block of registers, so the whole draw is one
-load, a few reductions and k stores. Input checks live in `course.topics.sampling.validate`.
+Sequoia (Chen et al., 2024, §3.2) draws the k children of a tree node WITHOUT replacement. The
+Gumbel top-k trick does it in one pass: give every token v the key log q(v) - log(-log u_v), u_v
+uniform in (0, 1), and take the k largest keys in decreasing order: the sequential draws, in
+distribution (`pyspec_ref.sampling.gumbel_top_k` is the specification, its docstring the argument).
+`sibling_draw_kernel`, one program per node, holds the node's logits row (V <= BLOCK_V: the
+capstone's 80 tokens are one block of registers). Input checks: `course.topics.sampling.validate`.
 """
 
 from __future__ import annotations
@@ -43,10 +33,11 @@ def sibling_draw_kernel(logits, uniforms, tokens, logq, V: tl.constexpr, K: tl.c
     live = offs < V
     row = node.to(tl.int64) * V
     x = tl.load(logits + row + offs, mask=live, other=float("-inf")).to(tl.float64)
-    top = tl.max(x, axis=0)
-    log_q = x - (top + tl.log(tl.sum(tl.where(live, tl.exp(x - top), 0.0), axis=0)))
     u = tl.load(uniforms + row + offs, mask=live, other=0.5)
     ### BEGIN SOLUTION
+    # log q: the row's log-softmax in float64, its max subtracted first (padding lanes hold -inf).
+    top = tl.max(x, axis=0)
+    log_q = x - (top + tl.log(tl.sum(tl.where(live, tl.exp(x - top), 0.0), axis=0)))
     # The Gumbel key of every token; padding lanes can never be drawn.
     keys = tl.where(live, log_q - tl.log(-tl.log(tl.maximum(u, TINY))), float("-inf"))
     for k in tl.static_range(K):

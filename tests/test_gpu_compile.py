@@ -54,7 +54,9 @@ def kernel_modules() -> list[str]:
 def test_the_record_holds_every_kernel_with_its_parameters(name):
     """A kernel whose parameters changed, or a new kernel, needs its launches recorded again."""
     stale = []
-    for function in gpu_compile.launched(gpu_compile.jit_functions(importlib.import_module(name))):
+    callers = [f for other in kernel_modules()
+               for f in gpu_compile.jit_functions(importlib.import_module(other))]
+    for function in gpu_compile.launched(gpu_compile.jit_functions(importlib.import_module(name)), callers):
         entry = RECORD.get(gpu_compile.kernel_key(function))
         if entry is None or entry["parameters"] != gpu_compile.fingerprint(function) or not entry["launches"]:
             stale.append(function.__name__)

@@ -361,7 +361,8 @@ def test_every_function_that_runs_a_kernel_or_a_hole_is_forwarded():
     assert {"online_softmax", "flash_attention", "merge_attention"} <= remote["attention"]
     assert {"deft_node_attention", "group_partials", "reduce_partials"} <= remote["deft"]  # through imports
     assert {"tile_visibility", "tree_attention", "build"} <= remote["ladder_k10"]
-    assert "target_argmax" in remote["tree_verification"]  # a kernel without a hole runs in the child too
+    assert "_own_kernels" in remote["tree_verification"]  # names the kernels: runs in the child too
+    assert {"speculative_sampling", "tile_pass"} <= remote["spec_sampling"]  # the launchers of the holes
     assert "node_groups" not in remote["deft"] and "config_for" not in remote["triton_attention"]
     assert "INDEX_DTYPES" not in remote["trees"]
 

@@ -16,7 +16,7 @@ import torch
 from course.core import runtime
 from course.measure.stats import chi_square_p_value
 from course.oracle import sampling as sampling_oracle
-from course.topics.sampling import bench
+from course.topics.sampling import bench, launch
 from course.topics.sampling import check as cs
 from pyspec_ref import sampling as spec
 from solutions import spec_sampling as kernels
@@ -92,7 +92,7 @@ def test_resolution_case_needs_the_float64_test():
 @pytest.mark.parametrize("alpha, beta", [(1.0, -3.0), (0.7, 0.5)])
 def test_sigmoid_kernel_equals_its_float64_reference(alpha, beta):
     case = cs.random_case("", 5, 4, 3, 70, form="sigmoid", alpha=alpha, beta=beta, noise=0.5)
-    accepted, emitted = kernels.sigmoid_speculative_sampling(*case.on(DEVICE), alpha=alpha, beta=beta)
+    accepted, emitted = launch.sigmoid_speculative_sampling(kernels, *case.on(DEVICE), alpha=alpha, beta=beta)
     tally = cs.classify(case, accepted, emitted, tile=kernels.TILE)
     assert not tally.problems, tally.problems
 
@@ -185,9 +185,9 @@ def test_bad_options_and_logits_get_clear_errors():
     with pytest.raises(ValueError, match="p contains NaN or infinite values"):
         kernels.speculative_sampling(**logits, from_logits=True)
     with pytest.raises(ValueError, match="beta must be a finite number"):
-        kernels.sigmoid_speculative_sampling(*arguments.values(), beta=float("nan"))
+        launch.sigmoid_speculative_sampling(kernels, *arguments.values(), beta=float("nan"))
     with pytest.raises(ValueError, match="form must be one of"):
-        kernels.prepare_sampling(**arguments, form="softmax")
+        launch.prepare_sampling(kernels, **arguments, form="softmax")
     with pytest.raises(ValueError, match=r"V = 70000 needs 4375 tiles of 16"):
         big = _inputs(1, 1, 70000)
         kernels.speculative_sampling(**big, tile=16)

@@ -14,6 +14,7 @@ from course.oracle import sampling as sampling_oracle
 from course.registry import EXERCISES
 from course.topics.verification import bench as verification_bench
 from course.topics.verification import check as checks
+from course.topics.verification import launch
 from pyspec_ref import sampling as spec
 from solutions import tree_verification as tv
 
@@ -104,8 +105,8 @@ def test_outputs_as_production_samplers_report_them():
     tokens = torch.tensor([[7, 3, 4, 5], [7, 3, 4, 5]], dtype=torch.int32)
     path = torch.tensor([[0, 2, 3, -1], [0, -1, -1, -1]], dtype=torch.int32)
     next_token = torch.tensor([9, 8], dtype=torch.int32)
-    assert tv.accepted_counts(path).tolist() == [2, 0]
-    assert tv.emitted_tokens(tokens, path, next_token).tolist() == [[4, 5, 9, -1], [8, -1, -1, -1]]
+    assert launch.accepted_counts(path).tolist() == [2, 0]
+    assert launch.emitted_tokens(tokens, path, next_token).tolist() == [[4, 5, 9, -1], [8, -1, -1, -1]]
 
 
 def _good_inputs(n: int = 4, vocabulary: int = 6, batch: int = 2) -> dict:
@@ -146,8 +147,8 @@ def _change(name, index, value):
     (lambda a: a.update(tree=(torch.tensor([[0, 0, 2, 3]] * 2, dtype=torch.int32, device=DEVICE),
                               torch.tensor([[3, 1, 2, 3]] * 2, dtype=torch.int32, device=DEVICE))),
      "start/end are not the DFS times of a tree"),
-    (lambda a: a.update(tree=torch.full((1, tv.MAX_NODES + 1), 0, dtype=torch.int32, device=DEVICE)),
-     f"at most {tv.MAX_NODES} nodes"),
+    (lambda a: a.update(tree=torch.full((1, launch.MAX_NODES + 1), 0, dtype=torch.int32, device=DEVICE)),
+     f"at most {launch.MAX_NODES} nodes"),
     (_change("tokens", (1, 3), -7), r"tokens\[1, 3\] = -7 is not a token id"),
     (lambda a: a["tokens"].__setitem__((1, 3), int(a["tokens"][1, 1])),
      r"tokens\[1, 1\] = tokens\[1, 3\] = \d+: siblings \(children of node 0\) drawn without replacement"),
@@ -197,7 +198,7 @@ def test_trees_as_dfs_times_give_the_same_parents():
     rng = random.Random(5)
     trees = [inputs.random_tree(40, rng, order=order) for order in ("bfs", "dfs", "bfs")]
     start, end = inputs.dfs_times_tensors(trees, DEVICE)
-    assert tv.parents_from_times(start, end).cpu().tolist() == trees
+    assert launch.parents_from_times(start, end).cpu().tolist() == trees
 
 
 # Samples of the distribution test: the interpreter runs a walk in ~0.1 s; a GPU takes 40000 in

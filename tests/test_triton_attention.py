@@ -18,6 +18,7 @@ from course.core import inputs
 from course.core.stubs import ExerciseNotImplemented, kernel_stub_name
 from course.measure import results
 from course.topics.triton_attention import bench as triton_bench
+from course.topics.triton_attention import launch
 from course.topics.triton_attention import validate as ta_checks
 from course.topics.triton_attention.check import check_triton_tree_attention
 from solutions import triton_attention as ta
@@ -75,13 +76,13 @@ def test_unsupported_head_dims_and_configs_are_refused():
         ta.tree_attention(q, k, v, start, end)
     q, k, v, start, end = _inputs()
     with pytest.raises(ValueError, match="BLOCK_N must be a power of two >= 16"):
-        ta.prepare_attention(q, k, v, start, end, config=ta.Config(64, 24, 4, 2))
+        launch.prepare_attention(ta, q, k, v, start, end, config=launch.Config(64, 24, 4, 2))
     with pytest.raises(ValueError, match="config.num_warps must be a power of two"):
-        ta.prepare_attention(q, k, v, start, end, config=ta.Config(64, 64, 3, 2))
+        launch.prepare_attention(ta, q, k, v, start, end, config=launch.Config(64, 64, 3, 2))
     with pytest.raises(TypeError, match="config must be a Config"):
-        ta.prepare_attention(q, k, v, start, end, config=(64, 64, 4, 2))
+        launch.prepare_attention(ta, q, k, v, start, end, config=(64, 64, 4, 2))
     with pytest.raises(ValueError, match="d must be one of"):
-        ta.config_for(48, torch.float16)
+        launch.config_for(48, torch.float16)
     q = k = v = inputs.random_tensor((1, ta_checks.MAX_GRID_Y + 1, 1, 16), 0, torch.float16, DEVICE)
     one = torch.zeros((1, 1), dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="q has B \\* H = 65536 .* split the batch"):
@@ -111,7 +112,7 @@ def test_visible_blocks_lists_exactly_the_tile_mask(block_m, block_n):
     cases = inputs.edge_case_trees(16)
     cases = [case for case in cases if case.n == cases[4].n]  # four ragged 35-node trees
     start, end = (t.to(DEVICE) for t in inputs.dfs_times_tensors(cases))
-    count, lists = ta.visible_blocks(start, end, block_m, block_n)
+    count, lists = launch.visible_blocks(start, end, block_m, block_n)
     want_count, want_blocks = _expected_lists(start, end, block_m, block_n)
     assert torch.equal(count.cpu(), want_count)
     for b in range(start.shape[0]):

@@ -19,9 +19,9 @@ return launches only kernels that read the buffers' current contents, without wa
 That is what a CUDA graph needs, and the decoder's loop never checks a value again.
 
 Kernels: `emssd.unpadded_attention`, SwiftSpec's through `course.topics.kvcache.launch`
-(`prepare_tree_attention`, `prepare_compact_buffers`), `tree_verification.prepare_greedy` /
-`prepare_sampling`, each loaded through `course.core.impl.load` (lessons/ by default, solutions/ with
-COURSE_IMPL=solutions or impl=).
+(`prepare_tree_attention`, `prepare_compact_buffers`), `course.topics.verification.launch.prepare_greedy` /
+`prepare_sampling` on `tree_verification`, each loaded through `course.core.impl.load` (lessons/ by
+default, solutions/ with COURSE_IMPL=solutions or impl=).
 
 How the unpadded kernel meets the model's cache (prefill). `unpadded_attention` takes one flat cache
 (S, H_kv, d) where each sample owns a run of rows; the model's cache is (B, R, C, d) (R = layers x
@@ -277,12 +277,16 @@ class KernelBackend:
         return attend
 
     def greedy_verifier(self, parents, tokens, best) -> Callable:
-        return self.verification.prepare_greedy(parents, tokens, best)
+        from course.topics.verification.launch import prepare_greedy
+
+        return prepare_greedy(self.verification, parents, tokens, best)
 
     def sampling_verifier(self, parents, tokens, q, p, accept_u, sample_u,
                           replacement: bool = False) -> Callable:
-        return self.verification.prepare_sampling(parents, tokens, q, p, accept_u, sample_u,
-                                                  replacement=replacement)
+        from course.topics.verification.launch import prepare_sampling
+
+        return prepare_sampling(self.verification, parents, tokens, q, p, accept_u, sample_u,
+                                replacement=replacement)
 
     def compactor(self, cache, src, dst, counts) -> Callable:
         return kvcache_launch.prepare_compact_buffers(cache.data, src, dst, counts, impl=self.impl)

@@ -21,6 +21,7 @@ import pyspec_ref
 from course.core import inputs, runtime
 from course.core.impl import load
 from course.topics.kvcache.tuning import unpadded_config
+from course.topics.verification import launch as verification_launch
 from pyspec_ref import kvcache as spec_kv
 from pyspec_ref import sampling as spec_sampling
 
@@ -172,7 +173,7 @@ VERIFY = load("tree_verification", "solutions")
 @_examples(10, 60)
 @given(
     n=st.sampled_from(around(16, at_least=1)),
-    vocab=st.sampled_from(around(VERIFY.DRAW_BLOCK_V, at_least=2)),
+    vocab=st.sampled_from(around(verification_launch.DRAW_BLOCK_V, at_least=2)),
     seed=st.integers(0, 2**16),
 )
 def test_tree_verification_equals_the_specification(n, vocab, seed):

@@ -16,6 +16,7 @@ LAUNCHERS is the one table of launcher names: a rename of a launcher is a one-li
 
 from __future__ import annotations
 
+import functools
 import importlib
 import random
 import signal
@@ -72,10 +73,21 @@ LAUNCHERS = {
 ROOM_BASELINES = ("emssd.padded_attention", "swiftspec.naive_compact")
 
 
+# Launchers in a topic's room, beside the student's module: target -> (room, whether the room's
+# function takes the module's kernels as its first argument).
+IN_ROOMS = {"spec_sampling.sigmoid_speculative_sampling": ("course.topics.sampling.launch", True),
+            "tree_verification.parents_from_times": ("course.topics.verification.launch", False),
+            "tree_verification.target_argmax": ("course.topics.verification.launch", False)}
+
+
 def launcher(target: str) -> Callable:
     module, name = LAUNCHERS[target]
     if target in ROOM_BASELINES:  # the kvcache room's, not the student module's
         return getattr(importlib.import_module("course.topics.kvcache.baselines"), name)
+    if target in IN_ROOMS:
+        room, takes_kernels = IN_ROOMS[target]
+        function = getattr(importlib.import_module(room), name)
+        return functools.partial(function, load(module, "solutions")) if takes_kernels else function
     return getattr(load(module, "solutions"), name)
 
 

@@ -278,12 +278,14 @@ def make_triton_tree(q, k, v, workload: Workload, *, impl: str = "solutions", ke
                                   "queries must be at distinct nodes")
     try:
         module = load("triton_attention", impl)
+        from course.topics.triton_attention.launch import prepare_attention
+        from course.topics.triton_attention.validate import DTYPES, HEAD_DIMS
     except ImportError as error:
         raise BaselineUnavailable(f"notebook 12's kernel ({impl}.triton_attention) is missing: {error}") \
             from error
-    if d not in module.HEAD_DIMS or q.dtype not in module.DTYPES:
-        raise BaselineUnavailable(f"notebook 12's kernel takes d in {module.HEAD_DIMS} and dtypes "
-                                  f"{module.DTYPES}, got d = {d}, {q.dtype}")
+    if d not in HEAD_DIMS or q.dtype not in DTYPES:
+        raise BaselineUnavailable(f"notebook 12's kernel takes d in {HEAD_DIMS} and dtypes "
+                                  f"{DTYPES}, got d = {d}, {q.dtype}")
     group = heads_q // heads_kv
     rows = torch.tensor(workloads_module.query_tokens(workload), device=q.device)
     # Rows that are no query attend too (the mapping's waste); their values do not matter.
@@ -292,7 +294,7 @@ def make_triton_tree(q, k, v, workload: Workload, *, impl: str = "solutions", ke
     square_k, square_v = (t.permute(1, 0, 2).repeat_interleave(group, dim=0).unsqueeze(0).contiguous()
                           for t in (k, v))  # one K/V head per query head
     start, end = token_tree_times(workload, q.device)
-    call = module.prepare_attention(square_q, square_k, square_v, start, end)
+    call = prepare_attention(module, square_q, square_k, square_v, start, end)
     call()  # builds the key-block lists once per tree
     attend = call.attention if kernels_only else call
 

@@ -36,7 +36,7 @@ an "error" field and null median_ms and max_abs_err (the schema allows that for 
 skip rows with "error" (`ok_rows`).
 
 The DeFT kernels (`course.topics.deft.launch.prepare_attention`) and notebook 12's kernel
-(`solutions.triton_attention.prepare_attention(...).attention`) are timed without their launchers' input
+(`course.topics.triton_attention.launch.prepare_attention(...).attention`) are timed without their input
 checks (which read all of K and V and wait for the GPU); the one-time preparation (grouping,
 block lists, masks, per-query KV copies) is outside every timing, as it is for the baselines.
 Every method is timed as a CUDA graph, as decoders run their steps: launched from Python, the

@@ -295,13 +295,14 @@ def measure_attention(prefix: int, n: int, w: int) -> list[dict]:
     # The square alternative: all N tree nodes as queries against the N tree rows (no prefix).
     from course import oracle
     from course.core.inputs import dfs_times_tensors
+    from course.topics.triton_attention.launch import prepare_attention
 
     start, end = dfs_times_tensors(trees, q.device)
     tq = torch.randn((BATCH, ATTN_HEADS, n, ATTN_D), device=q.device, dtype=q.dtype)
     group = ATTN_HEADS // ATTN_KV_HEADS
     tk = kwargs["k_cache"][:, :, prefix:used].repeat_interleave(group, dim=1).contiguous()
     tv = kwargs["v_cache"][:, :, prefix:used].repeat_interleave(group, dim=1).contiguous()
-    square = triton_attention.prepare_attention(tq, tk, tv, start, end)
+    square = prepare_attention(triton_attention, tq, tk, tv, start, end)
     got = square()
     ref, _ = oracle.tree_attention(tq[:1].cpu(), tk[:1].cpu(), tv[:1].cpu(), start[:1].cpu(), end[:1].cpu())
     out.append(dict(base, name="square_tree", median_ms=timing.bench_graphed(square),

@@ -210,6 +210,8 @@ def measure_size(batch: int, gamma: int, vocabulary: int, names=IMPLEMENTATIONS,
                  beta: float | None = None, graphs: bool = False) -> list[dict]:
     """Timing rows of the implementations `names` at one size, on the same random inputs; with
     graphs=True each one replayed as a CUDA graph (`timing.graphed`, rows of section "graphs")."""
+    from course.topics.sampling.launch import prepare_sampling
+
     kernels = load("spec_sampling", bench_impl())
     q_logits, p_logits = synthetic_logits(batch, gamma, vocabulary, device=runtime.torch_device())
     draft, r, u = draft_and_uniforms(q_logits)
@@ -244,7 +246,7 @@ def measure_size(batch: int, gamma: int, vocabulary: int, names=IMPLEMENTATIONS,
                 form = source
             else:
                 form = {"exact_probs": "probs", "exact_logits": "logits", "sigmoid_logits": "sigmoid"}[name]
-                fn = kernels.prepare_sampling(draft, q_in, p_in, r, u, form=form, beta=beta)
+                fn = prepare_sampling(kernels, draft, q_in, p_in, r, u, form=form, beta=beta)
             extra = {"section": "graphs", "launch": "cuda_graph"} if graphs else {}
             if graphs:
                 fn = timing.graphed(fn)
@@ -285,13 +287,15 @@ def graph_rows(batches=BATCHES) -> list[dict]:
 
 def quality_rows(batch: int = 64, gamma: int = 5, vocabulary: int = 32000) -> list[dict]:
     """Section "quality": `sigmoid_quality` per mismatch, with the sigmoid kernel's time on those logits."""
+    from course.topics.sampling.launch import prepare_sampling
+
     kernels = load("spec_sampling", bench_impl())
     rows = []
     for quality in sigmoid_quality(device=runtime.torch_device(), vocabulary=vocabulary):
         q_logits, p_logits = synthetic_logits(batch, gamma, vocabulary, noise=quality["mismatch"],
                                               device=runtime.torch_device())
         draft, r, u = draft_and_uniforms(q_logits)
-        fn = kernels.prepare_sampling(draft, q_logits, p_logits, r, u, form="sigmoid", beta=quality["beta"])
+        fn = prepare_sampling(kernels, draft, q_logits, p_logits, r, u, form="sigmoid", beta=quality["beta"])
         accepted, _ = fn()
         row = {"name": "sigmoid_logits", "section": "quality", "input": "logits", "B": batch, "H": 1,
                "N": gamma, "d": vocabulary, "gamma": gamma, "V": vocabulary,

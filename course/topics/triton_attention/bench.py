@@ -27,6 +27,7 @@ from course.core import runtime
 from course.core.impl import bench_impl, load
 from course.measure import results, timing
 from course.topics.ladder import bench as ladder_bench
+from course.topics.triton_attention.launch import Config, config_for, prepare_attention, visible_blocks
 
 SUITE = "triton"
 PAPER_SHAPE = ladder_bench.PAPER_SHAPE
@@ -53,7 +54,7 @@ def grading_kernels(exercise: str, impl: str):
     batch, heads, n, d = PAPER_SHAPE
     q, k, v = (t.to(torch.float16) for t in ladder_bench.random_qkv(batch, heads, n, d))
     start, end = ladder_bench.benchmark_times(batch, n, "bfs")
-    fn = module.prepare_attention(q, k, v, start, end)
+    fn = prepare_attention(module, q, k, v, start, end)
     fn()  # compiles
     return fn
 
@@ -79,11 +80,11 @@ def measure(name: str, figure: str, batch: int, heads: int, n: int, d: int, orde
         return dict(measured, **row)
     if name in TRITON:
         module = load("triton_attention", bench_impl())
-        fn = module.prepare_attention(q, k, v, start, end, config=config)
+        fn = prepare_attention(module, q, k, v, start, end, config=config)
         out = fn()
         torch.cuda.synchronize()
-        chosen = config or module.config_for(d, dtype)
-        counts, _ = module.visible_blocks(start, end, chosen.block_m, chosen.block_n)
+        chosen = config or config_for(d, dtype)
+        counts, _ = visible_blocks(start, end, chosen.block_m, chosen.block_n)
         key_blocks = -(-n // chosen.block_n)
         row.update(median_ms=timing.bench_graphed(fn, rep_ms=rep_ms),
                    attention_ms=timing.bench_graphed(fn.attention, rep_ms=rep_ms),
@@ -118,10 +119,9 @@ def sweep_rows() -> list[dict]:
 
 
 def config_rows() -> list[dict]:
-    module = load("triton_attention", bench_impl())
     batch, heads, n, d = PAPER_SHAPE
     return [measure("triton_fp16", "configs", batch, heads, n, d, "bfs", rep_ms=50,
-                    config=module.Config(*values))
+                    config=Config(*values))
             for values in CANDIDATE_CONFIGS]
 
 

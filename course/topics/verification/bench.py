@@ -119,6 +119,8 @@ def verification_rows(batches=BATCHES, vocabulary: int = VOCABULARY, seed: int =
             "with course.topics.verification.bench.runtimes()")
     import torch
 
+    from course.topics.verification import launch
+
     module = impl.load("tree_verification", impl_name)
     device = runtime.torch_device()
     shapes = [("tree", bench_tree(seed), f"random {TREE_NODES}-node tree, fan-out 1-{MAX_CHILDREN}", {}),
@@ -129,24 +131,24 @@ def verification_rows(batches=BATCHES, vocabulary: int = VOCABULARY, seed: int =
         for kind, parents, words, extra in shapes:
             tensors = bench_inputs(parents, batch, vocabulary, seed + batch, device)
             tree, tokens, q, p, accept, sample = tensors
-            sampled = module.prepare_sampling(tree, tokens, q, p, accept, sample)
+            sampled = launch.prepare_sampling(module, tree, tokens, q, p, accept, sample)
             path, next_token = sampled()
             path_chain = (path.clone(), next_token.clone())
             error = _disagreement_sampling(tree, tokens, q, p, accept, sample, path, next_token)
-            accepted = float(module.accepted_counts(path).double().mean())
+            accepted = float(launch.accepted_counts(path).double().mean())
             rows.append(_row(f"{kind}_sampling", batch, parents, vocabulary, timing.bench(sampled), error,
                              tree=words, accepted_mean=accepted, siblings="without replacement", **extra))
             if kind == "tree":
                 rows.append(_with_replacement_row(module, parents, batch, vocabulary, seed + batch, device,
                                                   words))
-            greedy = module.prepare_greedy(tree, tokens, p)
+            greedy = launch.prepare_greedy(module, tree, tokens, p)
             path, next_token = greedy()
             error = _disagreement_greedy(tree, tokens, p, path, next_token)
-            accepted = float(module.accepted_counts(path).double().mean())
+            accepted = float(launch.accepted_counts(path).double().mean())
             rows.append(_row(f"{kind}_greedy", batch, parents, vocabulary, timing.bench(greedy), error,
                              tree=words, accepted_mean=accepted, **extra))
             if kind == "tree":
-                every_node = module.prepare_greedy(tree, tokens, p, lazy=False)
+                every_node = launch.prepare_greedy(module, tree, tokens, p, lazy=False)
                 error = _disagreement_greedy(tree, tokens, p, *every_node())
                 rows.append(_row("tree_greedy_all_argmax", batch, parents, vocabulary,
                                  timing.bench(every_node), error, tree=words, accepted_mean=accepted,
@@ -163,11 +165,13 @@ def _with_replacement_row(module, parents, batch, vocabulary, seed, device, word
     siblings drawn independently and verified by SpecInfer's rule."""
     tree, tokens, q, p, accept, sample = bench_inputs(parents, batch, vocabulary, seed, device,
                                                       replacement=True)
-    run = module.prepare_sampling(tree, tokens, q, p, accept, sample, replacement=True)
+    from course.topics.verification import launch
+
+    run = launch.prepare_sampling(module, tree, tokens, q, p, accept, sample, replacement=True)
     path, next_token = run()
     error = _disagreement_sampling(tree, tokens, q, p, accept, sample, path, next_token, replacement=True)
     return _row("tree_sampling_with_replacement", batch, parents, vocabulary, timing.bench(run), error,
-                tree=words, accepted_mean=float(module.accepted_counts(path).double().mean()),
+                tree=words, accepted_mean=float(launch.accepted_counts(path).double().mean()),
                 siblings="with replacement")
 
 
@@ -177,12 +181,12 @@ def _notebook15_chain_row(batch, parents, vocabulary, tensors, tree_result) -> l
     with this notebook's walk on the chain (both equal pyspec_ref up to rounding)."""
     try:
         chain_module = impl.load("spec_sampling", "solutions")
-        prepare_sampling = chain_module.prepare_sampling
-    except (ImportError, AttributeError):
+        from course.topics.sampling.launch import prepare_sampling
+    except ImportError:
         return []
     tree, tokens, q, p, accept, sample = tensors
     gamma = len(parents) - 1
-    run = prepare_sampling(tokens[:, 1:].contiguous(), q[:, :gamma].contiguous(), p,
+    run = prepare_sampling(chain_module, tokens[:, 1:].contiguous(), q[:, :gamma].contiguous(), p,
                            accept[:, 1:].contiguous(), sample, form="probs")
     accepted, emitted = run()
     path, next_token = tree_result
