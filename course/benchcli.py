@@ -4,9 +4,9 @@ Every room that measures on a GPU (each `course/topics/<topic>/` and `course/cap
 to the same contract, so that these two commands are the only way to run a bench or draw its
 figures:
 
-* `<room>.bench` has `SUITE` (its file, results/<device>/<SUITE>.json), `SECTIONS` (name ->
-  a function that measures and returns rows, never draws) and `section_of(row)` (the section that
-  measured a committed row);
+* `<room>.bench` has `SUITE` (its file, results/<device>/<SUITE>.json; a topic's is the room's name),
+  `SECTIONS` (name -> a function that measures and returns rows, never draws) and `section_of(row)`
+  (the section that measured a committed row);
 * `<room>.figures` has `FIGURES` (PNG name -> a function drawing one Figure from the results
   document) and may have `summary(document)`, a text of the paper's targets met or missed.
 

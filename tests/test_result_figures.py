@@ -31,9 +31,9 @@ def test_each_committed_figure_draws(room, name):
 
 
 def test_figures_writes_the_pngs_beside_the_results(tmp_path, monkeypatch):
-    document = results.load_measured("triton")
-    path = tmp_path / "h100" / "triton.json"
+    document = results.load_measured("triton_attention")
+    path = tmp_path / "h100" / "triton_attention.json"
     path.parent.mkdir()
     path.write_text(results.json.dumps(document))
     written = benchcli.draw_figures("triton_attention", path, log=lambda line: None)
-    assert [p.name for p in written] == ["triton.png"] and written[0].stat().st_size > 1000
+    assert [p.name for p in written] == ["triton_attention.png"] and written[0].stat().st_size > 1000

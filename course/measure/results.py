@@ -104,17 +104,9 @@ class NotMeasuredYet(LookupError):
     """A suite's committed results do not exist yet, or lack the rows asked for."""
 
 
-# The commands that write each suite (sampling.json also holds notebook 16's rows, section
-# "verification").
-MEASURED_BY = {
-    "ladder": "python -m course bench ladder",
-    "triton": "python -m course bench triton_attention",
-    "deft": "python -m course bench deft",
-    "sampling": "python -m course bench sampling` and `python -m course bench verification",
-    "kvcache": "python -m course bench kvcache",
-    "capstone": "python -m course bench capstone",
-    "step_profile": "python -m course bench capstone step_profile",
-}
+# A topic's suite is named after its room (`python -m course bench <room>` writes <room>.json); the
+# suites measured otherwise, by the command that writes each.
+MEASURED_BY = {"step_profile": "python -m course bench capstone step_profile"}
 
 
 def load_measured(suite: str) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from course.checks import Exercise
+from course.topics import Topic
 from course.topics.attention import check
 
 EXERCISES = [
@@ -13,3 +14,6 @@ EXERCISES = [
     Exercise("attention.merge_attention", "02_attention", 2, check.check_merge_attention,
              "merging partial results by their LSE"),
 ]
+
+TOPIC = Topic(notebooks=("02_attention",), students=("attention",), specs=("pyspec_ref.attention",),
+              oracles=("course.oracle",))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from course.checks import Exercise
+from course.topics import Topic
 from course.topics.deft import check
 
 # The default list (Exercise.default_cases): the edge cases that find most mistakes, within 30 s on
@@ -21,3 +22,6 @@ EXERCISES = [
              requires=("deft.reduce_partials_kernel", "deft.deft_node_kernel",
                        "triton_attention.online_softmax_step"), default_cases=DEFT_DEFAULT),
 ]
+
+TOPIC = Topic(notebooks=("13_deft_node", "14_deft_flatten"), students=("deft",), specs=("pyspec_ref.deft",),
+              oracles=("course.oracle",))

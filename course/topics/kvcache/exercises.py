@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from course.checks import Exercise
+from course.topics import Topic
 from course.topics.kvcache import check
 
 EXERCISES = [
@@ -16,3 +17,11 @@ EXERCISES = [
              "SwiftSpec's non-square tree mask: w queries against [prefix | tree] by DFS intervals",
              requires=("swiftspec.compact_kernel", "triton_attention.online_softmax_step")),
 ]
+
+TOPIC = Topic(
+    notebooks=("17_ems_sd", "18_swiftspec_kv_cache"), students=("emssd", "swiftspec"),
+    specs=("pyspec_ref.kvcache",), oracles=("course.oracle.kvcache",),
+    why="one topic, the KV cache of a batch of speculative trees, in two papers' answers: EMS-SD's "
+        "unpadded batch (notebook 17, emssd) and SwiftSpec's tree cache (notebook 18, swiftspec). They "
+        "share the cache's specification and oracle, the check's problems and one bench (sections "
+        "emssd, compaction and attention, in kvcache.json); each student module keeps its paper's name.")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from course.checks import Exercise
+from course.topics import Topic
 from course.topics.ladder.check import check_tile_visibility, rung_check
 from course.topics.ladder.rungs import BY_MODULE, FIND_THE_BUG, RUNGS
 
@@ -24,3 +25,10 @@ EXERCISES = [
              timed=True, default_cases=LADDER_DEFAULT)
     for rung in RUNGS
 ]
+
+TOPIC = Topic(
+    notebooks=("03_baseline", "04_sequence_parallelism", "05_times_in_shared", "06_coalesced_tiles",
+               "07_register_mask", "08_register_tiling_pv", "09_coalesced_writes", "10_register_tiling_qk",
+               "11_results", "11a_tile_skipping", "11b_tile_mask", "11c_loads_in_flight"),
+    students=tuple(rung.module for rung in RUNGS) + tuple(FIND_THE_BUG),
+    specs=("pyspec_ref.attention",), oracles=("course.oracle",))

@@ -31,7 +31,6 @@ no sampling noise): acceptance rates of the exact and the approximate test, and 
 the first emitted token's distribution from the target p (total variation, and as max_abs_err
 the largest |P(i) - p(i)|); their median_ms is the sigmoid kernel's time on those logits.
 
-Notebook 16's rows (section "verification") share this file: `python -m course bench verification`.
 """
 
 from __future__ import annotations
@@ -312,7 +311,7 @@ SECTIONS = {"timing": timing_rows, "graphs": graph_rows, "quality": quality_rows
 
 
 def section_of(row: dict) -> str:
-    """The section that measures a row of sampling.json (notebook 16's rows say "verification")."""
+    """The section that measures a row of sampling.json."""
     return row.get("section", "timing")
 
 

@@ -16,7 +16,6 @@ import numpy as np
 
 from course.measure.plots import BLUE, GREEN, GREY, INK, ORANGE, SERIES, SKY, VERMILLION, to_numpy
 from course.topics.sampling.bench import HEADLINE
-from course.topics.verification.figures import draw_tree_vs_chain
 from pyspec_ref import sampling as spec
 
 __all__ = [
@@ -246,10 +245,10 @@ def timing_figure(rows, note: str | None = None):
 
 def measured_figure(document: dict):
     """sampling.png: median time per implementation against B at the headline size, eager (left)
-    and as CUDA graphs (middle); notebook 16's tree against chain verification (right)."""
+    and as CUDA graphs (right)."""
     rows, device = document["rows"], document["device"]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
-    for ax, section in zip(axes[:2], ("timing", "graphs"), strict=True):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, section in zip(axes, ("timing", "graphs"), strict=True):
         mine = [r for r in rows if r.get("section", "timing") == section
                 and r.get("gamma") == HEADLINE["gamma"] and r.get("V") == HEADLINE["V"]]
         lines = sorted({(r["name"], r["input"]) for r in mine})
@@ -262,7 +261,6 @@ def measured_figure(document: dict):
                title=f"speculative sampling, γ = {HEADLINE['gamma']}, V = {HEADLINE['V']}: "
                      + ("launched eagerly" if section == "timing" else "as CUDA graphs"))
         ax.legend(fontsize=7)
-    draw_tree_vs_chain(axes[2], rows)
     fig.suptitle(f"measured on {device}", fontsize=9)
     fig.tight_layout()
     return fig

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from course.checks import Exercise
+from course.topics import Topic
 from course.topics.trees import check
 
 EXERCISES = [
@@ -13,3 +14,6 @@ EXERCISES = [
     Exercise("trees.tree_bitmask_kernel", "01_token_trees", 2, check.check_tree_bitmask,
              "SpecInfer's 64-bit bitmask from the DFS times"),
 ]
+
+TOPIC = Topic(notebooks=("01_token_trees",), students=("trees",), specs=("pyspec_ref.trees",),
+              oracles=("course.oracle",))

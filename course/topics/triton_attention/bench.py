@@ -1,6 +1,6 @@
 """Notebook 12's measurements: `python -m course bench triton_attention [sections]` on a GPU.
 
-Writes results/<device>/triton.json (suite "triton") in the shared results schema. Rows:
+Writes results/<device>/triton_attention.json in the shared results schema. Rows:
   paper   at (B, H, N, d) = (10, 10, 1024, 64): triton_fp16 on the BFS and the DFS benchmark
           trees, triton_bf16, triton_fp32, sdpa_dense_fp16, flex_fp16 and k11 (the best Numba
           rung, float32; notebook 11c), all on the same trees and random inputs;
@@ -29,7 +29,7 @@ from course.measure import results, timing
 from course.topics.ladder import bench as ladder_bench
 from course.topics.triton_attention.launch import Config, config_for, prepare_attention, visible_blocks
 
-SUITE = "triton"
+SUITE = "triton_attention"
 PAPER_SHAPE = ladder_bench.PAPER_SHAPE
 TARGET_MS = 0.10  # the course's target for triton_fp16 at the paper's shape
 SWEEP_N = (256, 512, 1024, 2048, 4096)
@@ -129,7 +129,7 @@ SECTIONS = {"paper": paper_rows, "sweep": sweep_rows, "configs": config_rows}
 
 
 def section_of(row: dict) -> str:
-    """The section that measures a row of triton.json (each row's "figure")."""
+    """The section that measures a row of triton_attention.json (each row's "figure")."""
     return row["figure"]
 
 
@@ -137,7 +137,7 @@ def runtimes(names, order: str = "bfs") -> tuple[list[dict], str]:
     """Rows for `names` at the paper's shape, and where they come from.
 
     On a GPU they are measured now, in this one run; in the simulator they are the committed
-    measurements (results/<device>/triton.json), and NotMeasuredYet says when there are none.
+    measurements (results/<device>/triton_attention.json), and NotMeasuredYet says when there are none.
     """
     names = list(names)
     unknown = [name for name in names if name not in NAMES]
@@ -160,5 +160,5 @@ def committed_rows(figure: str) -> tuple[list[dict], str]:
     document = results.load_measured(SUITE)
     rows = [row for row in document["rows"] if row.get("figure") == figure]
     if not rows:
-        raise results.NotMeasuredYet(f"the committed triton.json has no {figure!r} rows")
+        raise results.NotMeasuredYet(f"the committed triton_attention.json has no {figure!r} rows")
     return rows, (f"committed measurements from {document['device']} ({document['date'][:10]})")

@@ -4,6 +4,7 @@ timed when grading on a GPU (`bench.grading_kernels`)."""
 from __future__ import annotations
 
 from course.checks import Exercise
+from course.topics import Topic
 from course.topics.triton_attention.check import check_triton_tree_attention
 
 # The default list (Exercise.default_cases): the edge cases that find most mistakes, within 30 s on
@@ -23,3 +24,6 @@ EXERCISES = [
              "Triton: the interval mask of a pair of blocks, by broadcasting",
              requires=("triton_attention.online_softmax_step",), timed=True, default_cases=TRITON_DEFAULT),
 ]
+
+TOPIC = Topic(notebooks=("12_triton_tree_attention",), students=("triton_attention",),
+              specs=("pyspec_ref.attention",), oracles=("course.oracle",))

@@ -27,8 +27,8 @@ accepted_mean (draft tokens accepted per tree, mean over the batch) and input
 float64 torch reference (`course.oracle.sampling.tree_speculative_sampling`; greedy: from
 pyspec_ref on torch's argmax): 0.0 means every tree agrees.
 
-The rows (section "verification") go to results/<device>/sampling.json beside notebook 15's; the
-verification figure and the tree/chain targets: `python -m course figures verification`.
+The rows (section "verification") go to results/<device>/verification.json; the verification figure
+and the tree/chain targets: `python -m course figures verification`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from course.oracle import sampling as sampling_oracle
 
 ROW_NAMES = ("tree_sampling", "tree_sampling_with_replacement", "chain_sampling", "chain_spec_sampling",
              "tree_greedy", "chain_greedy", "tree_greedy_all_argmax")
-SUITE = "sampling"
+SUITE = "verification"
 BATCHES = (1, 8, 64)
 VOCABULARY = 128256
 TREE_NODES = 64
@@ -218,13 +218,12 @@ SECTIONS = {"verification": section_rows}
 
 
 def section_of(row: dict) -> str:
-    """The section that measures a row of sampling.json (notebook 15's rows have no "section" or
-    another one)."""
-    return row.get("section", "timing")
+    """Every row of verification.json comes from the one section."""
+    return "verification"
 
 
 def committed_rows(device: str | None = None) -> list[dict] | None:
-    """This suite's committed rows of notebook 16 (results/<device>/sampling.json), or None when
+    """This suite's committed rows of notebook 16 (results/<device>/verification.json), or None when
     none are committed yet."""
     try:
         document = results.load(SUITE, device)

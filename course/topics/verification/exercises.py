@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from course.checks import Exercise
+from course.topics import Topic
 from course.topics.verification import check
 
 EXERCISES = [
@@ -13,3 +14,9 @@ EXERCISES = [
              check.check_greedy_verification,
              "greedy verification: follow the child whose token is the target's argmax"),
 ]
+
+TOPIC = Topic(
+    notebooks=("16_tree_verification",), students=("tree_verification",), specs=("pyspec_ref.sampling",),
+    oracles=("course.oracle.sampling",),
+    why="the student module tree_verification and its exercise ids keep the notebook's name, which "
+        "gradebooks use; the room, its bench and its results file are `verification`.")

@@ -1,5 +1,5 @@
 """Figures of notebook 16 (token-tree verification): the measured tree against chain verification
-(`python -m course figures verification` writes verification.png beside sampling.json)."""
+(`python -m course figures verification` writes verification.png beside verification.json)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from course.topics.verification.bench import TARGET_RATIO, targets
 
 
 def verification_rows(rows: list[dict]) -> list[dict]:
-    """Notebook 16's rows of sampling.json."""
+    """Notebook 16's rows of verification.json."""
     return [row for row in rows if row.get("section") == "verification"]
 
 
@@ -32,7 +32,7 @@ def draw_tree_vs_chain(ax, rows: list[dict]):
 
 
 def measured_figure(document: dict):
-    """verification.png: `draw_tree_vs_chain` of a sampling.json document."""
+    """verification.png: `draw_tree_vs_chain` of a verification.json document."""
     fig, ax = plt.subplots(figsize=(6, 4.2))
     draw_tree_vs_chain(ax, document["rows"])
     fig.suptitle(f"measured on {document['device']}", fontsize=9)
