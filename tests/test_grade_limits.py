@@ -200,12 +200,15 @@ def test_a_launcher_in_the_child_validates_through_the_grader(tmp_path):
     channel.start_exercise(600.0, float("inf"))
 
     def call(start, end):
-        times = [torch.tensor([t], dtype=torch.int32) for t in (start, end)]
-        return channel.call("tree_verification", "parents_from_times", tuple(times), {}, lambda obj: None,
-                            lambda name: None, {})
+        """Greedy verification of one chain of three nodes whose target agrees with every token."""
+        times = tuple(torch.tensor([t], dtype=torch.int32) for t in (start, end))
+        tokens, target = torch.tensor([[5, 1, 2]], dtype=torch.int32), torch.tensor([[1, 2, 3]], dtype=torch.int32)
+        return channel.call("tree_verification", "greedy_tree_verification", (times, tokens, target), {},
+                            lambda obj: None, lambda name: None, {})
 
     try:
-        assert call([0, 1, 2], [2, 2, 2]).tolist() == [[-1, 0, 1]]
+        path, next_token = call([0, 1, 2], [2, 2, 2])
+        assert path.tolist() == [[0, 1, 2]] and next_token.tolist() == [3]
         with pytest.raises(ValueError, match=r"not the DFS times of a tree: start\[0\]\[2\] = 1 repeats"):
             call([0, 1, 1], [2, 2, 2])
     finally:

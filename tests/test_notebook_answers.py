@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from course import answers
+from course import progress
 from course.core import impl, regions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +82,7 @@ def test_the_answer_lines_are_found():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_a_student_sees_no_answer(path, tmp_path, monkeypatch):
     monkeypatch.setenv(impl.IMPL_ENV, "lessons")
-    monkeypatch.setenv(answers.PASSES_ENV, str(tmp_path / "passed.json"))  # nothing passed yet
+    monkeypatch.setenv(progress.PASSES_ENV, str(tmp_path / "passed.json"))  # nothing passed yet
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=600, allow_errors=True, kernel_name="python3",
