@@ -202,7 +202,8 @@ def test_a_launcher_in_the_child_validates_through_the_grader(tmp_path):
     def call(start, end):
         """Greedy verification of one chain of three nodes whose target agrees with every token."""
         times = tuple(torch.tensor([t], dtype=torch.int32) for t in (start, end))
-        tokens, target = torch.tensor([[5, 1, 2]], dtype=torch.int32), torch.tensor([[1, 2, 3]], dtype=torch.int32)
+        tokens = torch.tensor([[5, 1, 2]], dtype=torch.int32)
+        target = torch.tensor([[1, 2, 3]], dtype=torch.int32)  # the argmax after each node
         return channel.call("tree_verification", "greedy_tree_verification", (times, tokens, target), {},
                             lambda obj: None, lambda name: None, {})
 
