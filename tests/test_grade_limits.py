@@ -163,6 +163,27 @@ def test_every_lesson_module_imports_with_the_childs_harness_alone(tmp_path):
     assert set(json.loads(done.stdout.strip().splitlines()[-1])) <= stand_ins
 
 
+def test_the_child_tells_a_crash_with_its_place_from_its_harness_alone(tmp_path):
+    """The child describes a student's crash with the checks' own words (thread, place), from the
+    harness it is given, which has no checks' diagnoses: the crash's description lives in core."""
+    import subprocess
+    import sys
+
+    from course.core import runtime
+
+    sandbox.copy_harness(tmp_path / "harness")
+    plan = sandbox.make_plan(tmp_path / "harness", [ROOT], False, runtime.SIMULATOR, runtime.SMALL_SIZES)
+    path = [str(tmp_path / "harness"), *plan.path]
+    script = (f"import json, sys; sys.path[:0] = {path!r}; import course\n"
+              "from course.grading.child import describe\n"
+              "try:\n    [1, 2][5]\nexcept IndexError as error:\n    print(json.dumps(describe(error)))")
+    done = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                          env={**dict(plan.env), "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    told = json.loads(done.stdout.strip().splitlines()[-1])
+    assert told["kind"] == "IndexError" and "place" in told  # not the bare fallback of type and message
+
+
 def test_the_grader_runs_only_what_the_table_allows_where_it_allows_it():
     assert services.run("pyspec_ref.trees.validate_times", "tree_verification", [[0, 1], [1, 1]], {}) == (
         [0, 1], [1, 1])

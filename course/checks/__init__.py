@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..core import impl as implementations
+from ..core.crash import Crash, describe
 from ..core.runtime import SIMULATOR
 from ..core.stubs import ExerciseNotImplemented
 from . import barriers
-from .crash import Crash, describe
 from .diagnose import speaking_of
 
 PUBLIC_SEED = 0

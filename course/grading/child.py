@@ -249,7 +249,7 @@ class Callback:
 def describe(error: BaseException) -> dict:
     """An exception as text: its type, message and where in the lessons it was raised."""
     try:
-        from course.checks.crash import describe as crash
+        from course.core.crash import describe as crash
 
         found = crash(error)
         return {"kind": found.kind, "message": found.message[:2000], "thread": found.thread,

@@ -280,7 +280,7 @@ class Channel:
         return None, self.cleaned(note)[:300] if isinstance(note, str) and note else "no time came back"
 
     def _error(self, header: dict) -> BaseException:
-        from course.checks.crash import Crash
+        from course.core.crash import Crash
         from course.core.stubs import ExerciseNotImplemented
 
         error = header.get("error")
