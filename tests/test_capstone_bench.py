@@ -186,3 +186,13 @@ def test_the_graphs_check_reports_every_case_then_fails(monkeypatch):
     failing.clear()
     rows = graphs_check.rows("small", log=lines.append)
     assert len(rows) == len(graphs_check.CASES) and all(r["passed"] and "tokens" not in r for r in rows)
+
+
+def test_the_step_profile_compares_the_modes_it_profiled():
+    from course.capstone.step_profile import comparisons
+
+    sampled = {f"{shape} sample{fused}": {} for shape in ("chain", "tree") for fused in ("", " fused")}
+    assert comparisons(sampled, ("sample",)) == [("chain sample", "tree sample", "sample"),
+                                                 ("chain sample fused", "tree sample fused", "sample fused")]
+    both = {f"{shape} {mode}": {} for shape in ("chain", "tree") for mode in ("greedy", "sample")}
+    assert [label for *_, label in comparisons(both, ("greedy", "sample"))] == ["greedy", "sample"]

@@ -98,9 +98,16 @@ def profile_pair(pair_name: str, modes=("greedy", "sample")) -> dict:
                 report["shapes"][key]["fused_elementwise"] = fused
                 _print(key, report["shapes"][key])
     pair.target.fused_elementwise = pair.draft.fused_elementwise = None
-    for suffix in ("", " fused"):
-        _compare(report["shapes"]["chain greedy" + suffix], report["shapes"]["tree greedy" + suffix], suffix)
+    for chain, tree, label in comparisons(report["shapes"], modes):
+        _compare(report["shapes"][chain], report["shapes"][tree], label)
     return report
+
+
+def comparisons(shapes: dict, modes) -> list[tuple[str, str, str]]:
+    """(chain key, tree key, label) of each mode profiled, unfused then fused: the pairs of step
+    profiles printed side by side, kernel by kernel."""
+    return [(f"chain {mode}{suffix}", f"tree {mode}{suffix}", f"{mode}{suffix}")
+            for suffix in ("", " fused") for mode in modes if f"chain {mode}{suffix}" in shapes]
 
 
 def _profile_shape(pair, shape, mode: str, encoded) -> dict:
@@ -121,10 +128,10 @@ def _print(key: str, row: dict) -> None:
           f"{row['verify_ms']:.4f} ms", flush=True)
 
 
-def _compare(chain: dict, tree: dict, suffix: str) -> None:
+def _compare(chain: dict, tree: dict, label: str) -> None:
     names = sorted(set(chain["kernels_step1_us"]) | set(tree["kernels_step1_us"]),
                    key=lambda n: -tree["kernels_step1_us"].get(n, 0.0))
-    print(f"{'kernel (greedy, step 1' + suffix + ')':80s} {'chain us':>9s} {'tree us':>9s}")
+    print(f"{'kernel (' + label + ', step 1)':80s} {'chain us':>9s} {'tree us':>9s}")
     for n in names:
         chain_us, tree_us = chain["kernels_step1_us"].get(n, 0.0), tree["kernels_step1_us"].get(n, 0.0)
         print(f"{n:80s} {chain_us:9.2f} {tree_us:9.2f}")
