@@ -18,7 +18,9 @@ OTHER_STAGES = [number for number in NOTEBOOKS if number not in STAGES]
 
 
 def test_every_notebook_is_run_as_a_student_by_one_of_the_two_files():
-    assert set(OTHER_STAGES) | set(STAGES) == set(NOTEBOOKS)
+    # OTHER_STAGES is what the ladder's stages leave; the ladder's must be notebooks on disk too, or a
+    # renamed rung notebook would be run by neither file.
+    assert set(STAGES) <= set(NOTEBOOKS), sorted(set(STAGES) - set(NOTEBOOKS))
     assert {"00", "12", "21"} <= set(OTHER_STAGES)
 
 
