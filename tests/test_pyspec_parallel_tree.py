@@ -63,7 +63,8 @@ def test_greedy_equals_plain_decoding_and_every_invariant_holds(case, data):
     assert out["target_calls"] == len(out["rounds"]) == len(out["messages"]) // 2
     assert all(1 <= len(m.parents) <= options["tree_size"] for m in out["messages"][::2])
     # every round emits its accepted tokens plus the target's own next token
-    assert sum(r["accepted"] + 1 for r in out["rounds"]) == out["tokens_per_call"] * out["target_calls"]
+    # (divided as the specification divides: a product of the rounded quotient can miss by one ulp)
+    assert sum(r["accepted"] + 1 for r in out["rounds"]) / out["target_calls"] == out["tokens_per_call"]
 
 
 @FAST
