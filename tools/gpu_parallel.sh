@@ -72,7 +72,7 @@ saved=""
 if [ "$smoke" = 1 ]; then
   stage bench 200 "${bench[@]}" --smoke --pair small --out "$logs" "${bench_args[@]}"
 else
-  stage bench 330 "${bench[@]}" "${bench_args[@]}"
+  stage bench 400 "${bench[@]}" "${bench_args[@]}"
   saved=$(sed -n 's/^saved \(.*\) (section parallel)$/\1/p' "$logs/parallel_bench.log" | tail -1)
 fi
 

@@ -19,12 +19,18 @@ import time
 import torch
 
 from . import decoder, wire
+from .device_side import DeviceDraftSide
 from .protocol import Timeline, draft_rounds, run_lockstep, target_rounds
 from .sides import DraftSide, TargetSide
 
 SCHEDULES = ("parallel", "serial")
 DEFAULT_STEPS = 2  # SwiftSpec's d: draft steps per round during verification
 DEFAULT_GROWTH = "likely"  # how those steps pick their candidates (sides.GROWTHS)
+# Where the draft keeps its tree: the same tree, pass for pass (the tests hold them equal); on the
+# device every pass is one CUDA graph and the growth during verification is queued without a wait,
+# but its bookkeeping costs the GPU more than the host's Python (results/h200x2/README.md).
+DRAFT_TREES = {"host": DraftSide, "device": DeviceDraftSide}
+DEFAULT_DRAFT_TREE = "host"
 
 
 @dataclasses.dataclass
@@ -97,7 +103,8 @@ def check_pair(target_config, draft_config, target_dtype, draft_dtype) -> None:
 def build_sides(target, draft, *, max_prompt: int, max_new_tokens: int, tree_size: int = 8, width: int = 2,
                 steps: int = DEFAULT_STEPS, branch: int | None = None, mode: str = "greedy",
                 backend: str = "kernels", impl: str | None = None, graphs: bool | None = None,
-                growth: str = DEFAULT_GROWTH) -> tuple[DraftSide, TargetSide]:
+                growth: str = DEFAULT_GROWTH, draft_tree: str = DEFAULT_DRAFT_TREE
+                ) -> tuple[DraftSide | DeviceDraftSide, TargetSide]:
     """Both sides for prompts of up to max_prompt tokens (checked: the pair, the settings); on a GPU
     their CUDA graphs are captured here, so build them once and `run_sides` many times."""
     cfg = decoder.settings(tree_size, width, branch, mode=mode)
@@ -105,7 +112,14 @@ def build_sides(target, draft, *, max_prompt: int, max_new_tokens: int, tree_siz
     check_pair(target.config, draft.config, target.dtype, draft.dtype)
     sizes = dict(max_prompt=max_prompt, max_new_tokens=max_new_tokens, backend=backend, impl=impl,
                  graphs=graphs)
-    return DraftSide(draft, cfg, steps, growth=growth, **sizes), TargetSide(target, cfg, **sizes)
+    return draft_side(draft_tree)(draft, cfg, steps, growth=growth, **sizes), TargetSide(target, cfg, **sizes)
+
+
+def draft_side(draft_tree: str):
+    """The draft side's class for `draft_tree` ("device" or "host", see DRAFT_TREES)."""
+    if draft_tree not in DRAFT_TREES:
+        raise ValueError(f"draft_tree must be one of {tuple(DRAFT_TREES)}, got {draft_tree!r}")
+    return DRAFT_TREES[draft_tree]
 
 
 @torch.no_grad()
@@ -133,8 +147,8 @@ def run_sides(sides: tuple[DraftSide, TargetSide], prompt, *, schedule: str = "p
 def generate(target, draft, prompt, max_new_tokens: int, *, tree_size: int = 8, width: int = 2,
              steps: int = DEFAULT_STEPS, branch: int | None = None, mode: str = "greedy",
              schedule: str = "parallel", seed: int = 0, backend: str = "kernels", impl: str | None = None,
-             eos: int | None = None, graphs: bool | None = None, growth: str = DEFAULT_GROWTH
-             ) -> ParallelGeneration:
+             eos: int | None = None, graphs: bool | None = None, growth: str = DEFAULT_GROWTH,
+             draft_tree: str = DEFAULT_DRAFT_TREE) -> ParallelGeneration:
     """One generation, both workers in this process (lockstep, see the module docstring); one
     prompt (a token-id list). steps: SwiftSpec's d, draft steps per round (during verification, or
     after re-rooting for schedule="serial"). Greedy output equals the target's greedy decoding; the
@@ -145,7 +159,7 @@ def generate(target, draft, prompt, max_new_tokens: int, *, tree_size: int = 8, 
     prompt = check_prompt(prompt, target.config.vocab_size)
     sides = build_sides(target, draft, max_prompt=len(prompt), max_new_tokens=max_new_tokens,
                         tree_size=tree_size, width=width, steps=steps, branch=branch, mode=mode,
-                        backend=backend, impl=impl, graphs=graphs, growth=growth)
+                        backend=backend, impl=impl, graphs=graphs, growth=growth, draft_tree=draft_tree)
     return run_sides(sides, prompt, schedule=schedule, seed=seed, eos=eos)
 
 

@@ -26,7 +26,9 @@ draft_ms_per_round (the draft's busy time per round), target_idle_ms_per_round (
 not verifying: the part of drafting and messaging left on the critical path), target_wait_ms_median
 (the target's wait between two verifications, the median over rounds), growth (the parallel
 draft's rule for its steps during verification: "likely", `pyspec_ref.parallel_tree`, at every d,
-and "best", the rule before it, at BEFORE_STEPS), identical (greedy: equal to autoregressive),
+and "best", the rule before it, at BEFORE_STEPS), draft_tree (where the serial schedule's and the
+parallel draft's tree lives: "device", `device_side`, at every d, and "host", `sides.DraftSide`,
+at BEFORE_STEPS), identical (greedy: equal to autoregressive),
 speedup_vs_serial_decoder, and timeline (the first prompt's median run, rounds
 1 to TIMELINE_ROUNDS: each side's spans, ms from the run's start).
 
@@ -187,17 +189,26 @@ def _one_gpu_rows(pair: str, texts: list, max_new: int, steps, repeats: int, mod
         serial_decoder = _best_serial_decoder(loaded, texts, max_new, repeats, mode, plain, built, shape)
         add(serial_decoder)
         baselines[mode] = (plain, serial_decoder["tokens_per_s"])
-        for d in steps:
+        for draft_tree, d in _draft_trees(steps):
             sides = parallel.build_sides(target, draft, max_prompt=max(len(p) for p in texts),
-                                         max_new_tokens=max_new, steps=d, mode=mode, **tree)
+                                         max_new_tokens=max_new, steps=d, mode=mode, draft_tree=draft_tree,
+                                         **tree)
 
             def serial_run(prompt, sides=sides):
                 return parallel.run_sides(sides, prompt, schedule="serial")
 
             add(_row("serial", mode, _in_process(serial_run, texts, repeats), plain, steps=d, transport=None,
-                     gpus=1))
+                     gpus=1, draft_tree=draft_tree))
             del sides
     return baselines
+
+
+def _draft_trees(steps) -> list[tuple[str, int]]:
+    """(draft tree, d) of the serial schedule's rows: the default tree at every d, the other at
+    BEFORE_STEPS (the same tree, pass for pass: only the time differs)."""
+    before = [d for d in steps if d == BEFORE_STEPS] or list(steps[:1])
+    others = [tree for tree in parallel.DRAFT_TREES if tree != parallel.DEFAULT_DRAFT_TREE]
+    return [(parallel.DEFAULT_DRAFT_TREE, d) for d in steps] + [(tree, d) for tree in others for d in before]
 
 
 def _serial_trees(loaded, mode: str, shape: tuple) -> list[tuple[str, dict]]:
@@ -261,8 +272,8 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
 
     def add(row: dict) -> None:
         rows.append(sizes | row)
-        shown = ("name", "mode", "steps", "growth", "transport", "gpus", "tokens_per_s", "tokens_per_call",
-                 "verify_ms", "target_wait_ms_median", "identical")
+        shown = ("name", "mode", "steps", "growth", "draft_tree", "transport", "gpus", "tokens_per_s",
+                 "tokens_per_call", "verify_ms", "target_wait_ms_median", "identical")
         log(json.dumps({k: row[k] for k in shown if k in row}))
 
     baselines = _one_gpu_rows(pair, texts, max_new, steps, repeats, modes, add, device, backend, shape)
@@ -277,15 +288,19 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
         setups += [(dict(devices=two, transport="nccl"), 2), (dict(devices=two, transport="gloo"), 2)]
     if one_gpu or gpus < 2:
         setups.append((dict(devices={"target": device, "draft": device}, transport="gloo"), min(gpus, 1)))
-    for (options, used), growth in itertools.product(setups, GROWTHS):
-        # the rule before growth "likely", for comparison at one d (each d costs its CUDA graphs)
-        some = steps
-        if growth != parallel.DEFAULT_GROWTH:
-            some = [d for d in steps if d == BEFORE_STEPS] or list(steps[:1])
-        measured = _launched(common | options | {"growth": growth}, paths, texts, modes, some, repeats)
+    # the draft tree and growth before the default ones, for comparison at one d (each d costs its graphs)
+    before = [d for d in steps if d == BEFORE_STEPS] or list(steps[:1])
+    variants = [(parallel.DEFAULT_DRAFT_TREE, parallel.DEFAULT_GROWTH, steps)]
+    variants += [(parallel.DEFAULT_DRAFT_TREE, growth, before) for growth in GROWTHS
+                 if growth != parallel.DEFAULT_GROWTH]
+    variants += [(tree, parallel.DEFAULT_GROWTH, before) for tree in parallel.DRAFT_TREES
+                 if tree != parallel.DEFAULT_DRAFT_TREE]
+    for (options, used), (draft_tree, growth, some) in itertools.product(setups, variants):
+        measured = _launched(common | options | {"growth": growth, "draft_tree": draft_tree}, paths, texts,
+                             modes, some, repeats)
         for (mode, d), generations in measured.items():
             add(_row("parallel", mode, generations, baselines[mode][0], steps=d,
-                     transport=options["transport"], gpus=used, growth=growth))
+                     transport=options["transport"], gpus=used, growth=growth, draft_tree=draft_tree))
     for row in rows:
         if row["name"] != "autoregressive":
             row["speedup_vs_serial_decoder"] = row["tokens_per_s"] / baselines[row["mode"]][1]

@@ -161,12 +161,18 @@ def comparison(rows: list[dict], mode: str) -> list[tuple[str, dict]]:
     for r in _pick(rows, "serial decoder", mode):
         tree = f", {r['tree']} tree, N = {r['N']}" if r.get("tree") else ""
         out.append((f"serial decoder (capstone{tree})", r))
-    out += [(f"serial, d = {r['steps']}", r) for r in _pick(rows, "serial", mode, steps=best["steps"])]
+    out += [(f"serial, d = {r['steps']}{_variant(r)}", r)
+            for r in _pick(rows, "serial", mode, steps=best["steps"])]
     for r in _pick(rows, "parallel", mode, steps=best["steps"]):
         gpus = f"{r['gpus']} GPU" + "s" * (r["gpus"] > 1)
-        growth = f", growth {r['growth']}" if r.get("growth") else ""
-        out.append((f"parallel, d = {r['steps']}{growth}, {r['transport']}, {gpus}", r))
+        out.append((f"parallel, d = {r['steps']}{_variant(r)}, {r['transport']}, {gpus}", r))
     return out
+
+
+def _variant(row: dict) -> str:
+    """The row's growth rule and where its draft tree lives, where the row says."""
+    growth = f", growth {row['growth']}" if row.get("growth") else ""
+    return growth + (f", {row['draft_tree']} tree" if row.get("draft_tree") else "")
 
 
 def speed_bars(rows: list[dict], mode: str = "greedy", ax=None, title: str | None = None):
@@ -193,24 +199,26 @@ def speed_bars(rows: list[dict], mode: str = "greedy", ax=None, title: str | Non
 
 def measured_figure(document: dict):
     """parallel.png: the measured timelines of the best parallel run, of the same setup with the
-    other growth rule (where measured) and of the serial schedule at its d (greedy), and the
+    other draft tree or growth rule (where measured) and of the serial schedule at its d (greedy), and the
     tokens/s of every method, greedy and sampling, labelled with the device and date."""
     import matplotlib.pyplot as plt
 
     rows = document["rows"]
     best = best_parallel(rows, "greedy")
     serial = _pick(rows, "serial", "greedy", steps=best["steps"])
-    other = [r for r in _pick(rows, "parallel", "greedy", steps=best["steps"], transport=best["transport"],
-                              gpus=best["gpus"]) if r.get("growth") != best.get("growth")]
+    same_setup = _pick(rows, "parallel", "greedy", steps=best["steps"], transport=best["transport"],
+                       gpus=best["gpus"])
+    # before: the same setup with the other draft tree (else the other growth rule)
+    other = ([r for r in same_setup if r.get("draft_tree") != best.get("draft_tree")]
+             + [r for r in same_setup if r.get("growth") != best.get("growth")])
     runs = [best] + other[:1] + [r for r in serial[:1] if r.get("timeline")]
     modes = [m for m in ("greedy", "sample") if _pick(rows, "parallel", m)]
     fig = plt.figure(figsize=(13, 2.4 * len(runs) + 2.2 * len(modes)), layout="constrained")
     grid = fig.add_gridspec(len(runs) + len(modes), 1, height_ratios=[1] * len(runs) + [1.3] * len(modes))
     for i, r in enumerate(runs):
         where = f"{r['gpus']} GPU{'s' * (r['gpus'] > 1)}" + (f", {r['transport']}" if r["transport"] else "")
-        growth = f", growth {r['growth']}" if r.get("growth") else ""
         timeline(r["timeline"], fig.add_subplot(grid[i]),
-                 title=f"{r['name']} (d = {r['steps']}{growth}, {where}): rounds 1-4, greedy")
+                 title=f"{r['name']} (d = {r['steps']}{_variant(r)}, {where}): rounds 1-4, greedy")
     for i, mode in enumerate(modes):
         speed_bars(rows, mode, fig.add_subplot(grid[len(runs) + i]))
     fig.suptitle(f"{document.get('gpus', '')} x {document['device']}, {document['date'][:10]}", fontsize=10)

@@ -34,16 +34,18 @@ from course.core.regions import ROOT
 
 from . import decoder, wire
 from .parallel import (
+    DEFAULT_DRAFT_TREE,
     DEFAULT_GROWTH,
     DEFAULT_STEPS,
     ParallelGeneration,
     check_pair,
     check_prompt,
+    draft_side,
     relative_events,
     sync,
 )
 from .protocol import Timeline, draft_rounds, run_linked, target_rounds
-from .sides import GROWTHS, DraftSide, TargetSide
+from .sides import GROWTHS, TargetSide
 
 
 class ParallelError(RuntimeError):
@@ -77,6 +79,7 @@ class Job:
     width: int = 2
     branch: int = 4
     growth: str = DEFAULT_GROWTH
+    draft_tree: str = DEFAULT_DRAFT_TREE
     max_new_tokens: int = 16
     eos: int | None = None
     backend: str = "kernels"
@@ -130,6 +133,7 @@ def check_job(job: Job) -> None:
             raise ValueError(f"runs[{i}].steps must be an int >= 0, got {run.steps!r}")
     if job.growth not in GROWTHS:
         raise ValueError(f"growth must be one of {GROWTHS}, got {job.growth!r}")
+    draft_side(job.draft_tree)  # a clear error before any process starts
     if job.transport not in ("gloo", "nccl"):
         raise ValueError(f"transport must be 'gloo' or 'nccl', got {job.transport!r}")
     if job.transport == "nccl" and (job.devices["target"] == job.devices["draft"]
@@ -337,7 +341,8 @@ def _side(job: Job, run: Run, role: str, model, built: dict):
         cfg = decoder.settings(job.tree_size, job.width, job.branch, mode=run.mode)
         sizes = dict(max_prompt=max(len(r.prompt) for r in job.runs), max_new_tokens=job.max_new_tokens,
                      backend=job.backend, impl=job.impl)
-        built[key] = (DraftSide(model, cfg, run.steps, growth=job.growth, **sizes) if role == "draft"
+        built[key] = (draft_side(job.draft_tree)(model, cfg, run.steps, growth=job.growth, **sizes)
+                      if role == "draft"
                       else TargetSide(model, cfg, **sizes))
     return built[key]
 

@@ -1,0 +1,249 @@
+"""The parallel draft's tree on the device (SwiftSpec §3.1-3.2): `host_tree.HostTree`'s rules, kept
+in fixed-shape tables so that growth, selection and re-rooting are kernels the GPU runs without the
+host (`course.capstone.device_side` captures each as a CUDA graph).
+
+`HostTree` holds nodes (tokens the draft has run) and a queue of candidates (their children, not
+yet run). Here both are ROWS of one table, in creation order: a run row is a node, an unrun row a
+candidate. Creation order is the queue's push order, and re-rooting keeps the survivors' relative
+order, so a row's index breaks the ties that the queue's counter breaks there. Each run row also
+holds a SLOT, the order in which it was run (HostTree's node id): the draft's KV cache keeps a run
+row's keys and values at cache row P + slot, so only nodes take cache rows, as on the host.
+
+* Growth (`pop`): the `width` best unrun rows by key (growth "likely": a row sent to the target as
+  a leaf ranks by its key plus the log of its parent's top draft probability), ties by row.
+* Selection (`select`): the `size` best rows by (key, depth, nodes before candidates, slot or row),
+  the root first: one sort on the device. The message lists nodes by slot, then candidates by key
+  and row, HostTree's order, so that both send the same subtree in the same order.
+* Ancestry: the attention needs nested intervals (FlashSpecInfer §5.1). `anc` (rows x rows) marks
+  each row's ancestors and itself; a row's DFS start is its depth plus the sizes of the subtrees of
+  the earlier siblings of its ancestors, one matrix product (`intervals`), so a tree of any depth
+  and shape gets exact DFS times without a walk on the host.
+* Re-rooting (`reroot`): the accepted path's nodes join the prefix, the subtree of the next token
+  (when the draft ran that child) survives with its KV rows, which move left in slot order (every
+  move has dst <= src, as `swiftspec.compact` requires); keys and cumulative log-probabilities
+  become relative to the new root. When the path ends at a candidate the draft never ran, its KV is
+  OWED: the next root pass runs it together with the new root, as HostTree's `adopt` does.
+
+Every method that changes the tree reads and writes only device tensors and never waits for the
+host, so a GPU replays it as a graph; the host keeps a mirror of the counts it needs to choose the
+next pass (`DeviceDraftSide`), which depend only on the pass widths, except after a re-root (one read).
+Row `rows` (the last) is a trash row that no live index reaches: scatters of padding land there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .tree import MODES
+
+DEAD_START, DEAD_END = 2 ** 31 - 1, -1  # an interval that contains no query: a row no query sees
+
+
+class DeviceTree:
+    """One sample's draft tree in device tables of `rows` rows and `slots` node slots (see the module
+    docstring); q (sample mode): the draft's distribution at each node, by slot."""
+
+    def __init__(self, rows: int, slots: int, branch: int, mode: str, vocab_size: int, device):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.rows, self.slots, self.branch, self.mode = rows, slots, branch, mode
+        n = rows + 1
+        i64 = dict(dtype=torch.int64, device=device)
+        self.parent = torch.full((n,), -1, **i64)
+        self.token = torch.zeros(n, **i64)
+        self.depth = torch.zeros(n, **i64)
+        self.cum = torch.zeros(n, dtype=torch.float64, device=device)
+        self.key = torch.full((n,), -torch.inf, dtype=torch.float64, device=device)
+        self.top = torch.zeros(n, dtype=torch.float64, device=device)
+        self.run = torch.zeros(n, dtype=torch.bool, device=device)
+        self.sent = torch.zeros(n, dtype=torch.bool, device=device)
+        self.slot = torch.full((n,), -1, **i64)
+        self.anc = torch.zeros((n, n), dtype=torch.float32, device=device)  # anc[i, j]: j is i or above it
+        self.q = (torch.zeros((slots + 1, vocab_size), dtype=torch.float32, device=device)
+                  if mode == "sample" else None)
+        self.count = torch.zeros(1, **i64)  # live rows: 0 .. count - 1
+        self.used = torch.zeros(1, **i64)  # slots taken: the nodes
+        self.prefix = torch.zeros(1, **i64)  # committed tokens whose KV is cached (the owed one included)
+        self.owed = torch.zeros(1, dtype=torch.bool, device=device)
+        self.owed_token = torch.zeros(1, **i64)
+        self.likely = torch.zeros(1, dtype=torch.float64, device=device)  # 1.0: growth "likely" now
+        self.msg_rows = torch.zeros(rows, **i64)  # the rows of the last subtree sent, in message order
+        self.ids = torch.arange(n, **i64)
+        self.slot_ids = torch.arange(slots + 1, **i64)
+
+    # ------------------------------------------------------------------ state
+
+    def live(self) -> torch.Tensor:
+        return self.ids < self.count
+
+    def reset(self, root_token: int, prefix: int) -> None:
+        """A tree holding only its root, not yet run, after a prefix of `prefix` cached tokens."""
+        self.parent.fill_(-1)
+        self.token.zero_()
+        self.depth.zero_()
+        self.cum.zero_()
+        self.key.fill_(-torch.inf)
+        self.top.zero_()
+        self.run.zero_()
+        self.sent.zero_()
+        self.slot.fill_(-1)
+        self.anc.zero_()
+        self.anc[0, 0] = 1.0
+        self.token[0], self.key[0] = root_token, 0.0
+        self.count.fill_(1)
+        self.used.zero_()
+        self.prefix.fill_(prefix)
+        self.owed.zero_()
+
+    # ------------------------------------------------------------------ growth
+
+    def pop(self, width: int) -> torch.Tensor:
+        """The `width` best unrun rows (the host knows there are that many), now nodes: their rows,
+        in pop order, each given the next slot."""
+        candidate = self.live() & ~self.run
+        bonus = torch.where(self.sent, self.top[self.parent.clamp(min=0)], 0.0) * self.likely
+        score = torch.where(candidate, -(self.key + bonus), torch.inf)
+        rows = torch.sort(score, stable=True).indices[:width]
+        self.run.index_fill_(0, rows, True)
+        self.slot[rows] = self.used + self.slot_ids[:width]
+        self.used += width
+        return rows
+
+    def intervals(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every live row's DFS times (children in row order): start = depth + the sizes of the
+        subtrees of the earlier siblings of each of its ancestors (and itself); end = start + its
+        subtree's size - 1. Integers below `rows`, exact in float32."""
+        live, parent = self.live(), self.parent
+        earlier = ((parent[:, None] == parent[None, :]) & (self.ids[:, None] < self.ids[None, :])
+                   & live[:, None] & live[None, :] & (parent[None, :] >= 0))  # x is an earlier sibling of y
+        size = self.anc.sum(dim=0)
+        start = self.depth.float() + (self.anc @ earlier.T.float()) @ size
+        return start, start + size - 1
+
+    def add_children(self, rows: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor, top: torch.Tensor,
+                     q: torch.Tensor | None) -> None:
+        """The run rows' candidate children (tokens, draft log-probabilities (n, branch), in the order
+        they are to be tried) as new rows; top: the log of each run row's largest draft probability;
+        q: its draft distribution (sample mode)."""
+        branch = self.branch
+        self.top[rows] = top
+        if q is not None:
+            self.q[self.slot[rows]] = q
+        parent = rows[:, None].expand(rows.numel(), branch).reshape(-1)
+        new = self.count + self.ids[:parent.numel()]
+        cum = self.cum[parent] + logp.reshape(-1).double()
+        self.parent[new] = parent
+        self.token[new] = tokens.reshape(-1).long()
+        self.depth[new] = self.depth[parent] + 1
+        self.cum[new] = cum
+        self.key[new] = cum if self.mode == "greedy" else self.cum[parent]
+        self.top.index_fill_(0, new, 0.0)
+        self.run.index_fill_(0, new, False)
+        self.sent.index_fill_(0, new, False)
+        self.slot.index_fill_(0, new, -1)
+        self.anc[new] = self.anc[parent]
+        self.anc.view(-1).index_fill_(0, new * (self.rows + 2), 1.0)  # the diagonal: each row is its own
+        self.count += parent.numel()
+
+    # ------------------------------------------------------------------ the subtree sent
+
+    def select(self, size: int) -> torch.Tensor:
+        """The `size` best rows (a subtree holding the root), in message order; marks the candidates
+        among them as sent. Returns [parents over the subtree's indices, tokens] (2 * size,)."""
+        run, ids = self.run, self.ids
+        rank = torch.where(self.live(), torch.where(ids == 0, -torch.inf, -self.key), torch.inf)
+        order = torch.sort(torch.where(run, self.slot, self.rows + 1 + ids), stable=True).indices
+        order = order[torch.sort(self.depth[order], stable=True).indices]
+        chosen = order[torch.sort(rank[order], stable=True).indices][:size].sort().values
+        later = torch.where(run[chosen], self.slot[chosen].double(), -self.key[chosen])
+        chosen = chosen[torch.sort(later, stable=True).indices]
+        rows = chosen[torch.sort((~run[chosen]).to(torch.uint8), stable=True).indices]
+        self.msg_rows[:size].copy_(rows)
+        local = torch.full_like(ids, -1)
+        local[rows] = ids[:size]
+        parent = self.parent[rows]
+        parents = torch.where(parent >= 0, local[parent.clamp(min=0)], -1)
+        self.sent.zero_()
+        self.sent[rows] = ~run[rows]
+        return torch.cat([parents, self.token[rows]])
+
+    def sent_q(self, size: int) -> torch.Tensor:
+        """The draft distributions of the `size` rows sent last (sample mode); a candidate's is never
+        read: uniform."""
+        rows = self.msg_rows[:size]
+        uniform = torch.full_like(self.q[0], 1.0 / self.q.shape[1])
+        return torch.where(self.run[rows][:, None], self.q[self.slot[rows].clamp(min=0)], uniform)
+
+    # ------------------------------------------------------------------ after verification
+
+    def reroot(self, path: torch.Tensor, k1: torch.Tensor, next_token: torch.Tensor, compact) -> torch.Tensor:
+        """SwiftSpec §3.2 after ACCEPTED(path, next_token): path (size,) indices into the last subtree
+        sent, the first k1 valid. compact(src, dst, count): the KV moves, (slots,) each. Returns
+        [live rows, nodes, owed, kept a subtree] (4,) for the host's mirror."""
+        rows, ids = self.rows, self.ids
+        valid = self.slot_ids[:path.numel()] < k1
+        committed = torch.where(valid, self.msg_rows[path.clamp(min=0, max=rows - 1)], rows)
+        last = committed.gather(0, k1 - 1)
+        last_run, last_token = self.run[last], self.token[last]
+        live = self.live()
+        match = live & self.run & (self.parent == last) & (self.token == next_token) & last_run
+        found = match.any()
+        # (1,), not 0-dim: indexing with a 0-dim tensor would read it on the host
+        new_root = torch.argmax(match.to(torch.int32)).reshape(1)
+        keep = (self.anc.index_select(1, new_root)[:, 0] > 0) & live & found  # the new root and all below it
+        is_committed = torch.zeros_like(self.run)
+        is_committed.index_fill_(0, committed, True)
+        is_committed[rows:].fill_(False)
+        # KV rows, in slot order: the committed nodes first (they were run before anything below them)
+        kept_slot = torch.zeros(self.slots + 1, dtype=torch.bool, device=ids.device)
+        kept = (is_committed | keep) & self.run & live
+        kept_slot.index_fill_(0, torch.where(kept, self.slot, self.slots), True)
+        kept_slot[self.slots:].fill_(False)
+        new_slot = kept_slot.cumsum(0) - 1
+        moves = kept_slot.sum().reshape(1)
+        src = torch.full_like(self.slot_ids, self.slots)
+        src[torch.where(kept_slot, new_slot, self.slots)] = self.slot_ids
+        compact(self.prefix + src[:self.slots], self.prefix + self.slot_ids[:self.slots], moves)
+        # The tables: the kept subtree's rows first, in their order; every other row dead
+        new_row = torch.where(keep, keep.cumsum(0) - 1, -1)
+        source = torch.full_like(ids, rows)
+        source[torch.where(keep, new_row, rows)] = ids
+        source[rows:].fill_(rows)
+        self._gather(source, new_row, new_root, new_slot - k1, found, next_token)
+        if self.q is not None:
+            q_source = torch.full_like(self.slot_ids, self.slots)
+            survivor = kept_slot & (new_slot >= k1)
+            q_source[torch.where(survivor, new_slot - k1, self.slots)] = self.slot_ids
+            self.q.copy_(self.q[q_source])
+        count = torch.where(found, keep.sum(), 1).reshape(1)
+        self.owed.copy_(~last_run)
+        self.owed_token.copy_(last_token)
+        self.used.copy_(torch.where(found, moves - k1, 0))
+        self.count.copy_(count)
+        self.prefix += k1
+        self.sent.zero_()
+        return torch.cat([count, self.used, self.owed.long(), found.long().reshape(1)])
+
+    def _gather(self, source, new_row, new_root, new_slot, found, next_token) -> None:
+        """The tables after a re-root: row r takes old row source[r] (see `reroot`), or, when no
+        subtree survives, a fresh root holding next_token."""
+        parent = self.parent[source]
+        parent = torch.where(parent >= 0, new_row[parent.clamp(min=0)], -1)
+        base_cum, base_depth = self.cum[new_root], self.depth[new_root]
+        root = self.ids == 0
+        fresh = dict(parent=torch.full_like(parent, -1), token=torch.where(root, next_token, 0),
+                     depth=torch.zeros_like(parent), cum=torch.zeros_like(self.cum),
+                     key=torch.where(root, 0.0, -torch.inf), top=torch.zeros_like(self.top),
+                     run=torch.zeros_like(self.run), slot=torch.full_like(parent, -1))
+        live = source < self.rows
+        kept = dict(parent=parent, token=self.token[source], depth=self.depth[source] - base_depth,
+                    cum=self.cum[source] - base_cum,
+                    key=torch.where(root, 0.0, torch.where(live, self.key[source] - base_cum, -torch.inf)),
+                    top=self.top[source], run=self.run[source] & live,
+                    slot=torch.where(self.run[source] & live, new_slot[self.slot[source].clamp(min=0)], -1))
+        for name, value in kept.items():
+            getattr(self, name).copy_(torch.where(found, value, fresh[name]))
+        anc = self.anc[source][:, source]
+        fresh_anc = torch.zeros_like(anc)
+        fresh_anc[0, :1].fill_(1.0)
+        self.anc.copy_(torch.where(found, anc, fresh_anc))
