@@ -148,6 +148,9 @@ def _compaction_case(module, plans_in, rows: int, capacity: int, d: int, dtype, 
     return ""
 
 
+SAMPLE_DRAWS = 100  # random trees drawn at most for a sample of a compaction case
+
+
 def compaction_cases(seed: int):
     """(name, plans_in, R, C, d, dtype, options) of every compaction case; a case's random samples
     come from its own seed, `inputs.case_seed(seed, name)`."""
@@ -157,8 +160,15 @@ def compaction_cases(seed: int):
         return name, random.Random(inputs.case_seed(seed, name))
 
     def random_sample(rng, n, prefix):
-        parents = inputs.random_tree(n, rng, max_children=rng.randint(1, 4), order=rng.choice(["bfs", "dfs"]))
-        return prefix, tuple(parents), tuple(random_root_path(parents, rng))
+        """A random tree and verified path whose compaction moves rows (a path down first children
+        often keeps every row in place, and a sample with no move shows nothing)."""
+        for _ in range(SAMPLE_DRAWS):
+            order = rng.choice(["bfs", "dfs"])
+            parents = inputs.random_tree(n, rng, max_children=rng.randint(1, 4), order=order)
+            path = random_root_path(parents, rng)
+            if spec.compact_plan(prefix, parents, path):
+                return prefix, tuple(parents), tuple(path)
+        raise RuntimeError(f"no random tree of {n} nodes in {SAMPLE_DRAWS} draws has a path that moves a row")
 
     shift = [-1, 0] + [0] + list(range(2, big + 1))  # root -> leaf 1, root -> chain 2..big+1
     caterpillar = inputs.caterpillar(big)

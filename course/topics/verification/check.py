@@ -580,20 +580,30 @@ def _peaked_case(name: str, vocabulary: int, seed: int, *, replacement: bool) ->
     1 - 9e-4, within NORMALISATION_TOLERANCE: S must come from q's total, not from 1): the first
     child is mostly that token, and r = 0.999 rejects it; in every other tree the second child
     gets r = 0.999 too, so that the third child's test and the draw come after two rejections.
-    The later tests and residuals depend on S (the draft mass left) and on C's step Z / S. Drawn from
-    the case's own seed, `inputs.case_seed(seed, name)`."""
+    The later tests and residuals depend on S (the draft mass left) and on C's step Z / S. The
+    tokens are drawn again until in both a tree of r below and one of r above a boundary (`_near_a_boundary`)
+    every child is rejected. Drawn from the case's own seed, `inputs.case_seed(seed, name)`."""
     seed = inputs.case_seed(seed, name)
     case = sampling_case(name, [inputs.star(4)] * 8, vocabulary, seed, mismatch=0.5, replacement=replacement)
     # q sums to 1 - 9e-4 (within the tolerance): S after a draw must come from q's total, not 1
     case.q = (peaked_wrong_draft(case.q, case.p).double() * (1 - 9e-4)).to(torch.float32)
-    case.tokens = draft_tokens(inputs.batch_of_trees(case.parents), case.q, seed + 7, replacement)
     case.accept[:, 1] = 0.999
     case.accept[1::2, 2:] = 0.999
-    for b in range(1, len(case.parents), 2):  # where every child is rejected, the draw on a knife edge
-        path, _ = spec.tree_speculative_sampling(*case.tree_args(b), replacement=replacement)
-        if path == [0]:
-            case.sample[b, 0] = _near_a_boundary(case, b, replacement, below=b % 4 == 1)
+    for attempt in range(PEAKED_DRAWS):
+        case.tokens = draft_tokens(inputs.batch_of_trees(case.parents), case.q, seed + 7 + 16 * attempt,
+                                   replacement)
+        rejected = [b for b in range(1, len(case.parents), 2)
+                    if spec.tree_speculative_sampling(*case.tree_args(b), replacement=replacement)[0] == [0]]
+        if {b % 4 for b in rejected} == {1, 3}:
+            break
+    else:
+        raise RuntimeError(f"{name}: no draw of {PEAKED_DRAWS} rejects every child of two trees")
+    for b in rejected:  # where every child is rejected, the draw on a knife edge
+        case.sample[b, 0] = _near_a_boundary(case, b, replacement, below=b % 4 == 1)
     return case
+
+
+PEAKED_DRAWS = 64  # draws of a peaked case's tokens, at most: each rejects all of a tree's children often
 
 
 def _near_a_boundary(case: SamplingCase, b: int, replacement: bool, below: bool) -> float:
