@@ -580,9 +580,10 @@ def _peaked_case(name: str, vocabulary: int, seed: int, *, replacement: bool) ->
     1 - 9e-4, within NORMALISATION_TOLERANCE: S must come from q's total, not from 1): the first
     child is mostly that token, and r = 0.999 rejects it; in every other tree the second child
     gets r = 0.999 too, so that the third child's test and the draw come after two rejections.
-    The later tests and residuals depend on S (the draft mass left) and on C's step Z / S. The
-    tokens are drawn again until in both a tree of r below and one of r above a boundary (`_near_a_boundary`)
-    every child is rejected. Drawn from the case's own seed, `inputs.case_seed(seed, name)`."""
+    The later tests and residuals depend on S (the draft mass left) and on C's step Z / S. Where
+    every child of a tree is rejected, its draw gets a uniform on a knife edge (`_near_a_boundary`:
+    just below in trees 1 and 5, just above in trees 3 and 7); the tokens are drawn again until
+    both kinds of knife edge occur. Drawn from the case's own seed, `inputs.case_seed(seed, name)`."""
     seed = inputs.case_seed(seed, name)
     case = sampling_case(name, [inputs.star(4)] * 8, vocabulary, seed, mismatch=0.5, replacement=replacement)
     # q sums to 1 - 9e-4 (within the tolerance): S after a draw must come from q's total, not 1
