@@ -198,10 +198,11 @@ def edge_cases(seed: int) -> list[SamplingCase]:
     p[:, :-1] = same.q
     cases.append(replace(same, name="from logits, p = q (the same logits)", p=p))
     size = runtime.pick(sim=(4, 3, 100), gpu=(8, 5, 32000))  # pyspec_ref sums 32000 fractions per draw
-    drawn = f"random B={size[0]} gamma={size[1]} V={size[2]}"
-    cases.append(random_case(drawn, inputs.case_seed(seed, drawn), *size))
-    logits = f"random from logits B={size[0]} gamma={size[1]} V={size[2]}"
-    cases.append(random_case(logits, inputs.case_seed(seed, logits), *size, form="logits", noise=0.5))
+    from_probs = f"random B={size[0]} gamma={size[1]} V={size[2]}"
+    cases.append(random_case(from_probs, inputs.case_seed(seed, from_probs), *size))
+    from_logits = f"random from logits B={size[0]} gamma={size[1]} V={size[2]}"
+    cases.append(random_case(from_logits, inputs.case_seed(seed, from_logits), *size, form="logits",
+                             noise=0.5))
     return cases
 
 
