@@ -4,6 +4,7 @@ services, and the weight of the seeded cases (tests/test_grade.py grades samples
 
 from __future__ import annotations
 
+import ast
 import json
 import tempfile
 import warnings
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from course.core import inputs
 from course.core.regions import ROOT
 from course.grading import proxy, runner, sandbox, seeded, services, shapes, wire
 from course.grading.runner import Clock, Limits, Setup, case_seed
@@ -258,6 +260,73 @@ def test_most_of_every_exercises_points_come_from_seeded_cases(setup, exercise):
     lookup = [(c, c not in drawn, "") for c in cases]  # right on every fixed case, wrong on every seeded one
     table = runner.ExerciseGrade(exercise, 3.0, lookup, seeded=frozenset(drawn))
     assert table.fraction <= 1 - seeded.SEEDED_SHARE + 1e-9
+
+
+RECOGNISABLE_SEED = 0x5EC2E7_C0FFEE  # a seed whose decimal and hex forms stand out in any text
+
+
+def _first_calls(monkeypatch, setup, exercise: str, seed: int, keyed) -> list[tuple[str, str | None]]:
+    """`seeded.first_calls` with `inputs.case_seed` replaced by `keyed` (the checks call it by name)."""
+    monkeypatch.setattr(inputs, "case_seed", keyed)
+    return seeded.first_calls(EXERCISES[exercise], setup, seed)
+
+
+@pytest.mark.parametrize("exercise", sorted(EXERCISES))
+def test_each_case_draws_its_inputs_from_its_own_keyed_seed(setup, exercise, monkeypatch):
+    """Knowing one case's inputs (or its seed) tells nothing of another case's, nor of the seed: the
+    exercise's seed reaches a case's inputs only through `inputs.case_seed(seed, name)`, each name
+    hashed under it feeds one case at most, every seeded case has one, and another seed moves every
+    seeded case. No case's name shows the seed, in decimal or in hex."""
+    seed, real = case_seed(SEED, exercise), inputs.case_seed
+    hashed: list[tuple[int, str]] = []
+
+    def spy(key: int, name: str) -> int:
+        hashed.append((key, name))
+        return real(key, name)
+
+    found = _first_calls(monkeypatch, setup, exercise, seed, spy)
+    names = [case for case, _ in found]
+    assert len(set(names)) == len(names), "two cases of one name would share their seed"
+    drawn = seeded.seeded_cases(EXERCISES[exercise], setup, seed)
+    assert drawn, exercise
+    # with case_seed's key held fixed, the exercise's seed changes nothing: it enters through case_seed only
+    held = lambda key, name: real(0, name)  # noqa: E731
+    first = _first_calls(monkeypatch, setup, exercise, seed, held)
+    assert sum(d is not None for _, d in first) == sum(d is not None for _, d in found)  # no case broke
+    assert first == _first_calls(monkeypatch, setup, exercise, seed ^ seeded.OTHER_SEED, held)
+    # one name's seed changed alone moves one case at most; together they move every seeded case
+    moved: set[str] = set()
+    for name in sorted({name for key, name in hashed if key == seed}):
+        def one_changed(key: int, asked: str, name=name) -> int:
+            # a change in the low 32 bits: torch's CPU generator keeps only those of a seed
+            return real(key, asked) ^ 0x5A5A5A if (key, asked) == (seed, name) else real(key, asked)
+        after = _first_calls(monkeypatch, setup, exercise, seed, one_changed)
+        changed = {case for (case, d), (_, e) in zip(found, after, strict=True) if d != e}
+        assert len(changed) <= 1, f"{name!r} feeds the cases {sorted(changed)}"
+        moved |= changed
+    assert drawn <= moved, f"seeded cases not drawn from a case seed of their own: {sorted(drawn - moved)}"
+    # another seed moves every seeded case
+    other = _first_calls(monkeypatch, setup, exercise, seed + 1, real)
+    assert len(other) == len(found)
+    assert all(d != e for (case, d), (_, e) in zip(found, other, strict=True) if case in drawn)
+    # no name shows the seed it was drawn from
+    shown = _first_calls(monkeypatch, setup, exercise, RECOGNISABLE_SEED, real)
+    forms = (str(RECOGNISABLE_SEED), f"{RECOGNISABLE_SEED:x}", f"{RECOGNISABLE_SEED:X}")
+    assert not [case for case, _ in shown if any(form in case for form in forms)]
+
+
+def test_no_check_message_formats_a_seed():
+    """A check's names and messages are f-strings: none of them may show a seed (`seed`, or a case's
+    seed, held in names with 'seed' or 'drawn' in them)."""
+    shown = []
+    checks = [*(ROOT / "course" / "topics").glob("*/check.py"), *(ROOT / "course" / "checks").glob("*.py")]
+    for path in checks:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FormattedValue):
+                named = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+                if any("seed" in n or "drawn" in n for n in named):
+                    shown.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not shown
 
 
 def test_weights_split_the_points_between_seeded_and_fixed_cases():

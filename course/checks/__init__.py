@@ -3,7 +3,8 @@
 An `Exercise` names the cases its check runs (each topic declares its own in
 `course/topics/<topic>/exercises.py`; `course.registry` holds them all). A check runs the
 exercise on a fixed list of edge cases and on fresh random cases drawn from a seed (a public one
-in the notebooks, a private one when grading) and gives a `Report`: one line per failing case
+in the notebooks, a private one when grading), each case from its own keyed hash of that seed and
+its name (`course.core.inputs.case_seed`), and gives a `Report`: one line per failing case
 saying where and how the output differs. `course.check(exercise)` prints it and raises
 `CheckFailed` if anything failed, so that a notebook run stops at a wrong kernel.
 

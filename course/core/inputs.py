@@ -7,15 +7,38 @@ chains, stars, deep trees, random trees numbered in BFS or in DFS order.
 Every tree here is numbered topologically (a parent before its children, the root
 is node 0), as speculative decoding produces them: a token is appended after the
 token it continues.
+
+A check's seeded cases draw their inputs through two keyed hashes: grading turns the instructor's
+private seed into one seed per exercise (`course.grading.runner.case_seed`, keyed by the private
+seed over the exercise's id), and each case turns its exercise's seed into a seed of its own
+(`case_seed` here, keyed by the exercise's seed over the case's name). A case's inputs, or its
+seed, tell nothing of another case's inputs nor of the seeds above it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import random
 from collections import deque
 from dataclasses import dataclass
 
 import pyspec_ref
+
+SEED_BITS = 56  # of a case's seed: well within what torch.Generator.manual_seed takes (64)
+
+
+def case_seed(seed: int, name: str) -> int:
+    """The seed one case draws its inputs from: HMAC-SHA256 keyed by `seed` over the case's `name`,
+    its first 56 bits. Cases of other names get seeds unrelated to this one and to `seed`, so that
+    what a student learns of one case's inputs gives away no other case's. Parts of one case's
+    inputs come from this seed plus small offsets (it is as private as the case's inputs)."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty str, got {name!r}")
+    digest = hmac.new(str(seed).encode(), name.encode(), hashlib.sha256).digest()
+    return int.from_bytes(digest[:SEED_BITS // 8], "big")
 
 
 @dataclass(frozen=True)
@@ -120,14 +143,15 @@ def edge_case_trees(tile: int = 32) -> list[TreeCase]:
 
 
 def random_cases(count: int, n: int, seed: int) -> list[TreeCase]:
-    """Fresh random trees of n nodes, in alternating BFS and DFS order."""
-    rng = random.Random(seed)
+    """Fresh random trees of n nodes, in alternating BFS and DFS order, named by their order, size
+    and index ("random DFS order N=35 #1"); each is drawn from `case_seed(seed, its name)`."""
     cases = []
     for i in range(count):
         order = "bfs" if i % 2 == 0 else "dfs"
+        name = f"random {order.upper()} order N={n} #{i}"
+        rng = random.Random(case_seed(seed, name))
         parents = random_tree(n, rng, max_children=rng.randint(1, 10), order=order)
-        cases.append(TreeCase(f"random {order.upper()} order N={n} (seed {seed}, #{i})",
-                              tuple(parents)))
+        cases.append(TreeCase(name, tuple(parents)))
     return cases
 
 

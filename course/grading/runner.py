@@ -12,8 +12,6 @@ the next exercise gets a fresh child.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import importlib
 import os
 import re
@@ -29,7 +27,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from course.core import runtime
+from course.core import inputs, runtime
 
 from ..core.regions import ROOT
 from ..release import files_of, lesson_holes, render_pieces
@@ -379,11 +377,12 @@ def _grade_exercise(grade: SubmissionGrade, exercise, prepared: Prepared, setup:
 
 
 def case_seed(seed: int, exercise: str) -> int:
-    """The seed an exercise's cases are drawn from: a keyed hash (HMAC-SHA256) of the private seed
-    and the exercise's id, 56 bits. What a student can learn from one exercise's inputs (even this
-    seed, from a case's name) gives away neither the private seed nor another exercise's inputs."""
-    digest = hmac.new(str(seed).encode(), exercise.encode(), hashlib.sha256).digest()
-    return int.from_bytes(digest[:7], "big")
+    """The seed an exercise's check is run with, the first of two keyed hashes: HMAC-SHA256 keyed by
+    the private seed over the exercise's id, 56 bits (`course.core.inputs.case_seed`). The second is
+    the check's own: each case draws its inputs from `inputs.case_seed(this seed, the case's name)`,
+    and no case's name or message shows a seed. So what a student learns of one case's inputs gives
+    away neither another case's inputs, nor this seed, nor the private seed and another exercise's."""
+    return inputs.case_seed(seed, exercise)
 
 
 def _after_exercise(channel: proxy.Channel) -> None:

@@ -37,7 +37,8 @@ def check_online_softmax(module, seed: int):
             name = f"{rows}x{cols} scores, block={block}{label}"
 
             def run(name=name, block=block, offset=offset):
-                x = inputs.random_tensor((rows, cols), seed + block, torch.float64) * 3 + offset
+                drawn = inputs.case_seed(seed, name)
+                x = inputs.random_tensor((rows, cols), drawn, torch.float64) * 3 + offset
                 got = module.online_softmax(x, block)
                 problem = compare_floats(got, _reference_softmax(x), "p", ("row", "column"),
                                          ATOL, RTOL)
@@ -120,16 +121,17 @@ def _first_raise(row: torch.Tensor, block: int) -> int:
     return 0
 
 
-def _attention_masks(seed: int):
-    """Masks to attend with: tree masks, a causal one, and one whose first tiles are hidden."""
-    rng = random.Random(seed)
+def _attention_masks():
+    """(label, N, draw) of the masks to attend with: tree masks, one whose first tiles are hidden,
+    and a random tree's; draw(rng) gives the mask's rows (a random one from the case's own rng)."""
     for case in inputs.edge_case_trees(8)[2:7]:
-        yield f"tree mask of {case.name}", pyspec_ref.tree_mask(list(case.parents))
+        mask = pyspec_ref.tree_mask(list(case.parents))
+        yield f"tree mask of {case.name}", case.n, lambda rng, mask=mask: mask
     n = 29
-    yield f"anti-causal mask N={n} (early key tiles fully hidden)", [
+    yield f"anti-causal mask N={n} (early key tiles fully hidden)", n, lambda rng: [
         [k >= q for k in range(n)] for q in range(n)]
-    tree = inputs.random_tree(n, rng, order="dfs")
-    yield f"tree mask, random DFS-order tree N={n}", pyspec_ref.tree_mask(tree)
+    yield (f"tree mask, random DFS-order tree N={n}", n,
+           lambda rng: pyspec_ref.tree_mask(inputs.random_tree(n, rng, order="dfs")))
 
 
 def _reference_attention(q, k, v, mask):
@@ -144,14 +146,14 @@ def _reference_attention(q, k, v, mask):
 
 def check_flash_attention(module, seed: int):
     """flash_attention(q, k, v, mask, block_k) must return pyspec_ref's (out, lse)."""
-    for index, (label, mask_rows) in enumerate(_attention_masks(seed)):
-        n = len(mask_rows)
+    for label, n, draw in _attention_masks():
         for block_k in sorted({1, 7, 16, n + 3}):
             name = f"{label}, block_k={block_k}"
 
-            def run(name=name, mask_rows=mask_rows, block_k=block_k, index=index, n=n):
-                q, k, v = (inputs.random_tensor((2, n, 8), seed + 10 * index + j, torch.float64)
-                           for j in range(3))
+            def run(name=name, draw=draw, block_k=block_k, n=n):
+                drawn = inputs.case_seed(seed, name)
+                mask_rows = draw(random.Random(drawn))
+                q, k, v = (inputs.random_tensor((2, n, 8), drawn + 1 + j, torch.float64) for j in range(3))
                 mask = torch.tensor(mask_rows).expand(2, n, n)
                 out, lse = module.flash_attention(q, k, v, mask, block_k=block_k)
                 want_out, want_lse = _reference_attention(q, k, v, mask_rows)
@@ -183,17 +185,18 @@ def _split_partials(q, k, v, part_of_key):
 
 def check_merge_attention(module, seed: int):
     """merge_attention of partials over two disjoint key sets must equal attention over all keys."""
-    rng = random.Random(seed)
     n_query, n_key, d = 6, 23, 8
-    splits = {
-        "random split of the keys": [rng.randrange(2) for _ in range(n_key)],
-        "first part empty (lse = -inf)": [1] * n_key,
-        "second part empty (lse = -inf)": [0] * n_key,
-        "one key in the first part": [0] + [1] * (n_key - 1),
+    splits = {  # which part each key goes to, drawn from the case's own rng
+        "random split of the keys": lambda rng: [rng.randrange(2) for _ in range(n_key)],
+        "first part empty (lse = -inf)": lambda rng: [1] * n_key,
+        "second part empty (lse = -inf)": lambda rng: [0] * n_key,
+        "one key in the first part": lambda rng: [0] + [1] * (n_key - 1),
     }
-    for index, (name, part_of_key) in enumerate(splits.items()):
-        def run(name=name, part_of_key=part_of_key, index=index):
-            q, k, v = (inputs.random_tensor(shape, seed + 3 * index + j, torch.float64)
+    for name, split in splits.items():
+        def run(name=name, split=split):
+            drawn = inputs.case_seed(seed, name)
+            part_of_key = split(random.Random(drawn))
+            q, k, v = (inputs.random_tensor(shape, drawn + 1 + j, torch.float64)
                        for j, shape in enumerate([(n_query, d), (n_key, d), (n_key, d)]))
             (out_a, lse_a), (out_b, lse_b) = _split_partials(q, k, v, part_of_key)
             out, lse = module.merge_attention(out_a, lse_a, out_b, lse_b)

@@ -76,7 +76,8 @@ def _random_kv_tree(nodes: int, rng: random.Random, longest: int):
 
 
 def kv_tree_cases(seed: int) -> list[KVTreeCase]:
-    """The fixed edge cases, then random trees drawn from `seed` (tiny in the simulator)."""
+    """The fixed edge cases, then random trees (tiny in the simulator), random tree #n drawn from
+    `inputs.case_seed(seed, "random tree #n")` and named by its index and size, never its seed."""
     rng = random.Random(2025)
     x = runtime.pick(sim=1, gpu=8)  # multi-token nodes grow on a GPU
     d_small, d_big = runtime.pick(sim=(16, 32), gpu=(64, 128))
@@ -99,11 +100,11 @@ def kv_tree_cases(seed: int) -> list[KVTreeCase]:
         ("one query", one_query_parents, [5 * x, 7, 12 * x, 3, 9, 4 * x, 6, 2], [6],
          (4, 4, d_small, low, True, block)),
     ]
-    draw = random.Random(seed)
     for n, (shape, nodes) in enumerate([((8, 2, d_small, f16, True, block), 9),
                                         ((2, 1, d_big, f32, False, 2 * block), 6)]):
+        draw = random.Random(inputs.case_seed(seed, f"random tree #{n}"))
         parents, lengths, queries = _random_kv_tree(nodes, draw, 25 * x)
-        cases.append((f"random tree (seed {seed}, #{n})", parents, lengths, queries, shape))
+        cases.append((f"random tree #{n} ({nodes} nodes)", parents, lengths, queries, shape))
     return [KVTreeCase(name, tuple(p), tuple(lengths), tuple(q), *shape)
             for name, p, lengths, q, shape in cases]
 
@@ -224,28 +225,30 @@ def _attention_problem(attend, prepared, case: KVTreeCase, tensors: CaseTensors,
 
 def check_deft_node(module, seed: int):
     """DeFT-Node: partials per (node group, query), then the merged output, against the references."""
-    for index, case in enumerate(kv_tree_cases(seed)):
-        def run(case=case, index=index):
-            tensors = case_tensors(case, seed + 11 * index)
+    for case in kv_tree_cases(seed):
+        def run(case=case):
+            drawn = inputs.case_seed(seed, case.label())
+            tensors = case_tensors(case, drawn)
             prepared = module.node_groups(*_tree(case), tensors.q.device)
             problem = _partials_problem(module, prepared, case, tensors, "node group")
             if not problem:
                 _, problem = _attention_problem(module.deft_node_attention, prepared, case, tensors,
-                                                seed + index)
+                                                drawn + 5)
             return CaseResult(case.label(), False, problem) if problem else None
         yield case.label(), run
 
 
 def check_deft_flatten(module, seed: int):
     """DeFT-Flatten: partials per (block, query), the merged output, and agreement with DeFT-Node."""
-    for index, case in enumerate(kv_tree_cases(seed)):
-        def run(case=case, index=index):
-            tensors = case_tensors(case, seed + 11 * index)
+    for case in kv_tree_cases(seed):
+        def run(case=case):
+            drawn = inputs.case_seed(seed, case.label())
+            tensors = case_tensors(case, drawn)
             prepared = module.flatten_blocks(*_tree(case), case.block_tokens, tensors.q.device)
             problem = _partials_problem(module, prepared, case, tensors, "block group")
             if not problem:
                 out, problem = _attention_problem(module.deft_flatten_attention, prepared, case, tensors,
-                                                  seed + index)
+                                                  drawn + 5)
             if not problem:
                 node = module.deft_node_attention(tensors.q, tensors.cache_k, tensors.cache_v,
                                                   module.node_groups(*_tree(case), tensors.q.device),
@@ -307,10 +310,9 @@ def check_reduce_partials(module, seed: int):
         ("many partials per query (a long prefix cut in many blocks: a long merge loop)", 3, 2, d_big,
          40 * n, (-1.0, 1.0), torch.float32),
     ]
-    for index, (name, queries, heads, d, most, lse_range, dtype) in enumerate(cases):
-        def run(name=name, queries=queries, heads=heads, d=d, most=most, lse_range=lse_range, dtype=dtype,
-                index=index):
-            args = _random_partials(seed + 31 * index, queries, heads, d, most, lse_range, device)
+    for name, queries, heads, d, most, lse_range, dtype in cases:
+        def run(name=name, queries=queries, heads=heads, d=d, most=most, lse_range=lse_range, dtype=dtype):
+            args = _random_partials(inputs.case_seed(seed, name), queries, heads, d, most, lse_range, device)
             out, lse = module.reduce_partials(*args, out_dtype=dtype)
             again = module.reduce_partials(*args, out_dtype=dtype)
             want_out, want_lse = reference_merge(*args)

@@ -148,14 +148,27 @@ def _compaction_case(module, plans_in, rows: int, capacity: int, d: int, dtype, 
     return ""
 
 
+SAMPLE_DRAWS = 100  # random trees drawn at most for a sample of a compaction case
+
+
 def compaction_cases(seed: int):
-    """(name, plans_in, R, C, d, dtype, options) of every compaction case."""
-    rng = random.Random(seed)
+    """(name, plans_in, R, C, d, dtype, options) of every compaction case; a case's random samples
+    come from its own seed, `inputs.case_seed(seed, name)`."""
     big = runtime.pick(sim=40, gpu=300)
 
-    def random_sample(n, prefix):
-        parents = inputs.random_tree(n, rng, max_children=rng.randint(1, 4), order=rng.choice(["bfs", "dfs"]))
-        return prefix, tuple(parents), tuple(random_root_path(parents, rng))
+    def drawn(name):
+        return name, random.Random(inputs.case_seed(seed, name))
+
+    def random_sample(rng, n, prefix):
+        """A random tree and verified path whose compaction moves rows (a path down first children
+        often keeps every row in place, and a sample with no move shows nothing)."""
+        for _ in range(SAMPLE_DRAWS):
+            order = rng.choice(["bfs", "dfs"])
+            parents = inputs.random_tree(n, rng, max_children=rng.randint(1, 4), order=order)
+            path = random_root_path(parents, rng)
+            if spec.compact_plan(prefix, parents, path):
+                return prefix, tuple(parents), tuple(path)
+        raise RuntimeError(f"no random tree of {n} nodes in {SAMPLE_DRAWS} draws has a path that moves a row")
 
     shift = [-1, 0] + [0] + list(range(2, big + 1))  # root -> leaf 1, root -> chain 2..big+1
     caterpillar = inputs.caterpillar(big)
@@ -166,24 +179,27 @@ def compaction_cases(seed: int):
             break
         deep_path.append(spine[0])
     cap = big + 24
+    paths, paths_rng = drawn("random trees, random verified paths")
+    one_node, one_node_rng = drawn("a one-node tree (no move) beside a sample that moves")
+    shuffled, shuffled_rng = drawn("moves given in shuffled order")
+    view, view_rng = drawn("a view data[:, a:b] of a whole-model cache (layers x {k, v} x heads), float16")
     cases = [
-        ("random trees, random verified paths",
-         [random_sample(rng.randint(5, big // 2), rng.randint(0, 9)) for _ in range(3)], 3, cap, 16,
-         torch.float32, {}),
+        (paths, [random_sample(paths_rng, paths_rng.randint(5, big // 2), paths_rng.randint(0, 9))
+                 for _ in range(3)], 3, cap, 16, torch.float32, {}),
         (f"overlap: a kept subtree of {big} rows shifts left by one slot (many chunks of moves)",
          [(5, tuple(shift), (0, 2))], 2, cap, 16, torch.float32, {}),
         ("a long committed path down a caterpillar, then its subtree",
          [(3, tuple(caterpillar), tuple(deep_path))], 2, cap, 32, torch.float16, {}),
-        ("a one-node tree (no move) beside a sample that moves",
-         [(4, (-1,), (0,)), random_sample(20, 2), (0, (-1, 0, 0), (0,))], 2, cap, 16, torch.float32, {}),
-        ("moves given in shuffled order", [random_sample(rng.randint(10, big), 6) for _ in range(2)], 2, cap,
+        (one_node, [(4, (-1,), (0,)), random_sample(one_node_rng, 20, 2), (0, (-1, 0, 0), (0,))], 2, cap, 16,
+         torch.float32, {}),
+        (shuffled, [random_sample(shuffled_rng, shuffled_rng.randint(10, big), 6) for _ in range(2)], 2, cap,
          16, torch.float32, {"shuffle": True}),
-        ("a view data[:, a:b] of a whole-model cache (layers x {k, v} x heads), float16",
-         [random_sample(rng.randint(5, big), rng.randint(0, 9)) for _ in range(2)], 6, cap, 32,
-         torch.float16, {"view": True}),
+        (view, [random_sample(view_rng, view_rng.randint(5, big), view_rng.randint(0, 9)) for _ in range(2)],
+         6, cap, 32, torch.float16, {"view": True}),
     ]
     if runtime.on_gpu():
-        cases.append(("bfloat16, head dim 64", [random_sample(rng.randint(5, big), 7) for _ in range(4)], 8,
+        bf16, bf16_rng = drawn("bfloat16, head dim 64")
+        cases.append((bf16, [random_sample(bf16_rng, bf16_rng.randint(5, big), 7) for _ in range(4)], 8,
                       cap, 64, torch.bfloat16, {}))
     return cases
 
@@ -239,13 +255,13 @@ def _refusal(module, seed: int, change: str, name: str):
 
 def check_compaction(module, seed: int):
     """module.compact must apply SwiftSpec's compaction moves exactly, in place, overlap-safe."""
-    for index, (name, plans_in, rows, capacity, d, dtype, options) in enumerate(compaction_cases(seed)):
+    for name, plans_in, rows, capacity, d, dtype, options in compaction_cases(seed):
         label = f"{name}, B={len(plans_in)}, R={rows}, d={d}, {dtype_name(dtype)}"
 
         def run(plans_in=plans_in, rows=rows, capacity=capacity, d=d, dtype=dtype, options=options,
-                index=index, label=label):
-            problem = _compaction_case(module, plans_in, rows, capacity, d, dtype, seed + 7 * index,
-                                       **options)
+                label=label):
+            problem = _compaction_case(module, plans_in, rows, capacity, d, dtype,
+                                       inputs.case_seed(seed, label), **options)
             return CaseResult(label, False, problem) if problem else None
         yield label, run
     for change, name in (("right shift", "dst"), ("duplicate", "dst"), ("src out of range", "src"),
@@ -253,7 +269,7 @@ def check_compaction(module, seed: int):
         label = f"bad moves ({change}) -> ValueError naming {name}, cache unchanged"
 
         def refuse(change=change, name=name, label=label):
-            problem = _refusal(module, seed, change, name)
+            problem = _refusal(module, inputs.case_seed(seed, label), change, name)
             return CaseResult(label, False, problem) if problem else None
         yield label, refuse
 
@@ -327,49 +343,60 @@ def _newest(parents, w: int) -> list[int]:
 
 
 def attention_cases(seed: int):
-    """(name, samples, Hq, Hkv, W, d, dtype, options) of every attention case."""
-    rng = random.Random(seed)
+    """(name, samples, Hq, Hkv, W, d, dtype, options) of every attention case; a case's random trees
+    and queries come from its own seed, `inputs.case_seed(seed, name)`."""
     n = runtime.pick(sim=36, gpu=200)
     prefix = runtime.pick(sim=21, gpu=700)
     w = runtime.pick(sim=5, gpu=32)
 
-    def tree(size, **kw):
+    def tree(rng, size, **kw):
         return tuple(inputs.random_tree(size, rng, max_children=rng.randint(1, 4), **kw))
 
     def sample(p, parents, nodes=None, order=None):
         return (p, parents, tuple(nodes if nodes is not None else _newest(parents, w)), order)
 
-    t1, t2 = tree(n), tree(n // 2 + 3)
-    shuffled = tree(n)
-    order = list(range(len(shuffled)))
-    rng.shuffle(order)
+    def shuffled(rng):
+        parents = tree(rng, n)
+        order = list(range(len(parents)))
+        rng.shuffle(order)
+        return [sample(prefix, parents, order=order)]
+
+    def anywhere(rng):
+        parents = tree(rng, n)
+        return [sample(prefix, parents, [rng.randrange(len(parents)) for _ in range(2 * w)])]
+
     star = tuple(inputs.star(n))
-    cases = [
-        ("random trees, the newest w nodes as queries", [sample(prefix, t1), sample(prefix // 2, t2)], 2, 2,
-         w, 32, torch.float32, {}),
-        ("tree rows not in DFS order", [sample(prefix, shuffled, order=order)], 2, 2, w, 32, torch.float32,
-         {}),
+    cases = [  # (name, samples or a function drawing them from the case's rng, Hq, Hkv, W, d, dtype, options)
+        ("random trees, the newest w nodes as queries",
+         lambda rng: [sample(prefix, tree(rng, n)), sample(prefix // 2, tree(rng, n // 2 + 3))], 2, 2, w, 32,
+         torch.float32, {}),
+        ("tree rows not in DFS order", shuffled, 2, 2, w, 32, torch.float32, {}),
         ("grouped-query attention (4 heads, 2 KV heads), float16",
-         [sample(prefix, tree(n)), sample(3, tree(n // 3 + 2))], 4, 2, w, 64, torch.float16, {}),
-        ("padding queries (query_counts)", [sample(prefix, tree(n)), sample(5, tree(n))], 2, 1, w, 16,
-         torch.float32, {"counts": [w - 2, 1]}),
+         lambda rng: [sample(prefix, tree(rng, n)), sample(3, tree(rng, n // 3 + 2))], 4, 2, w, 64,
+         torch.float16, {}),
+        ("padding queries (query_counts)",
+         lambda rng: [sample(prefix, tree(rng, n)), sample(5, tree(rng, n))], 2, 1, w, 16, torch.float32,
+         {"counts": [w - 2, 1]}),
         ("a one-node tree", [sample(prefix, (-1,), [0])], 2, 2, 1, 32, torch.float32, {}),
         ("prefix only (no tree row)", [(prefix + 3, (), (), None)], 2, 2, 3, 32, torch.float32, {}),
-        ("empty prefix", [sample(0, tree(n)), sample(prefix, tree(n // 2))], 2, 2, w, 32, torch.float32, {}),
+        ("empty prefix", lambda rng: [sample(0, tree(rng, n)), sample(prefix, tree(rng, n // 2))], 2, 2, w,
+         32, torch.float32, {}),
         ("a star: most tree blocks invisible (skipped)", [sample(prefix, star, [1, n - 1, n - 2])], 2, 2, 3,
          32, torch.float32, {}),
         ("k/v as views data[:, a:b] of one cache, head dim 16",
-         [sample(prefix, tree(n)), sample(prefix // 3, tree(n))], 4, 1, w, 16, torch.float16, {"view": True}),
-        (f"random queries anywhere in the tree, W = {2 * w}",
-         [sample(prefix, t1, [rng.randrange(len(t1)) for _ in range(2 * w)])], 2, 2, 2 * w, 32,
-         torch.float32, {}),
+         lambda rng: [sample(prefix, tree(rng, n)), sample(prefix // 3, tree(rng, n))], 4, 1, w, 16,
+         torch.float16, {"view": True}),
+        (f"random queries anywhere in the tree, W = {2 * w}", anywhere, 2, 2, 2 * w, 32, torch.float32, {}),
     ]
     if runtime.on_gpu():
-        cases.append(("bfloat16, head dim 128", [sample(prefix, tree(n)), sample(prefix, tree(n))], 8, 2, w,
+        cases.append(("bfloat16, head dim 128", lambda rng: [sample(prefix, tree(rng, n)),
+                                                              sample(prefix, tree(rng, n))], 8, 2, w,
                       128, torch.bfloat16, {}))
-        cases.append(("a wide verification batch, W = 256", [sample(prefix, tree(300), list(range(44, 300)))],
-                      4, 2, 256, 32, torch.float16, {}))
-    return cases
+        cases.append(("a wide verification batch, W = 256",
+                      lambda rng: [sample(prefix, tree(rng, 300), list(range(44, 300)))], 4, 2, 256, 32,
+                      torch.float16, {}))
+    return [(name, samples(random.Random(inputs.case_seed(seed, name))) if callable(samples) else samples,
+             *shape) for name, samples, *shape in cases]
 
 
 def _attention_case(module, samples, heads, heads_kv, width, d, dtype, seed, options) -> str:
@@ -484,20 +511,20 @@ def reroot_problem(module, prefix_len: int, parents, path, width: int, heads: in
 
 def check_tree_cache_attention(module, seed: int):
     """module.tree_cache_attention must equal SwiftSpec's non-square tree attention, with its LSE."""
-    for index, (name, samples, heads, heads_kv, width, d, dtype, options) in enumerate(attention_cases(seed)):
+    for name, samples, heads, heads_kv, width, d, dtype, options in attention_cases(seed):
         label = f"{name}, Hq={heads}, Hkv={heads_kv}, W={width}, d={d}, {dtype_name(dtype)}"
 
         def run(samples=samples, heads=heads, heads_kv=heads_kv, width=width, d=d, dtype=dtype,
-                options=options, index=index, label=label):
-            problem = _attention_case(module, samples, heads, heads_kv, width, d, dtype, seed + 13 * index,
-                                      options)
+                options=options, label=label):
+            problem = _attention_case(module, samples, heads, heads_kv, width, d, dtype,
+                                      inputs.case_seed(seed, label), options)
             return CaseResult(label, False, problem) if problem else None
         yield label, run
 
     def overflow():
         name = "prefix + tree past the cache -> ValueError naming tree_lengths"
-        kwargs, _ = attention_problem([(4, (-1, 0, 0), (1, 2), None)], 2, 2, 2, 16, torch.float32, seed,
-                                      capacity=8)
+        kwargs, _ = attention_problem([(4, (-1, 0, 0), (1, 2), None)], 2, 2, 2, 16, torch.float32,
+                                      inputs.case_seed(seed, "cache overflow"), capacity=8)
         kwargs["tree_lengths"] = kwargs["tree_lengths"] + 3
         try:
             module.tree_cache_attention(**kwargs)
@@ -507,16 +534,18 @@ def check_tree_cache_attention(module, seed: int):
         return CaseResult(name, False, "a tree running past the cache's last row was accepted")
     yield "cache overflow", overflow
 
-    rng = random.Random(seed)
     size = runtime.pick(sim=30, gpu=150)
     for i in range(2):
-        parents = inputs.random_tree(size, rng, max_children=3, order="bfs" if i == 0 else "dfs")
+        order = "bfs" if i == 0 else "dfs"
+        rng = random.Random(inputs.case_seed(seed, f"re-rooting tree #{i}"))
+        parents = inputs.random_tree(size, rng, max_children=3, order=order)
         path = random_root_path(parents, rng, stop=0.1)
-        label = (f"re-rooting + compaction == attention from scratch on the re-rooted tree "
+        label = (f"re-rooting + compaction == attention from scratch on the re-rooted tree #{i} "
                  f"(N={size}, path of {len(path)})")
 
         def prop(parents=parents, path=path, label=label, i=i):
-            problem = reroot_problem(module, 9 + i, parents, path, 3, 4, 2, 32, torch.float16, seed + i)
+            problem = reroot_problem(module, 9 + i, parents, path, 3, 4, 2, 32, torch.float16,
+                                     inputs.case_seed(seed, label))
             return CaseResult(label, False, problem) if problem else None
         yield label, prop
 
@@ -541,9 +570,11 @@ def scattered_layout(counts: list[int], kv_lengths: list[int], seed: int, gap: i
 
 
 def unpadded_cases(seed: int) -> list[tuple[str, list[int], list[int], int, int, int, torch.dtype]]:
-    """(name, counts, kv_lengths, heads, heads_kv, d, dtype) of every case."""
-    rng = random.Random(seed)
+    """(name, counts, kv_lengths, heads, heads_kv, d, dtype) of every case; the random batch is drawn
+    from its own seed, `inputs.case_seed(seed, its name)`."""
     many = runtime.pick(sim=8, gpu=64)
+    random_batch = f"random batch of {many} samples"
+    rng = random.Random(inputs.case_seed(seed, random_batch))
     mixed_counts = [rng.randint(0, 9) for _ in range(many)]
     mixed_counts[0] = max(mixed_counts[0], 1)
     mixed_lengths = [rng.randint(0, runtime.pick(sim=40, gpu=2000)) for _ in range(many)]
@@ -554,7 +585,7 @@ def unpadded_cases(seed: int) -> list[tuple[str, list[int], list[int], int, int,
         ("very different lengths", [1, 9, 2], [70, 0, 3], 2, 2, 32, torch.float32),
         ("tiles that straddle samples", [7, 12, 5, 0, 9], [3, 11, 20, 4, 6], 2, 2, 16, torch.float32),
         ("grouped-query attention (4 heads, 2 KV heads)", [3, 6, 2], [9, 4, 17], 4, 2, 32, torch.float16),
-        (f"random batch of {many} samples", mixed_counts, mixed_lengths, 2, 2, 64, torch.float16),
+        (random_batch, mixed_counts, mixed_lengths, 2, 2, 64, torch.float16),
         ("float16, last sample empty", [6, 3, 0], [12, 30, 8], 2, 1, 64, torch.float16),
     ]
     if runtime.on_gpu():
@@ -651,7 +682,7 @@ def check_unpadded_attention(module, seed: int):
         def run(label=label, counts=counts, kv_lengths=kv_lengths, heads=heads, heads_kv=heads_kv, d=d,
                 dtype=dtype, index=index):
             q, k, v, starts = _unpadded_case_tensors(counts, kv_lengths, heads, heads_kv, d, dtype,
-                                            seed + 11 * index)
+                                                     inputs.case_seed(seed, label))
             out, lse = module.unpadded_attention(q, k, v, counts, starts, kv_lengths, return_lse=True)
             if not isinstance(out, torch.Tensor) or out.dtype != dtype or lse.dtype != torch.float32:
                 got = f"{getattr(out, 'dtype', type(out))} and {getattr(lse, 'dtype', type(lse))}"
@@ -673,7 +704,8 @@ def check_unpadded_attention(module, seed: int):
 
     def refuses_bad_counts():
         name = "counts that don't add up to q's rows -> ValueError naming counts"
-        q, k, v, starts = _unpadded_case_tensors([3, 2], [4, 5], 2, 2, 16, torch.float32, seed)
+        q, k, v, starts = _unpadded_case_tensors([3, 2], [4, 5], 2, 2, 16, torch.float32,
+                                                 inputs.case_seed(seed, "counts that don't add up"))
         try:
             module.unpadded_attention(q, k, v, [3, 3], starts, [4, 5])
         except ValueError as error:

@@ -35,15 +35,17 @@ LABELS = ("batch", "head", "row", "column")
 
 
 def attention_cases(seed: int, tile: int, head_dims) -> list[tuple[str, list[inputs.TreeCase], int]]:
-    """(name, trees of one batch, d): every edge case alone, a mixed batch, fresh random trees."""
+    """(name, trees of one batch, d): every edge case alone, a mixed batch, fresh random trees (each
+    random case's trees drawn from its own seed, `inputs.case_seed`)."""
     d_small = min(head_dims)
     cases = [(f"{case.name}, d={d_small}", [case], d_small) for case in inputs.edge_case_trees(tile)]
     n_mixed = runtime.pick(sim=tile + 7, gpu=1024)
-    cases.append((f"batch of 3 different trees N={n_mixed}, d={d_small}",
-                  inputs.random_cases(3, n_mixed, seed + 1), d_small))
+    mixed = f"batch of 3 different trees N={n_mixed}, d={d_small}"
+    cases.append((mixed, inputs.random_cases(3, n_mixed, inputs.case_seed(seed, mixed)), d_small))
     for d in sorted(set(head_dims) - {d_small}):
-        tree = inputs.random_cases(1, runtime.pick(sim=tile + 3, gpu=512), seed + d)
-        cases.append((f"{tree[0].name}, d={d}", tree, d))
+        n = runtime.pick(sim=tile + 3, gpu=512)
+        name = f"random BFS order N={n}, d={d}"
+        cases.append((name, inputs.random_cases(1, n, inputs.case_seed(seed, name)), d))
     return cases
 
 
@@ -94,11 +96,12 @@ def check_tree_attention(module, seed: int, heads: int | None = None, causes: fr
     device = runtime.torch_device()
     heads = heads or runtime.pick(sim=1, gpu=4)  # the simulator runs a block in ~1 s: keep few
     tile = getattr(module, "TILE", 32)
-    for index, (name, batch, d) in enumerate(attention_cases(seed, tile, module.HEAD_DIMS)):
-        def run(name=name, batch=batch, d=d, index=index):
+    for name, batch, d in attention_cases(seed, tile, module.HEAD_DIMS):
+        def run(name=name, batch=batch, d=d):
             n = batch[0].n
-            q, k, v = (inputs.random_tensor((len(batch), heads, n, d), seed + 7 * index + j,
-                                            torch.float32, device) for j in range(3))
+            drawn = inputs.case_seed(seed, name)
+            q, k, v = (inputs.random_tensor((len(batch), heads, n, d), drawn + j, torch.float32, device)
+                       for j in range(3))
             start, end = (t.to(device) for t in inputs.dfs_times_tensors(batch))
             out = module.tree_attention(q, k, v, start, end)
             again = module.tree_attention(q, k, v, start, end)
@@ -111,7 +114,7 @@ def check_tree_attention(module, seed: int, heads: int | None = None, causes: fr
                 problem += f"\n{why}" if why else ""
             problem = (problem
                        or _sampled_rows_problem(out.cpu(), q.cpu(), k.cpu(), v.cpu(), batch,
-                                                start.cpu(), end.cpu(), seed + index)
+                                                start.cpu(), end.cpu(), drawn + 3)
                        or rerun_problem(out, again))
             return CaseResult(name, False, problem) if problem else None
         yield name, run
@@ -134,11 +137,13 @@ def check_tile_visibility(module, seed: int):
     device = runtime.torch_device()
     tile = module.TILE
     cases = [(case.name, [case]) for case in inputs.edge_case_trees(tile)]
-    cases.append((f"batch of 3 different trees N={tile + 7}", inputs.random_cases(3, tile + 7, seed + 1)))
+    mixed = f"batch of 3 different trees N={tile + 7}"
+    cases.append((mixed, inputs.random_cases(3, tile + 7, inputs.case_seed(seed, mixed))))
     # More than 32 key tiles: a second group of key tiles (too slow for the simulator).
     big = runtime.pick(sim=None, gpu=66 * tile + 5)
     if big:
-        cases.append((f"random tree N={big}: 67 tiles", inputs.random_cases(1, big, seed)))
+        name = f"random tree N={big}: 67 tiles"
+        cases.append((name, inputs.random_cases(1, big, inputs.case_seed(seed, name))))
     for name, batch in cases:
         def run(name=name, batch=batch):
             start, end = (t.to(device) for t in inputs.dfs_times_tensors(batch))

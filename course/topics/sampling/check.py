@@ -31,7 +31,7 @@ import torch
 
 from course.checks import CaseResult, rerun_problem
 from course.checks.diagnose import compare_floats
-from course.core import runtime
+from course.core import inputs, runtime
 from course.oracle import sampling as sampling_oracle
 from pyspec_ref import sampling as spec
 
@@ -152,7 +152,8 @@ def resolution_case() -> SamplingCase:
 
 
 def edge_cases(seed: int) -> list[SamplingCase]:
-    """The fixed cases every check runs (the course's list), then fresh random ones from `seed`."""
+    """The fixed cases every check runs (the course's list), then fresh random ones, each drawn from its
+    own seed, `inputs.case_seed(seed, its name)`."""
     cases = [random_case("gamma = 1", 11, 3, 1, 37)]
     base = random_case("", 12, 3, 3, 37)
     cases.append(replace(base, name="all accepted (r = 0): the bonus token from p_gamma",
@@ -197,9 +198,11 @@ def edge_cases(seed: int) -> list[SamplingCase]:
     p[:, :-1] = same.q
     cases.append(replace(same, name="from logits, p = q (the same logits)", p=p))
     size = runtime.pick(sim=(4, 3, 100), gpu=(8, 5, 32000))  # pyspec_ref sums 32000 fractions per draw
-    cases.append(random_case(f"random B={size[0]} gamma={size[1]} V={size[2]} (seed {seed})", seed, *size))
-    cases.append(random_case(f"random from logits B={size[0]} gamma={size[1]} V={size[2]} (seed {seed})",
-                             seed + 1, *size, form="logits", noise=0.5))
+    from_probs = f"random B={size[0]} gamma={size[1]} V={size[2]}"
+    cases.append(random_case(from_probs, inputs.case_seed(seed, from_probs), *size))
+    from_logits = f"random from logits B={size[0]} gamma={size[1]} V={size[2]}"
+    cases.append(random_case(from_logits, inputs.case_seed(seed, from_logits), *size, form="logits",
+                             noise=0.5))
     return cases
 
 
@@ -592,11 +595,11 @@ def _sibling_refusal(module, change: str, name: str) -> str:
 def check_sibling_draw(module, seed: int):
     """module.draw_siblings must draw each node's k siblings as `pyspec_ref.sampling.gumbel_top_k`
     does on the same uniforms (tokens exactly, log q to 1e-9), and refuse bad input by name."""
-    for index, (name, nodes, vocab, k, scale, boost) in enumerate(SIBLING_CASES):
+    for name, nodes, vocab, k, scale, boost in SIBLING_CASES:
         label = f"{name}, {nodes} nodes"
 
-        def run(nodes=nodes, vocab=vocab, k=k, scale=scale, boost=boost, index=index, label=label):
-            problem = _sibling_case(module, nodes, vocab, k, scale, boost, seed + 11 * index)
+        def run(nodes=nodes, vocab=vocab, k=k, scale=scale, boost=boost, label=label):
+            problem = _sibling_case(module, nodes, vocab, k, scale, boost, inputs.case_seed(seed, label))
             return CaseResult(label, False, problem) if problem else None
         yield label, run
     for change, name in (("NaN logits", "logits"), ("uniforms of another shape", "uniforms"),

@@ -18,11 +18,12 @@ WORD_BITS = 64  # keys per bitmask word
 
 
 def tree_cases(seed: int, tile: int) -> list[tuple[str, list[inputs.TreeCase]]]:
-    """Batches to check: each edge case alone, a batch of different trees, fresh random ones."""
+    """Batches to check: each edge case alone, a batch of different trees, fresh random ones (each
+    random case drawn from its own seed, `inputs.case_seed`)."""
     n_random = runtime.pick(sim=2 * tile + 5, gpu=1024)
     batches = [(case.name, [case]) for case in inputs.edge_case_trees(tile)]
-    mixed = inputs.random_cases(3, n_random, seed + 1)
-    batches.append((f"batch of 3 different random trees N={n_random}", mixed))
+    mixed = f"batch of 3 different random trees N={n_random}"
+    batches.append((mixed, inputs.random_cases(3, n_random, inputs.case_seed(seed, mixed))))
     for case in inputs.random_cases(2, runtime.pick(sim=tile + 3, gpu=4096), seed):
         batches.append((case.name, [case]))
     return batches
@@ -113,7 +114,8 @@ def check_tree_mask(module, seed: int):
             start, end = (t.to(device) for t in inputs.dfs_times_tensors(batch))
             got = module.tree_mask(start, end)
             again = module.tree_mask(start, end)
-            problem = mask_problem(got, batch, start, end, seed) or rerun_problem(got, again)
+            problem = (mask_problem(got, batch, start, end, inputs.case_seed(seed, name))
+                       or rerun_problem(got, again))
             return CaseResult(name, False, problem) if problem else None
         yield name, run
 
@@ -128,11 +130,11 @@ def expected_bitmask(batch):
 def check_tree_bitmask(module, seed: int):
     """tree_bitmask(start, end) must pack the mask 64 keys to a word, as pyspec_ref does."""
     device = runtime.torch_device()
-    rng = random.Random(seed)
+    random_wide = "random tree N=130 (three words)"
     wide = [  # more than 64 keys: bit 63 (the sign bit of an int64 word) and further words
         ("chain N=70 (bit 63 and a second word)", [inputs.TreeCase("chain", tuple(inputs.chain(70)))]),
-        ("random tree N=130 (three words)",
-         [inputs.TreeCase("random", tuple(inputs.random_tree(130, rng)))]),
+        (random_wide, [inputs.TreeCase("random", tuple(inputs.random_tree(
+            130, random.Random(inputs.case_seed(seed, random_wide)))))]),
     ]
     for name, batch in tree_cases(seed, tile=module.MASK_TILE) + wide:
         if batch[0].n > 2048:

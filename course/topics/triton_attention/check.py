@@ -54,6 +54,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+SHUFFLED = "random tree, shuffled numbering"
+
+
 def shuffled_tree(n: int, seed: int) -> inputs.TreeCase:
     """A random tree numbered at random: the root is not node 0 and parents may come after children.
 
@@ -65,7 +68,7 @@ def shuffled_tree(n: int, seed: int) -> inputs.TreeCase:
     tree = inputs.random_tree(n, rng, max_children=3)
     order = list(range(n))
     rng.shuffle(order)
-    return inputs.TreeCase(f"random tree, shuffled numbering N={n}", tuple(pyspec_ref.relabel(tree, order)))
+    return inputs.TreeCase(f"{SHUFFLED} N={n}", tuple(pyspec_ref.relabel(tree, order)))
 
 
 def root_last_tree(tile: int) -> inputs.TreeCase:
@@ -87,17 +90,20 @@ def triton_cases(module, seed: int) -> list[tuple[str, list[inputs.TreeCase], in
     cases = []
     for dtype in dtypes:
         tile = module.config_for(PAPER_D, dtype).block_n
-        for case in [*inputs.edge_case_trees(tile), root_last_tree(tile), shuffled_tree(2 * tile + 3, seed)]:
-            cases.append((f"{case.name}, d={PAPER_D}, {dtype_name(dtype)}", [case], PAPER_D, dtype))
+        paper = f"d={PAPER_D}, {dtype_name(dtype)}"
+        shuffled = f"{SHUFFLED} N={2 * tile + 3}, {paper}"
+        for case in [*inputs.edge_case_trees(tile), root_last_tree(tile),
+                     shuffled_tree(2 * tile + 3, inputs.case_seed(seed, shuffled))]:
+            cases.append((f"{case.name}, {paper}", [case], PAPER_D, dtype))
         n_mixed = runtime.pick(sim=tile + 7, gpu=1024)
-        cases.append((f"batch of 3 different trees N={n_mixed}, d={PAPER_D}, {dtype_name(dtype)}",
-                      inputs.random_cases(3, n_mixed, seed + 1), PAPER_D, dtype))
+        mixed = f"batch of 3 different trees N={n_mixed}, {paper}"
+        cases.append((mixed, inputs.random_cases(3, n_mixed, inputs.case_seed(seed, mixed)), PAPER_D, dtype))
         for d in module.HEAD_DIMS:
             if d == PAPER_D:
                 continue
             n = runtime.pick(sim=module.config_for(d, dtype).block_n + 3, gpu=512)
-            trees = inputs.random_cases(2, n, seed + d)
-            cases.append((f"batch of 2 random trees N={n}, d={d}, {dtype_name(dtype)}", trees, d, dtype))
+            name = f"batch of 2 random trees N={n}, d={d}, {dtype_name(dtype)}"
+            cases.append((name, inputs.random_cases(2, n, inputs.case_seed(seed, name)), d, dtype))
     return cases
 
 
@@ -125,10 +131,11 @@ def check_triton_tree_attention(module, seed: int, heads: int | None = None):
     """module.tree_attention must equal softmax(QK^T/sqrt(d) masked by the tree) V, with its LSE."""
     device = runtime.torch_device()
     heads = heads or runtime.pick(sim=2, gpu=4)
-    for index, (name, batch, d, dtype) in enumerate(triton_cases(module, seed)):
-        def run(name=name, batch=batch, d=d, dtype=dtype, index=index):
+    for name, batch, d, dtype in triton_cases(module, seed):
+        def run(name=name, batch=batch, d=d, dtype=dtype):
             n = batch[0].n
-            q, k, v = (inputs.random_tensor((len(batch), heads, n, d), seed + 7 * index + j, dtype, device)
+            drawn = inputs.case_seed(seed, name)
+            q, k, v = (inputs.random_tensor((len(batch), heads, n, d), drawn + j, dtype, device)
                        for j in range(3))
             start, end = (t.to(device) for t in inputs.dfs_times_tensors(batch))
             out, lse = module.tree_attention(q, k, v, start, end, return_lse=True)
@@ -144,7 +151,7 @@ def check_triton_tree_attention(module, seed: int, heads: int | None = None):
                                            LSE_TOLERANCE)
                        or compare_floats(alone, want, "out (return_lse=False)", LABELS, *tolerance)
                        or _sampled_rows_problem(out.cpu(), lse.cpu(), q.cpu(), k.cpu(), v.cpu(), batch,
-                                                start.cpu(), end.cpu(), seed + index, tolerance)
+                                                start.cpu(), end.cpu(), drawn + 3, tolerance)
                        or rerun_problem((out, lse), again))
             if problem:
                 why = explain_tree_attention(out, q, k, v, start, end, module.config_for(d, dtype).block_n,

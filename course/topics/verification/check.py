@@ -155,6 +155,25 @@ def _with_zeros(q: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
     return (q / q.sum(dim=-1, keepdim=True)).to(torch.float32)
 
 
+def _drawn(build, name: str, trees, vocabulary: int, seed: int, **options):
+    """build(name, trees, vocabulary, the case's seed, **options), a case of a check: everything in it is
+    drawn from its own seed, `inputs.case_seed(seed, name)`; `trees` are the trees, or a function that
+    draws them from a random.Random of that seed plus TREES_OFFSET."""
+    drawn = inputs.case_seed(seed, name)
+    if callable(trees):
+        trees = trees(random.Random(drawn + TREES_OFFSET))
+    return build(name, trees, vocabulary, drawn, **options)
+
+
+TREES_OFFSET = 8  # past the offsets the case builders add to a case's seed (0 to 7)
+
+
+def _random_trees(n: int, count: int = 2, max_children: int = 3, orders=None):
+    """A function drawing `count` random trees of n nodes (in `orders`, else BFS) from an rng."""
+    orders = orders or ["bfs"] * count
+    return lambda rng: [inputs.random_tree(n, rng, max_children=max_children, order=o) for o in orders]
+
+
 # --------------------------------------------------------------------------- the reference walk
 
 
@@ -486,11 +505,11 @@ def diagnose(case: SamplingCase, path: torch.Tensor, next_token: torch.Tensor) -
 
 
 def _special_cases(vocabulary: int, seed: int) -> list[SamplingCase]:
-    """Edge cases whose inputs are built by hand on top of random ones."""
+    """Edge cases whose inputs are built by hand on top of random ones (each from its own seed)."""
     cases = []
     # All children rejected: tokens where the draft over-proposes (q(x) > 1.01 p(x)), r near 1.
-    case = sampling_case("star N=6, every child rejected: draw from the residual",
-                         [inputs.star(6)] * 2, vocabulary, seed + 10)
+    case = _drawn(sampling_case, "star N=6, every child rejected: draw from the residual",
+                  [inputs.star(6)] * 2, vocabulary, seed)
     for b in range(2):
         ratio = case.q[b, 0].double() / case.p[b, 0].double().clamp(min=1e-30)
         over = torch.nonzero(ratio > 1.01).flatten()
@@ -499,14 +518,13 @@ def _special_cases(vocabulary: int, seed: int) -> list[SamplingCase]:
     case.accept.fill_(0.9999)
     cases.append(case)
     # r = 0 accepts every first child: the walk reaches a leaf and draws from its p.
-    rng = random.Random(seed + 11)
-    trees = [inputs.random_tree(12, rng, max_children=3) for _ in range(2)]
-    case = sampling_case("random tree N=12, r = 0: all accepted down to a leaf", trees, vocabulary, seed + 11)
+    case = _drawn(sampling_case, "random tree N=12, r = 0: all accepted down to a leaf", _random_trees(12),
+                  vocabulary, seed)
     case.accept.zero_()
     cases.append(case)
     # q(x) = 0 for the draft token: r * 0 < p(x) accepts, whatever r (p(x) > 0 here).
-    case = sampling_case("chain N=5, q(x) = 0 for every draft token: all accepted",
-                         [inputs.chain(5)] * 2, vocabulary, seed + 12)
+    case = _drawn(sampling_case, "chain N=5, q(x) = 0 for every draft token: all accepted",
+                  [inputs.chain(5)] * 2, vocabulary, seed)
     q = case.q.double()
     for b in range(2):
         for i in range(1, 5):
@@ -516,20 +534,20 @@ def _special_cases(vocabulary: int, seed: int) -> list[SamplingCase]:
     cases.append(case)
     # p <= q everywhere at the root (q = 1.0001 p, normalised within tolerance): a child can be
     # rejected (r q(x) > p(x) for r > 1/1.0001) and leaves an empty residual, so p is kept.
-    case = sampling_case("star N=4, p <= q everywhere: rejections leave an empty residual, p is kept",
-                         [inputs.star(4)] * 2, vocabulary, seed + 13)
+    case = _drawn(sampling_case, "star N=4, p <= q everywhere: rejections leave an empty residual, p is kept",
+                  [inputs.star(4)] * 2, vocabulary, seed)
     case.q[:, 0] = (case.p[:, 0].double() * 1.0001).to(torch.float32)
     case.accept.fill_(0.99995)
     cases.append(case)
     # p = q at the root: every child is accepted (r < 1), so the walk always moves on.
-    case = sampling_case("star N=5, p = q at the root: the first child is accepted",
-                         [inputs.star(5)] * 2, vocabulary, seed + 14)
+    case = _drawn(sampling_case, "star N=5, p = q at the root: the first child is accepted",
+                  [inputs.star(5)] * 2, vocabulary, seed)
     case.q[:, 0] = case.p[:, 0]
     cases.append(case)
     # Siblings with the same token (drawn with replacement): after rejecting x, p'(x) =
     # max(0, p(x) - q(x)) / Z = 0 when    # q(x) >= p(x), so the duplicate is rejected too.
-    case = sampling_case("star N=5 drawn with replacement, all children the same token", [inputs.star(5)] * 2,
-                         vocabulary, seed + 15, replacement=True)
+    case = _drawn(sampling_case, "star N=5 drawn with replacement, all children the same token",
+                  [inputs.star(5)] * 2, vocabulary, seed, replacement=True)
     case.tokens[:, 2:] = case.tokens[:, 1:2]
     cases.append(case)
     # Ties in the draw: dyadic probabilities with zeros between them, u * total exactly on a CDF
@@ -542,7 +560,7 @@ def _special_cases(vocabulary: int, seed: int) -> list[SamplingCase]:
     cases.append(SamplingCase("one node N=1, u * total exactly on a CDF boundary (ties), zeros between",
                               [[-1]] * 4, torch.zeros((4, 1), dtype=torch.int32), p.clone(), p,
                               torch.zeros((4, 1)), sample, exact=True))
-    cases.append(_second_child_case(vocabulary, seed + 16))
+    cases.append(_second_child_case(vocabulary, seed))
     cases.append(_exact_test_case(vocabulary))
     cases.append(_no_mass_left_case(vocabulary))
     return cases
@@ -562,18 +580,31 @@ def _peaked_case(name: str, vocabulary: int, seed: int, *, replacement: bool) ->
     1 - 9e-4, within NORMALISATION_TOLERANCE: S must come from q's total, not from 1): the first
     child is mostly that token, and r = 0.999 rejects it; in every other tree the second child
     gets r = 0.999 too, so that the third child's test and the draw come after two rejections.
-    The later tests and residuals depend on S (the draft mass left) and on C's step Z / S."""
+    The later tests and residuals depend on S (the draft mass left) and on C's step Z / S. Where
+    every child of a tree is rejected, its draw gets a uniform on a knife edge (`_near_a_boundary`:
+    just below in trees 1 and 5, just above in trees 3 and 7); the tokens are drawn again until
+    both kinds of knife edge occur. Drawn from the case's own seed, `inputs.case_seed(seed, name)`."""
+    seed = inputs.case_seed(seed, name)
     case = sampling_case(name, [inputs.star(4)] * 8, vocabulary, seed, mismatch=0.5, replacement=replacement)
     # q sums to 1 - 9e-4 (within the tolerance): S after a draw must come from q's total, not 1
     case.q = (peaked_wrong_draft(case.q, case.p).double() * (1 - 9e-4)).to(torch.float32)
-    case.tokens = draft_tokens(inputs.batch_of_trees(case.parents), case.q, seed + 7, replacement)
     case.accept[:, 1] = 0.999
     case.accept[1::2, 2:] = 0.999
-    for b in range(1, len(case.parents), 2):  # where every child is rejected, the draw on a knife edge
-        path, _ = spec.tree_speculative_sampling(*case.tree_args(b), replacement=replacement)
-        if path == [0]:
-            case.sample[b, 0] = _near_a_boundary(case, b, replacement, below=b % 4 == 1)
+    for attempt in range(PEAKED_DRAWS):
+        case.tokens = draft_tokens(inputs.batch_of_trees(case.parents), case.q, seed + 7 + 16 * attempt,
+                                   replacement)
+        rejected = [b for b in range(1, len(case.parents), 2)
+                    if spec.tree_speculative_sampling(*case.tree_args(b), replacement=replacement)[0] == [0]]
+        if {b % 4 for b in rejected} == {1, 3}:
+            break
+    else:
+        raise RuntimeError(f"{name}: no draw of {PEAKED_DRAWS} rejects every child of two trees")
+    for b in rejected:  # where every child is rejected, the draw on a knife edge
+        case.sample[b, 0] = _near_a_boundary(case, b, replacement, below=b % 4 == 1)
     return case
+
+
+PEAKED_DRAWS = 64  # draws of a peaked case's tokens, at most: each rejects all of a tree's children often
 
 
 def _near_a_boundary(case: SamplingCase, b: int, replacement: bool, below: bool) -> float:
@@ -631,9 +662,9 @@ def _second_child_case(vocabulary: int, seed: int) -> SamplingCase:
     and its r lies between the unnormalised and the renormalised residual's acceptance ratio,
     S w(y)/q(y) < r < S w(y)/(q(y) Z) with w = max(0, p - q), Z = sum(w), S = 1 - q(first
     token): accepted only if the test uses the renormalised residual p_2 = w / Z (tree 0); tree
-    1 takes r above both (rejected)."""
-    case = sampling_case("star N=3: the second child is tested against the renormalised residual",
-                         [inputs.star(3)] * 2, vocabulary, seed)
+    1 takes r above both (rejected). Drawn from the case's own seed (`_drawn`)."""
+    case = _drawn(sampling_case, "star N=3: the second child is tested against the renormalised residual",
+                  [inputs.star(3)] * 2, vocabulary, seed)
     for b in range(2):
         p, q = case.p[b, 0].double(), case.q[b, 0].double()
         ratio = q / p
@@ -657,30 +688,27 @@ def _second_child_case(vocabulary: int, seed: int) -> SamplingCase:
 
 
 def sampling_cases(seed: int) -> list[SamplingCase]:
-    """The fixed edge cases, then fresh random trees from the seed."""
+    """The fixed edge cases, then fresh random trees, each case drawn from its own seed (`_drawn`)."""
     ragged = runtime.pick(sim=37, gpu=2500)  # not a multiple of any tile
     whole = runtime.pick(sim=32, gpu=16384)  # a multiple of every tile
-    rng = random.Random(seed)
     cases = [
-        sampling_case("one node N=1 (only the draw)", [[-1]] * 2, ragged, seed + 1),
-        sampling_case("chain N=5 (gamma = 4)", [inputs.chain(5)] * 3, ragged, seed + 2),
-        sampling_case("star N=9: eight candidates at the root", [inputs.star(9)] * 3, ragged, seed + 3,
-                      mismatch=2.0),
-        sampling_case(f"random trees N=10, V={whole} (a multiple of the tile)",
-                      [inputs.random_tree(10, rng, max_children=3) for _ in range(2)], whole, seed + 4),
-        sampling_case("random trees N=10 given as DFS times",
-                      [inputs.random_tree(10, rng, max_children=3, order=o) for o in ("bfs", "dfs")],
-                      ragged, seed + 5, as_times=True),
+        _drawn(sampling_case, "one node N=1 (only the draw)", [[-1]] * 2, ragged, seed),
+        _drawn(sampling_case, "chain N=5 (gamma = 4)", [inputs.chain(5)] * 3, ragged, seed),
+        _drawn(sampling_case, "star N=9: eight candidates at the root", [inputs.star(9)] * 3, ragged, seed,
+               mismatch=2.0),
+        _drawn(sampling_case, f"random trees N=10, V={whole} (a multiple of the tile)", _random_trees(10),
+               whole, seed),
+        _drawn(sampling_case, "random trees N=10 given as DFS times",
+               _random_trees(10, orders=("bfs", "dfs")), ragged, seed, as_times=True),
         *_special_cases(ragged, seed),
-        _peaked_case("star N=4 without replacement, a draft peaked on a wrong token", ragged, seed + 7,
+        _peaked_case("star N=4 without replacement, a draft peaked on a wrong token", ragged, seed,
                      replacement=False),
-        _peaked_case("star N=4 with replacement, a draft peaked on a wrong token", ragged, seed + 8,
+        _peaked_case("star N=4 with replacement, a draft peaked on a wrong token", ragged, seed,
                      replacement=True),
     ]
     big = runtime.pick(sim=100, gpu=32000)
-    cases.append(sampling_case(f"random trees N=16, V={big} (seed {seed})",
-                               [inputs.random_tree(16, rng, max_children=4) for _ in range(3)], big,
-                               seed + 6, mismatch=1.5))
+    cases.append(_drawn(sampling_case, f"random trees N=16, V={big}", _random_trees(16, 3, max_children=4),
+                        big, seed, mismatch=1.5))
     return cases
 
 
@@ -767,33 +795,30 @@ def greedy_case(name: str, trees, vocabulary: int, seed: int, *, match: float = 
 
 
 def greedy_cases(seed: int) -> list[GreedyCase]:
+    """Greedy cases, each drawn from its own seed (`_drawn`)."""
     ragged = runtime.pick(sim=37, gpu=2500)
     whole = runtime.pick(sim=32, gpu=16384)  # a multiple of every tile
-    rng = random.Random(seed)
     cases = [
-        greedy_case("one node N=1", [[-1]] * 2, ragged, seed + 1),
-        greedy_case("chain N=6, every token the argmax: the whole chain", [inputs.chain(6)] * 2, ragged,
-                    seed + 2, match=1.0),
-        greedy_case(f"random trees N=12, V={whole} (a multiple of the tile)",
-                    [inputs.random_tree(12, rng, max_children=3) for _ in range(2)], whole, seed + 3),
-        greedy_case("random trees N=12, the maximum twice in every row (ties: the first index)",
-                    [inputs.random_tree(12, rng, max_children=3) for _ in range(2)], ragged, seed + 4,
-                    ties=True),
-        greedy_case("random trees N=10, float16 scores",
-                    [inputs.random_tree(10, rng, max_children=3) for _ in range(2)], ragged, seed + 5,
-                    dtype=torch.float16),
-        greedy_case("random trees N=10 given as DFS times",
-                    [inputs.random_tree(10, rng, max_children=3, order=o) for o in ("bfs", "dfs")],
-                    ragged, seed + 6, as_times=True),
+        _drawn(greedy_case, "one node N=1", [[-1]] * 2, ragged, seed),
+        _drawn(greedy_case, "chain N=6, every token the argmax: the whole chain", [inputs.chain(6)] * 2,
+               ragged, seed, match=1.0),
+        _drawn(greedy_case, f"random trees N=12, V={whole} (a multiple of the tile)", _random_trees(12),
+               whole, seed),
+        _drawn(greedy_case, "random trees N=12, the maximum twice in every row (ties: the first index)",
+               _random_trees(12), ragged, seed, ties=True),
+        _drawn(greedy_case, "random trees N=10, float16 scores", _random_trees(10), ragged, seed,
+               dtype=torch.float16),
+        _drawn(greedy_case, "random trees N=10 given as DFS times", _random_trees(10, orders=("bfs", "dfs")),
+               ragged, seed, as_times=True),
     ]
-    star = greedy_case("star N=7, two children with the argmax token: the first is taken",
-                       [inputs.star(7)] * 2, ragged, seed + 7, match=0.0)
+    star = _drawn(greedy_case, "star N=7, two children with the argmax token: the first is taken",
+                  [inputs.star(7)] * 2, ragged, seed, match=0.0)
     best = star.expected_argmax()
     for b in range(2):
         star.tokens[b, 3] = star.tokens[b, 5] = best[b][0]
     cases.append(star)
-    given = greedy_case("random trees N=12, argmax ids given (int32)",
-                        [inputs.random_tree(12, rng, max_children=3) for _ in range(2)], ragged, seed + 8)
+    given = _drawn(greedy_case, "random trees N=12, argmax ids given (int32)", _random_trees(12), ragged,
+                   seed)
     given.target = torch.tensor(given.expected_argmax(), dtype=torch.int32)
     cases.append(given)
     return cases
