@@ -135,7 +135,8 @@ def lift(args: tuple, kwargs: dict) -> tuple[list, list[list[int]]]:
             if value.span is not None:
                 raise TypeError("only x itself, not a tensor computed from it, can be watched in grading")
             marks.append([position, value.block])
-        plain_args.append(plain(value))
+            value = plain(value)
+        plain_args.append(value)
     if any(isinstance(t, ReadInBlocks) for t in _tensors((plain_args, kwargs))):
         raise TypeError("grading watches a tensor read in blocks only as a positional argument of its own")
     return plain_args, marks
