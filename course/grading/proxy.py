@@ -398,7 +398,7 @@ class ProxyModule:
         in_place = name in IN_PLACE.get(state["module"], ())
         outputs = None if in_place or callbacks else shapes.expected(state["dry"], name, args, kwargs)
         return state["channel"].call(state["module"], name, args, kwargs, self._name_of, self._resolve,
-                                     callbacks, outputs, blocks)
+                                     callbacks, outputs, blocks=blocks)
 
     def _name_of(self, obj) -> str | None:
         """A dataclass the child can rebuild: one of a lesson module's own classes or one it imports."""
