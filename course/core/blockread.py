@@ -9,8 +9,9 @@ BlockReadError the moment the function reduces more than a block of x at once. T
 
 - every tensor computed from x spans some of x's columns. x itself is x whole; a slice
   (x[..., a:b], narrow, split, chunk, unbind, select) spans at most its last dimension's length;
-  elementwise arithmetic, reshapes and copies span what their widest input spans (x whole if one
-  of them is); cat and stack the sum of their inputs;
+  elementwise arithmetic (an operation PyTorch tags pointwise, whose outputs have its inputs'
+  broadcast shape), reshapes and copies span what their widest input spans (x whole if one of them
+  is); cat and stack the sum of their inputs;
 - on x whole, or on a tensor spanning more than `block` columns, only those operations may run,
   besides reading the shape, dtype or device, yes/no tests (`all`, `any`: a validator's finiteness
   test) and new tensors of its shape (`zeros_like`, `new_full`): a reduction (max, sum, logsumexp,
@@ -37,9 +38,9 @@ METADATA = frozenset({
     "is_floating_point", "is_complex", "layout", "is_cuda", "is_cpu", "is_meta", "is_sparse", "is_quantized",
     "requires_grad", "element_size", "storage_offset", "__len__", "names", "grad_fn", "is_leaf",
     "__repr__", "__str__", "__format__"})
-# New tensors of a tensor's shape, dtype and device: its values are not read.
+# New tensors of a tensor's shape, dtype and device (or of other data): its values are not read.
 LIKE = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "new_empty", "new_zeros", "new_ones",
-                  "new_full"})
+                  "new_full", "new_tensor"})
 TESTS = frozenset({"all", "any"})  # yes/no about the values: a validator's test, no statistic
 SLICES = frozenset({"__getitem__", "narrow", "split", "split_with_sizes", "chunk", "tensor_split", "unbind",
                     "select", "index_select"})

@@ -5,13 +5,14 @@ return with the oracle. Grading hands it a `ProxyModule`: its constants, classes
 helpers are the grader's own (the solution module's: so a case's sizes, such as MASK_TILE, are
 the grader's), and every function that runs an exercise's code (`remote_names`: those whose
 body holds a hole, and, transitively, whatever calls one, across lesson modules) is forwarded
-to the child: the arguments go over as plain values and raw tensor bytes (`course.grading.wire`),
-the child runs the graded module's function, and the grader builds the outputs itself from the
-reply, checking every size against its limits (each output a contiguous tensor alone in memory of
-exactly its size, so the grader never builds more than the bytes that came; and, where its own
-launcher run dry says which, of exactly the dtypes and shapes the call makes: course.grading.shapes),
-then copies back
-into its own tensors what the call changed in them (in-place launchers). The child never sees
+to the child: the arguments go over as plain values and raw tensor bytes (`course.grading.wire`;
+a tensor a check watches for reads of more than a block at once, `course.core.blockread`, goes as
+plain bytes with a mark, and the child watches its copy), the child runs the graded module's
+function, and the grader builds the outputs itself from the reply, checking every size against
+its limits (each output a contiguous tensor alone in memory of exactly its size, so the grader
+never builds more than the bytes that came; and, where its own launcher run dry says which, of
+exactly the dtypes and shapes the call makes: course.grading.shapes), then copies back into its
+own tensors what the call changed in them (in-place launchers). The child never sees
 the seed, the expected outputs, the tolerances or the checks.
 
 A reply the grader cannot read is a failed case (`ReplyError`, with a short note; the child is
