@@ -1,11 +1,12 @@
 """Sample submissions (tests/submissions/<name>/sample.py) as the grader finds them: lessons/ folders.
 
-A sample is a recipe: HOLES (exercise -> the code a student wrote in its hole), STUBS (exercises
+A sample is a recipe: HOLES (exercise -> the code a student wrote in its hole, where a line
+`@ANSWER@` at the hole's top level stands for the solution's code of that hole), STUBS (exercises
 left as the todo), RESPACE (blank lines and trailing spaces changed around every answered hole),
-OUTSIDE (module -> (old, new) lines changed outside the holes), FILES (other
-files of the submission), LINKS (path -> a path of this repository to link to), NAME (the folder's
-name) and BARE (no lessons/ at all). Every other hole is answered from solutions/ here, at run
-time, so that no sample holds a solution. tests/test_grade.py and tools/gpu_grade_check.sh use it.
+OUTSIDE (module -> (old, new) lines changed outside the holes), FILES (other files of the submission),
+LINKS (path -> a path of this repository to link to), NAME (the folder's name) and BARE (no lessons/
+at all). Every other hole is answered from solutions/ here, at run time, so that no sample holds a
+solution. tests/test_grade.py and tools/gpu_grade_check.sh use it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from course.release import Piece, render, render_pieces
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "tests" / "submissions"
+# A line of a sample's hole that stands for the solution's code of that hole (a sample whose answer
+# is right after its mischief), filled in at run time like every other hole.
+ANSWER = "@ANSWER@"
 
 
 def _answer(source_lines: list[str], piece: Piece) -> list[str]:
@@ -64,7 +68,9 @@ def lesson_with(module: str, holes: dict[str, str], stubs: list[str], respace: b
             after_hole = False
         elif exercise in holes:
             indent = piece.lines[0][: len(piece.lines[0]) - len(piece.lines[0].lstrip())]
-            out.append(textwrap.indent(textwrap.dedent(holes[exercise]).strip("\n") + "\n", indent))
+            code = textwrap.dedent(holes[exercise]).strip("\n") + "\n"
+            code = code.replace(ANSWER, textwrap.dedent("".join(_answer(source_lines, piece))).rstrip("\n"))
+            out.append(textwrap.indent(code, indent))
         else:
             answer = _answer(source_lines, piece)
             if respace:

@@ -367,7 +367,7 @@ ESCAPED = {  # sample: (its points on online_softmax (dfs_times_kernel for ON_DF
     "zero_stride_reply": (0, "", ""),
     "spec_import": (0, "", ""),
     "module_level": (0, "", ""),  # its `return` is spliced; the grader's MASK_TILE sizes the other cases
-    "library_softmax": (2, "", ""),  # a library routine: only the hole rules refuse it (README)
+    "library_softmax": (0, "", ""),  # the check watches x: torch.softmax reads it whole (README)
 }
 
 
@@ -400,6 +400,13 @@ def test_replies_the_grader_cannot_read_fail_cases_not_the_run(escaped):
                                 for _, p, d in bomb.results if not p)
     forged = escaped["grades"]["forged_results"].exercises[ONLINE]
     assert forged.results and not any(p for _, p, _ in forged.results)
+
+
+@needs_bwrap
+def test_a_library_softmax_fails_every_case_in_the_sandbox_too(escaped):
+    online = escaped["grades"]["library_softmax"].exercises[ONLINE]
+    assert online.results and all(not passed and "online_softmax applied torch.softmax to x whole" in detail
+                                  for _, passed, detail in online.results), online.results
 
 
 @needs_bwrap
@@ -450,6 +457,22 @@ def test_grading_refuses_without_bubblewrap_unless_told(tmp_path, monkeypatch):
                    sandbox=False, limits=LIMITS)
     assert grades[0].exercises[ONLINE].points == 2
     assert "produced without isolation" in (tmp_path / "out" / "feedback" / "ann_lee.md").read_text()
+
+
+def test_past_the_hole_rules_a_library_softmax_fails_the_checks_watch_on_x(tmp_path, monkeypatch):
+    """online_softmax's check hands the function x watched for reads of more than a block at once
+    (course.core.blockread); in grading the child watches its copy, so torch.softmax over x whole fails
+    every case there too, with the rule said (no sandbox needed to show it: `escaped` shows it in one)."""
+    from course.grading import splice
+
+    write_sample("library_softmax", tmp_path / "submissions", {})
+    monkeypatch.setattr(splice, "refusals", lambda *args, **kwargs: [])
+    [graded_alone] = grade(tmp_path / "submissions", tmp_path / "out", SEED, exercises=[ONLINE],
+                           progress=False, sandbox=False, limits=LIMITS)
+    online = graded_alone.exercises[ONLINE]
+    assert online.points == 0 and len(online.results) == 10, online
+    assert all(not passed and "online_softmax applied torch.softmax to x whole (all 37 columns)" in detail
+               and "at most block = " in detail for _, passed, detail in online.results), online.results
 
 
 def test_gpu_nodes_are_bound_over_the_fresh_dev(tmp_path, monkeypatch):

@@ -5,11 +5,13 @@ path and the submission's graded `lessons/` (`course.grading.splice`), and nothi
 grader's: no solutions, no checks, no seed. It reads requests from one pipe and answers on
 another (`course.grading.wire`):
 
-- {"op": "call", "module", "name", "args", "kwargs", "callbacks"}: call `lessons.<module>.<name>`
-  and answer {"result": ..., "after": [every tensor argument after the call]} (or "result_is": i
-  when it returned its i-th tensor argument itself) or {"error": ...};
+- {"op": "call", "module", "name", "args", "kwargs", "callbacks", "blocks"}: call
+  `lessons.<module>.<name>` and answer {"result": ..., "after": [every tensor argument after the
+  call]} (or "result_is": i when it returned its i-th tensor argument itself) or {"error": ...};
   `callbacks` names module attributes the grader stands in for during the call (a check's
-  stand-in for a kernel still left as a stub): calling one asks the grader to run it;
+  stand-in for a kernel still left as a stub): calling one asks the grader to run it; `blocks`,
+  [position, block] pairs, the arguments to hand the function watched, so that reducing more than
+  a block of their columns at once raises (course.core.blockread: the online softmax's check);
 - {"op": "time", "hook": [...]}: time the graded kernels with an exercise's bench hook
   (`course.grading.speed`) and answer {"ms": ...} or {"note": ...}.
 
@@ -139,6 +141,8 @@ class Server:
                 return
 
     def call(self, header: dict, decoder) -> None:
+        from ..core import blockread
+
         try:
             module = importlib.import_module(f"lessons.{header['module']}")
         except BaseException as error:  # noqa: BLE001  (a broken module is the submission's)
@@ -152,7 +156,10 @@ class Server:
         try:
             for name in saved:
                 setattr(module, name, Callback(self, name))
-            result = getattr(module, header["name"])(*args, **kwargs)
+            # the arguments the grader marked, watched for reads of more than a block at once; the
+            # plain ones (`args`) are what goes back after the call
+            watched = blockread.watch_marked(args, header.get("blocks", []), header["name"])
+            result = blockread.plain(getattr(module, header["name"])(*watched, **kwargs))
         except BaseException as error:  # noqa: BLE001  (whatever the code raised goes back as text)
             self.done()
             self.send({"error": describe(error)})

@@ -5,13 +5,14 @@ return with the oracle. Grading hands it a `ProxyModule`: its constants, classes
 helpers are the grader's own (the solution module's: so a case's sizes, such as MASK_TILE, are
 the grader's), and every function that runs an exercise's code (`remote_names`: those whose
 body holds a hole, and, transitively, whatever calls one, across lesson modules) is forwarded
-to the child: the arguments go over as plain values and raw tensor bytes (`course.grading.wire`),
-the child runs the graded module's function, and the grader builds the outputs itself from the
-reply, checking every size against its limits (each output a contiguous tensor alone in memory of
-exactly its size, so the grader never builds more than the bytes that came; and, where its own
-launcher run dry says which, of exactly the dtypes and shapes the call makes: course.grading.shapes),
-then copies back
-into its own tensors what the call changed in them (in-place launchers). The child never sees
+to the child: the arguments go over as plain values and raw tensor bytes (`course.grading.wire`;
+a tensor a check watches for reads of more than a block at once, `course.core.blockread`, goes as
+plain bytes with a mark, and the child watches its copy), the child runs the graded module's
+function, and the grader builds the outputs itself from the reply, checking every size against
+its limits (each output a contiguous tensor alone in memory of exactly its size, so the grader
+never builds more than the bytes that came; and, where its own launcher run dry says which, of
+exactly the dtypes and shapes the call makes: course.grading.shapes), then copies back into its
+own tensors what the call changed in them (in-place launchers). The child never sees
 the seed, the expected outputs, the tolerances or the checks.
 
 A reply the grader cannot read is a failed case (`ReplyError`, with a short note; the child is
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..core import blockread
 from . import sandbox, services, shapes, wire
 from .child import tensors_in
 
@@ -240,10 +242,11 @@ class Channel:
         self._send(wire.frame({"op": "callback_done"}, name_of, after=tensors_in((args, kwargs))))
 
     def call(self, module: str, name: str, args: tuple, kwargs: dict, name_of, resolve,
-             callbacks: dict[str, Callable], outputs: list | None = None):
+             callbacks: dict[str, Callable], outputs: list | None = None, blocks: list | None = None):
         """Run lessons.<module>.<name> in the child; `outputs`, the [(dtype, shape)] the grader's own
         launcher makes (course.grading.shapes), is what the reply must hold, checked before any of
-        its tensors is built."""
+        its tensors is built; `blocks`, [position, block] of each argument the child must watch for
+        reads of more than a block at once (course.core.blockread.lift)."""
         def answer(header: dict, decoder: wire.Decoder):
             if "error" in header:
                 return self._error(header)
@@ -265,7 +268,8 @@ class Channel:
                 return given[same]
             return result
 
-        outcome = self.request({"op": "call", "module": module, "name": name, "callbacks": sorted(callbacks)},
+        outcome = self.request({"op": "call", "module": module, "name": name, "callbacks": sorted(callbacks),
+                                "blocks": blocks or []},
                                {"args": list(args), "kwargs": kwargs}, name_of, callbacks, resolve, answer,
                                scope=module)
         if isinstance(outcome, BaseException):
@@ -389,12 +393,13 @@ class ProxyModule:
 
     def _call(self, name: str, args: tuple, kwargs: dict):
         state = self._state
+        args, blocks = blockread.lift(args, kwargs)  # x watched for block reads: the child watches its copy
         remote = state["remote"]
         callbacks = {n: v for n, v in vars(self).items() if n in remote and v is not remote[n]}
         in_place = name in IN_PLACE.get(state["module"], ())
         outputs = None if in_place or callbacks else shapes.expected(state["dry"], name, args, kwargs)
         return state["channel"].call(state["module"], name, args, kwargs, self._name_of, self._resolve,
-                                     callbacks, outputs)
+                                     callbacks, outputs, blocks=blocks)
 
     def _name_of(self, obj) -> str | None:
         """A dataclass the child can rebuild: one of a lesson module's own classes or one it imports."""

@@ -30,7 +30,7 @@ class _Called(BaseException):  # noqa: N818  (not an error: the recorded call en
 class _Recorder:
     """Stands in for a grading child: a call's arguments become a digest, and the case stops there."""
 
-    def call(self, module, name, args, kwargs, name_of, resolve, callbacks, outputs=None):
+    def call(self, module, name, args, kwargs, name_of, resolve, callbacks, outputs=None, blocks=None):
         try:
             data = wire.frame({"name": name}, name_of, args=list(args), kwargs=kwargs)
         except TypeError:

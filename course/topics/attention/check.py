@@ -17,7 +17,7 @@ from course import oracle
 from course.checks import CaseResult
 from course.checks.diagnose import compare_floats, compare_out_and_lse, first_index
 from course.checks.diagnose_attention import EVERY_CAUSE, SKIP_TEST, TILE_LAYOUT, explain_attention
-from course.core import inputs
+from course.core import blockread, inputs
 
 ATOL, RTOL = 1e-9, 1e-7
 # flash_attention loops over key blocks of a tensor: it skips none, and has no shared tiles to lay out.
@@ -30,7 +30,9 @@ def _reference_softmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def check_online_softmax(module, seed: int):
-    """online_softmax(x, block) must equal pyspec_ref.softmax for every block size."""
+    """online_softmax(x, block) must equal pyspec_ref.softmax for every block size, and compute its
+    running max and sum from column blocks of at most `block` columns: it gets x watched
+    (course.core.blockread), and a reduction over x whole (torch.softmax, x.max(dim=-1)) fails the case."""
     rows, cols = 5, 37
     for block in (1, 4, 16, cols, cols + 5):
         for label, offset in (("", 0.0), (", large scores", 900.0)):
@@ -39,7 +41,8 @@ def check_online_softmax(module, seed: int):
             def run(name=name, block=block, offset=offset):
                 drawn = inputs.case_seed(seed, name)
                 x = inputs.random_tensor((rows, cols), drawn, torch.float64) * 3 + offset
-                got = module.online_softmax(x, block)
+                got = blockread.plain(module.online_softmax(blockread.watched(x, block, "online_softmax"),
+                                                            block))
                 problem = compare_floats(got, _reference_softmax(x), "p", ("row", "column"),
                                          ATOL, RTOL)
                 if problem:

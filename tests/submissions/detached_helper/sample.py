@@ -16,8 +16,6 @@ if not os.path.exists("/tmp/started"):
             os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)",
                                       "course-grade-helper-7361"])
         os._exit(0)
-m = x.max(dim=-1, keepdim=True).values
-e = torch.exp(x - m)
-return e / e.sum(dim=-1, keepdim=True)
+@ANSWER@
 """,
 }

@@ -31,8 +31,6 @@ if not os.path.exists("/tmp/forked"):
             holding += len(os.read(ready, 3))
         gone = any(os.waitpid(child, os.WNOHANG)[0] for child in children)
     time.sleep(1)
-m = x.max(dim=-1, keepdim=True).values
-e = torch.exp(x - m)
-return e / e.sum(dim=-1, keepdim=True)
+@ANSWER@
 """,
 }

@@ -9,8 +9,6 @@ for folder in (".", "/tmp"):
                 f.write(b"x" * 300_000)
         except OSError:
             break
-m = x.max(dim=-1, keepdim=True).values
-e = torch.exp(x - m)
-return e / e.sum(dim=-1, keepdim=True)
+@ANSWER@
 """,
 }

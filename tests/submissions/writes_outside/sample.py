@@ -21,8 +21,6 @@ for path in ("@WATCHED@", "@ROOT@"):
         sqlite3.connect(f"{path}/db.sqlite").execute("create table t (x)")
     except sqlite3.Error:
         pass
-m = x.max(dim=-1, keepdim=True).values
-e = torch.exp(x - m)
-return e / e.sum(dim=-1, keepdim=True)
+@ANSWER@
 """,
 }
