@@ -45,7 +45,7 @@ class _Pass:
     def __call__(self) -> None:
         side, tree, index = self.side, self.side.tree, self.index
         rows = tree.pop(self.width)
-        start, end = tree.intervals()
+        start, end = tree.start, tree.end
         prefix, slots = tree.prefix, tree.slot_ids[:tree.slots]
         # Every cache row of the tree range is invisible, then each node's interval at its slot's row.
         tree_cols = prefix + slots

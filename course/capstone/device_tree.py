@@ -14,10 +14,11 @@ row's keys and values at cache row P + slot, so only nodes take cache rows, as o
 * Selection (`select`): the `size` best rows by (key, depth, nodes before candidates, slot or row),
   the root first: one sort on the device. The message lists nodes by slot, then candidates by key
   and row, HostTree's order, so that both send the same subtree in the same order.
-* Ancestry: the attention needs nested intervals (FlashSpecInfer §5.1). `anc` (rows x rows) marks
-  each row's ancestors and itself; a row's DFS start is its depth plus the sizes of the subtrees of
-  the earlier siblings of its ancestors, one matrix product (`intervals`), so a tree of any depth
-  and shape gets exact DFS times without a walk on the host.
+* Ancestry: the attention needs nested intervals (FlashSpecInfer §5.1): each row keeps its DFS
+  times (`start`, `end`, children in row order). They are kept up to date, never recomputed: a
+  node's new children are its last, so they go right after its subtree, and every row after that
+  place moves right by the number inserted before it (`add_children`); a re-root keeps one subtree,
+  whose times only shift down to start at 0. A tree of any depth and shape, with no walk.
 * Re-rooting (`reroot`): the accepted path's nodes join the prefix, the subtree of the next token
   (when the draft ran that child) survives with its KV rows, which move left in slot order (every
   move has dst <= src, as `swiftspec.compact` requires); keys and cumulative log-probabilities
@@ -58,7 +59,8 @@ class DeviceTree:
         self.run = torch.zeros(n, dtype=torch.bool, device=device)
         self.sent = torch.zeros(n, dtype=torch.bool, device=device)
         self.slot = torch.full((n,), -1, **i64)
-        self.anc = torch.zeros((n, n), dtype=torch.float32, device=device)  # anc[i, j]: j is i or above it
+        self.start = torch.zeros(n, **i64)  # DFS times: row j is an ancestor of row i (or i) iff
+        self.end = torch.zeros(n, **i64)  # start[j] <= start[i] and end[i] <= end[j]
         self.q = (torch.zeros((slots + 1, vocab_size), dtype=torch.float32, device=device)
                   if mode == "sample" else None)
         self.count = torch.zeros(1, **i64)  # live rows: 0 .. count - 1
@@ -87,8 +89,8 @@ class DeviceTree:
         self.run.zero_()
         self.sent.zero_()
         self.slot.fill_(-1)
-        self.anc.zero_()
-        self.anc[0, 0] = 1.0
+        self.start.zero_()
+        self.end.zero_()
         self.token[0], self.key[0] = root_token, 0.0
         self.count.fill_(1)
         self.used.zero_()
@@ -109,17 +111,6 @@ class DeviceTree:
         self.used += width
         return rows
 
-    def intervals(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every live row's DFS times (children in row order): start = depth + the sizes of the
-        subtrees of the earlier siblings of each of its ancestors (and itself); end = start + its
-        subtree's size - 1. Integers below `rows`, exact in float32."""
-        live, parent = self.live(), self.parent
-        earlier = ((parent[:, None] == parent[None, :]) & (self.ids[:, None] < self.ids[None, :])
-                   & live[:, None] & live[None, :] & (parent[None, :] >= 0))  # x is an earlier sibling of y
-        size = self.anc.sum(dim=0)
-        start = self.depth.float() + (self.anc @ earlier.T.float()) @ size
-        return start, start + size - 1
-
     def add_children(self, rows: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor, top: torch.Tensor,
                      q: torch.Tensor | None) -> None:
         """The run rows' candidate children (tokens, draft log-probabilities (n, branch), in the order
@@ -129,6 +120,7 @@ class DeviceTree:
         self.top[rows] = top
         if q is not None:
             self.q[self.slot[rows]] = q
+        self._make_room(rows)
         parent = rows[:, None].expand(rows.numel(), branch).reshape(-1)
         new = self.count + self.ids[:parent.numel()]
         cum = self.cum[parent] + logp.reshape(-1).double()
@@ -141,9 +133,27 @@ class DeviceTree:
         self.run.index_fill_(0, new, False)
         self.sent.index_fill_(0, new, False)
         self.slot.index_fill_(0, new, -1)
-        self.anc[new] = self.anc[parent]
-        self.anc.view(-1).index_fill_(0, new * (self.rows + 2), 1.0)  # the diagonal: each row is its own
         self.count += parent.numel()
+
+    def _make_room(self, rows: torch.Tensor) -> None:
+        """DFS times for `branch` new last children of each of `rows`: each group goes right after its
+        parent's subtree (after the groups of deeper nodes that end at the same place), and a row moves
+        right by `branch` for every group placed before it (its start) or inside its subtree or before
+        it (its end; a group of a strict ancestor ending where the row ends goes after it). Writes the
+        new children's times at rows count .. count + n * branch - 1."""
+        branch, live = self.branch, self.live()
+        p_start, p_end, p_depth = self.start[rows], self.end[rows], self.depth[rows]
+        start, end = self.start[:, None], self.end[:, None]
+        before_start = (p_end[None, :] < start).sum(dim=1)
+        inside_or_before = (p_end[None, :] <= end) & ((p_start[None, :] >= start) | (p_end[None, :] < start))
+        first = (p_end[:, None] > p_end[None, :]) | ((p_end[:, None] == p_end[None, :])
+                                                       & (p_depth[:, None] < p_depth[None, :]))
+        child_start = (p_end + 1 + branch * first.sum(dim=1))[:, None] + self.ids[:branch]
+        self.start.copy_(torch.where(live, self.start + branch * before_start, self.start))
+        self.end.copy_(torch.where(live, self.end + branch * inside_or_before.sum(dim=1), self.end))
+        new = self.count + self.ids[:rows.numel() * branch]
+        self.start[new] = child_start.reshape(-1)
+        self.end[new] = child_start.reshape(-1)
 
     # ------------------------------------------------------------------ the subtree sent
 
@@ -190,7 +200,8 @@ class DeviceTree:
         found = match.any()
         # (1,), not 0-dim: indexing with a 0-dim tensor would read it on the host
         new_root = torch.argmax(match.to(torch.int32)).reshape(1)
-        keep = (self.anc.index_select(1, new_root)[:, 0] > 0) & live & found  # the new root and all below it
+        root_start, root_end = self.start[new_root], self.end[new_root]
+        keep = (self.start >= root_start) & (self.start <= root_end) & live & found  # the new root and below
         is_committed = torch.zeros_like(self.run)
         is_committed.index_fill_(0, committed, True)
         is_committed[rows:].fill_(False)
@@ -241,9 +252,8 @@ class DeviceTree:
                     key=torch.where(root, 0.0, torch.where(live, self.key[source] - base_cum, -torch.inf)),
                     top=self.top[source], run=self.run[source] & live,
                     slot=torch.where(self.run[source] & live, new_slot[self.slot[source].clamp(min=0)], -1))
+        base_start = self.start[new_root]  # the subtree's DFS times stay in order: they only shift
+        kept.update(start=self.start[source] - base_start, end=self.end[source] - base_start)
+        fresh.update(start=torch.zeros_like(parent), end=torch.zeros_like(parent))
         for name, value in kept.items():
             getattr(self, name).copy_(torch.where(found, value, fresh[name]))
-        anc = self.anc[source][:, source]
-        fresh_anc = torch.zeros_like(anc)
-        fresh_anc[0, :1].fill_(1.0)
-        self.anc.copy_(torch.where(found, anc, fresh_anc))
