@@ -19,7 +19,7 @@ import torch
 
 from . import decoder
 from .backends import TreeIndex, make_backend
-from .device_tree import DEAD_END, DEAD_START, DeviceTree
+from .device_tree import DeviceTree, Queries
 from .sides import GROWTHS, _fits, _room
 from .tree import gumbel_top_k
 
@@ -40,37 +40,15 @@ class _Pass:
                                torch.full((1,), queries, **int32))
         self.workspace = side.model.workspace(1, queries)
         self.attend = side.ops.tree_attention(side.model, side.cache, self.workspace, self.index)
-        self.owed_interval = torch.tensor([-1, DEAD_START], dtype=torch.int64, device=device)
+        self.queries = Queries.empty(width, owed, device)
 
     def __call__(self) -> None:
-        side, tree, index = self.side, self.side.tree, self.index
-        rows = tree.pop(self.width)
-        start, end = tree.start, tree.end
-        prefix, slots = tree.prefix, tree.slot_ids[:tree.slots]
-        # Every cache row of the tree range is invisible, then each node's interval at its slot's row.
-        tree_cols = prefix + slots
-        index.kv_start[0].index_fill_(0, tree_cols, DEAD_START)
-        index.kv_end[0].index_fill_(0, tree_cols, DEAD_END)
-        nodes = tree.run & tree.live()
-        cols = torch.where(nodes, prefix + tree.slot, side.cache.scratch_row)
-        index.kv_start[0].scatter_(0, cols, start.to(torch.int32))
-        index.kv_end[0].scatter_(0, cols, end.to(torch.int32))
-        tokens, positions, cache_rows = tree.token[rows], prefix + tree.depth[rows], prefix + tree.slot[rows]
-        q_start, q_end = start[rows].long(), end[rows].long()
-        if self.owed:  # the committed token at row P - 1: it sees the prefix and no tree row
-            tokens = torch.cat([tree.owed_token, tokens])
-            positions = torch.cat([prefix - 1, positions])
-            cache_rows = torch.cat([prefix - 1, cache_rows])
-            q_start = torch.cat([self.owed_interval[:1], q_start])
-            q_end = torch.cat([self.owed_interval[1:], q_end])
-        index.q_start[0].copy_(q_start)
-        index.q_end[0].copy_(q_end)
-        index.prefix.copy_(prefix)
-        index.tree_len.fill_(tree.slots)
-        logits = side.model.step(tokens[None], positions[None], side.cache, cache_rows[None], self.attend,
-                                 workspace=self.workspace, validate=False, padding=False,
-                                 float_logits=False)[0]
-        side.children(rows, logits[int(self.owed):], self.owed)
+        side, queries = self.side, self.queries
+        side.tree.pop_queries(self.width, self.owed, queries, self.index, side.cache.scratch_row)
+        logits = side.model.step(queries.tokens[None], queries.positions[None], side.cache,
+                                 queries.cache_rows[None], self.attend, workspace=self.workspace,
+                                 validate=False, padding=False, float_logits=False)[0]
+        side.children(queries.rows, logits[int(self.owed):], self.owed)
 
 
 class DeviceDraftSide:
@@ -94,7 +72,8 @@ class DeviceDraftSide:
         self.ops = make_backend(backend, impl)
         self.gen = torch.Generator().manual_seed(seed)
         device, vocab = draft.device, draft.config.vocab_size
-        self.tree = DeviceTree(1 + slots * cfg.branch, slots, cfg.branch, cfg.mode, vocab, device)
+        self.tree = DeviceTree(1 + slots * cfg.branch, slots, cfg.branch, cfg.mode, vocab, device,
+                               kernels=backend == "kernels")
         self.uniforms = torch.zeros((cfg.tree_size + 1, vocab), dtype=torch.float64, device=device)
         int32 = dict(dtype=torch.int32, device=device)
         self.moves = torch.zeros((3, slots), **int32)  # src, dst, and the count in [2, 0]

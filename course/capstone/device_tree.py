@@ -33,21 +33,41 @@ Row `rows` (the last) is a trash row that no live index reaches: scatters of pad
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from . import device_tree_kernels
+from .device_tree_kernels import DEAD_END, DEAD_START
 from .tree import MODES
 
-DEAD_START, DEAD_END = 2 ** 31 - 1, -1  # an interval that contains no query: a row no query sees
+
+@dataclass
+class Queries:
+    """One pass's queries, in static buffers: the rows popped (width,), then per query (the owed
+    token first, when there is one) its token, position and cache row (int64)."""
+
+    rows: torch.Tensor
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    cache_rows: torch.Tensor
+
+    @classmethod
+    def empty(cls, width: int, owed: bool, device) -> Queries:
+        n = width + owed
+        return cls(*(torch.zeros(size, dtype=torch.int64, device=device) for size in (width, n, n, n)))
 
 
 class DeviceTree:
     """One sample's draft tree in device tables of `rows` rows and `slots` node slots (see the module
     docstring); q (sample mode): the draft's distribution at each node, by slot."""
 
-    def __init__(self, rows: int, slots: int, branch: int, mode: str, vocab_size: int, device):
+    def __init__(self, rows: int, slots: int, branch: int, mode: str, vocab_size: int, device, *,
+                 kernels: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.rows, self.slots, self.branch, self.mode = rows, slots, branch, mode
+        self.kernels = kernels  # the bookkeeping as Triton kernels (`device_tree_kernels`), else PyTorch ops
         n = rows + 1
         i64 = dict(dtype=torch.int64, device=device)
         self.parent = torch.full((n,), -1, **i64)
@@ -70,6 +90,7 @@ class DeviceTree:
         self.owed_token = torch.zeros(1, **i64)
         self.likely = torch.zeros(1, dtype=torch.float64, device=device)  # 1.0: growth "likely" now
         self.msg_rows = torch.zeros(rows, **i64)  # the rows of the last subtree sent, in message order
+        self.message = torch.zeros(2 * slots, **i64)  # the kernels' message: parents, then tokens
         self.ids = torch.arange(n, **i64)
         self.slot_ids = torch.arange(slots + 1, **i64)
 
@@ -111,15 +132,48 @@ class DeviceTree:
         self.used += width
         return rows
 
+    def pop_queries(self, width: int, owed: bool, queries: Queries, index, scratch_row: int) -> None:
+        """`pop` and the pass's inputs: the queries (the owed token first, at row P - 1, seeing the
+        prefix and no tree row) and the attention's index (`backends.TreeIndex`): the queries' DFS
+        times, each node's DFS times at its cache row P + slot, every other row of the tree range
+        invisible."""
+        if self.kernels:
+            return device_tree_kernels.pop(self, width, owed, queries, index)
+        rows = self.pop(width)
+        prefix = self.prefix
+        tree_cols = prefix + self.slot_ids[:self.slots]
+        index.kv_start[0].index_fill_(0, tree_cols, DEAD_START)
+        index.kv_end[0].index_fill_(0, tree_cols, DEAD_END)
+        cols = torch.where(self.run & self.live(), prefix + self.slot, scratch_row)
+        index.kv_start[0].scatter_(0, cols, self.start.to(torch.int32))
+        index.kv_end[0].scatter_(0, cols, self.end.to(torch.int32))
+        first = int(owed)
+        queries.rows.copy_(rows)
+        queries.tokens[first:].copy_(self.token[rows])
+        queries.positions[first:].copy_(prefix + self.depth[rows])
+        queries.cache_rows[first:].copy_(prefix + self.slot[rows])
+        index.q_start[0, first:].copy_(self.start[rows])
+        index.q_end[0, first:].copy_(self.end[rows])
+        if owed:
+            queries.tokens[:1].copy_(self.owed_token)
+            queries.positions[:1].copy_(prefix - 1)
+            queries.cache_rows[:1].copy_(prefix - 1)
+            index.q_start[0, :1].fill_(-1)
+            index.q_end[0, :1].fill_(DEAD_START)
+        index.prefix.copy_(prefix)
+        index.tree_len.fill_(self.slots)
+
     def add_children(self, rows: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor, top: torch.Tensor,
                      q: torch.Tensor | None) -> None:
         """The run rows' candidate children (tokens, draft log-probabilities (n, branch), in the order
         they are to be tried) as new rows; top: the log of each run row's largest draft probability;
         q: its draft distribution (sample mode)."""
         branch = self.branch
-        self.top[rows] = top
         if q is not None:
             self.q[self.slot[rows]] = q
+        if self.kernels:
+            return device_tree_kernels.add_children(self, rows, tokens, logp, top)
+        self.top[rows] = top
         self._make_room(rows)
         parent = rows[:, None].expand(rows.numel(), branch).reshape(-1)
         new = self.count + self.ids[:parent.numel()]
@@ -160,6 +214,8 @@ class DeviceTree:
     def select(self, size: int) -> torch.Tensor:
         """The `size` best rows (a subtree holding the root), in message order; marks the candidates
         among them as sent. Returns [parents over the subtree's indices, tokens] (2 * size,)."""
+        if self.kernels:
+            return device_tree_kernels.select(self, size)
         run, ids = self.run, self.ids
         rank = torch.where(self.live(), torch.where(ids == 0, -torch.inf, -self.key), torch.inf)
         order = torch.sort(torch.where(run, self.slot, self.rows + 1 + ids), stable=True).indices

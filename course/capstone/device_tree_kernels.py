@@ -1,0 +1,210 @@
+"""Triton kernels for the draft tree on the device (`device_tree.DeviceTree`): each of its
+bookkeeping steps as ONE launch of one program over every row of the table.
+
+The tree's methods written with PyTorch (`DeviceTree.pop`, `add_children`, `select`) are the
+readable form, and the tests hold these kernels equal to them. They cost what they launch: a draft
+pass written with PyTorch ops is about 250 small kernels around the model step, whose launches, a
+microsecond each inside a CUDA graph, take longer than the model step itself (notebook 20, §8). A
+table of a few hundred rows fits one program's registers, so each step here is one kernel:
+
+* `pop_kernel`: the `width` best candidates, one `argmax` each (ties to the lower row, as the
+  queue's order), become nodes; it writes the pass's queries (tokens, positions, cache rows, DFS
+  times) and every node's DFS times at its cache row, which is all the attention reads.
+* `children_kernel`: the new nodes' candidate children, and the DFS times moved to make room.
+* `select_kernel`: the `size` best rows, one lexicographic argmax each, in message order, with the
+  parents' indices in the message.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+DEAD_START, DEAD_END = 2 ** 31 - 1, -1  # an interval that contains no query: a row no query sees
+_DEAD_START, _DEAD_END = tl.constexpr(DEAD_START), tl.constexpr(DEAD_END)
+BIG = tl.constexpr(2 ** 62)  # above every row, slot, depth and DFS time
+
+
+def _block(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 2))
+
+
+def pop(tree, width: int, owed: bool, queries, index) -> None:
+    """`DeviceTree.pop_queries` in one launch."""
+    pop_kernel[(1,)](tree.parent, tree.key, tree.top, tree.run, tree.sent, tree.slot, tree.token, tree.depth,
+                     tree.start, tree.end, tree.count, tree.used, tree.prefix, tree.likely, tree.owed_token,
+                     queries.rows, queries.tokens, queries.positions, queries.cache_rows, index.q_start,
+                     index.q_end, index.kv_start, index.kv_end, index.prefix, index.tree_len,
+                     SLOTS=tree.slots, WIDTH=width, OWED=bool(owed), BLOCK=_block(tree.rows + 1),
+                     SLOT_BLOCK=_block(tree.slots))
+
+
+def add_children(tree, rows, tokens, logp, top) -> None:
+    """`DeviceTree.add_children` (but q) in one launch."""
+    width, branch = rows.numel(), tree.branch
+    children_kernel[(1,)](tree.parent, tree.token, tree.depth, tree.cum, tree.key, tree.top, tree.run,
+                          tree.sent, tree.slot, tree.start, tree.end, tree.count, rows, tokens.contiguous(),
+                          logp.contiguous(), top.contiguous(), WIDTH=width, BRANCH=branch,
+                          GREEDY=tree.mode == "greedy", BLOCK=_block(tree.rows + 1), W_BLOCK=_block(width),
+                          B_BLOCK=_block(branch))
+
+
+def select(tree, size: int):
+    """`DeviceTree.select` in one launch; returns the message [parents, tokens] (2 * size,)."""
+    out = tree.message[:2 * size]
+    select_kernel[(1,)](tree.parent, tree.token, tree.depth, tree.key, tree.run, tree.sent, tree.slot,
+                        tree.count, tree.msg_rows, out, ROWS=tree.rows, SIZE=size,
+                        BLOCK=_block(tree.rows + 1), S_BLOCK=_block(size))
+    return out
+
+
+@triton.jit
+def pop_kernel(parent, key, top, run, sent, slot, token, depth, start, end, count, used, prefix, likely,
+               owed_token, q_rows, q_tokens, q_positions, q_cache_rows, q_start, q_end, kv_start, kv_end,
+               index_prefix, index_tree_len, SLOTS: tl.constexpr, WIDTH: tl.constexpr, OWED: tl.constexpr,
+               BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr):
+    ids = tl.arange(0, BLOCK)
+    n = tl.load(count)
+    live = ids < n
+    is_run = tl.load(run + ids, mask=live, other=0) != 0
+    up = tl.maximum(tl.load(parent + ids, mask=live, other=0), 0)
+    is_sent = tl.load(sent + ids, mask=live, other=0) != 0
+    bonus = tl.where(is_sent, tl.load(top + up, mask=live, other=0.0), 0.0) * tl.load(likely)
+    score = tl.where(live & ~is_run, tl.load(key + ids, mask=live, other=0.0) + bonus, float("-inf"))
+    slots = tl.load(slot + ids, mask=live, other=-1)
+    first = tl.load(used)
+    P = tl.load(prefix)
+    for i in tl.static_range(WIDTH):
+        r = tl.argmax(score, axis=0)  # the lowest row among the best: the queue's order
+        score = tl.where(ids == r, float("-inf"), score)
+        is_run = is_run | (ids == r)
+        slots = tl.where(ids == r, first + i, slots)
+        tl.store(q_rows + i, r)
+        tl.store(q_tokens + OWED + i, tl.load(token + r))
+        tl.store(q_positions + OWED + i, P + tl.load(depth + r))
+        tl.store(q_cache_rows + OWED + i, P + first + i)
+        tl.store(q_start + OWED + i, tl.load(start + r).to(tl.int32))
+        tl.store(q_end + OWED + i, tl.load(end + r).to(tl.int32))
+    if OWED:  # the committed token at row P - 1: it sees the prefix and no tree row
+        tl.store(q_tokens, tl.load(owed_token))
+        tl.store(q_positions, P - 1)
+        tl.store(q_cache_rows, P - 1)
+        tl.store(q_start, -1)
+        tl.store(q_end, _DEAD_START)
+    tl.store(run + ids, is_run.to(tl.int1), mask=live)
+    tl.store(slot + ids, slots, mask=live)
+    tl.store(used, first + WIDTH)
+    # Every cache row of the tree range invisible, then each node's DFS times at its slot's row.
+    s = tl.arange(0, SLOT_BLOCK)
+    tl.store(kv_start + P + s, _DEAD_START, mask=s < SLOTS)
+    tl.store(kv_end + P + s, _DEAD_END, mask=s < SLOTS)
+    tl.debug_barrier()
+    node = live & is_run
+    tl.store(kv_start + P + slots, tl.load(start + ids, mask=node, other=0).to(tl.int32), mask=node)
+    tl.store(kv_end + P + slots, tl.load(end + ids, mask=node, other=0).to(tl.int32), mask=node)
+    tl.store(index_prefix, P.to(tl.int32))
+    tl.store(index_tree_len, SLOTS)
+
+
+@triton.jit
+def children_kernel(parent, token, depth, cum, key, top, run, sent, slot, start, end, count, q_rows, picks,
+                    logp, q_top, WIDTH: tl.constexpr, BRANCH: tl.constexpr, GREEDY: tl.constexpr,
+                    BLOCK: tl.constexpr, W_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr):
+    ids = tl.arange(0, BLOCK)
+    n = tl.load(count)
+    live = ids < n
+    row_start = tl.load(start + ids, mask=live, other=0)
+    row_end = tl.load(end + ids, mask=live, other=0)
+    w = tl.arange(0, W_BLOCK)
+    real = w < WIDTH
+    rows = tl.load(q_rows + w, mask=real, other=0)
+    p_end = tl.load(end + rows, mask=real, other=BIG)
+    p_depth = tl.load(depth + rows, mask=real, other=0)
+    p_cum = tl.load(cum + rows, mask=real, other=0.0)
+    # A row moves right by BRANCH for each group placed before it (its start), or inside its subtree
+    # or before it (its end); a group goes right after its parent's subtree.
+    before_start = tl.zeros([BLOCK], dtype=tl.int64)
+    inside_or_before = tl.zeros([BLOCK], dtype=tl.int64)
+    for j in range(WIDTH):
+        r = tl.load(q_rows + j)
+        s_j = tl.load(start + r)
+        e_j = tl.load(end + r)
+        before_start += (e_j < row_start).to(tl.int64)
+        inside_or_before += ((e_j <= row_end) & ((s_j >= row_start) | (e_j < row_start))).to(tl.int64)
+    # Groups ending at the same place: the deeper node's group first.
+    ahead = ((p_end[None, :] < p_end[:, None]) | ((p_end[None, :] == p_end[:, None])
+                                                  & (p_depth[None, :] > p_depth[:, None]))) & real[None, :]
+    group_start = p_end + 1 + BRANCH * tl.sum(ahead.to(tl.int64), axis=1)
+    tl.debug_barrier()  # every read of the old times is done: now move them
+    tl.store(start + ids, row_start + BRANCH * before_start, mask=live)
+    tl.store(end + ids, row_end + BRANCH * inside_or_before, mask=live)
+    tl.store(top + rows, tl.load(q_top + w, mask=real, other=0.0), mask=real)
+    k = tl.arange(0, B_BLOCK)
+    both = real[:, None] & (k < BRANCH)[None, :]
+    new = n + w[:, None] * BRANCH + k[None, :]
+    lp = tl.load(logp + w[:, None] * BRANCH + k[None, :], mask=both, other=0.0).to(tl.float64)
+    c = p_cum[:, None] + lp
+    tl.store(parent + new, rows[:, None] + 0 * k[None, :], mask=both)
+    tl.store(token + new, tl.load(picks + w[:, None] * BRANCH + k[None, :], mask=both, other=0), mask=both)
+    tl.store(depth + new, p_depth[:, None] + 1 + 0 * k[None, :], mask=both)
+    tl.store(cum + new, c, mask=both)
+    if GREEDY:
+        tl.store(key + new, c, mask=both)
+    else:
+        tl.store(key + new, p_cum[:, None] + 0.0 * lp, mask=both)
+    tl.store(top + new, 0.0 * lp, mask=both)
+    tl.store(run + new, (0 * new).to(tl.int1), mask=both)
+    tl.store(sent + new, (0 * new).to(tl.int1), mask=both)
+    tl.store(slot + new, 0 * new - 1, mask=both)
+    times = group_start[:, None] + k[None, :]
+    tl.store(start + new, times, mask=both)
+    tl.store(end + new, times, mask=both)
+    tl.store(count, n + WIDTH * BRANCH)
+
+
+@triton.jit
+def select_kernel(parent, token, depth, key, run, sent, slot, count, msg_rows, out, ROWS: tl.constexpr,
+                  SIZE: tl.constexpr, BLOCK: tl.constexpr, S_BLOCK: tl.constexpr):
+    ids = tl.arange(0, BLOCK).to(tl.int64)
+    n = tl.load(count)
+    live = ids < n
+    is_run = tl.load(run + ids, mask=live, other=0) != 0
+    row_key = tl.load(key + ids, mask=live, other=0.0)
+    row_depth = tl.load(depth + ids, mask=live, other=BIG)
+    rank = tl.where(live, tl.where(ids == 0, float("inf"), row_key), float("-inf"))
+    tie = tl.where(is_run, tl.load(slot + ids, mask=live, other=0), ROWS + 1 + ids)  # nodes first
+    taken = ids < 0
+    s = tl.arange(0, S_BLOCK)
+    chosen = tl.zeros([S_BLOCK], dtype=tl.int64)
+    for i in range(SIZE):  # the best row left: key, then depth, then nodes by slot, candidates by row
+        open_rank = tl.where(taken | ~live, float("-inf"), rank)
+        best = tl.max(open_rank, axis=0)
+        t1 = (open_rank == best) & live & ~taken
+        shallow = tl.min(tl.where(t1, row_depth, BIG), axis=0)
+        t2 = t1 & (row_depth == shallow)
+        first = tl.min(tl.where(t2, tie, BIG), axis=0)
+        r = tl.min(tl.where(t2 & (tie == first), ids, BIG), axis=0)
+        taken = taken | (ids == r)
+        chosen = tl.where(s == i, r, chosen)
+    real = s < SIZE
+    c_run = tl.load(run + chosen, mask=real, other=0) != 0
+    c_slot = tl.load(slot + chosen, mask=real, other=0)
+    c_key = tl.load(key + chosen, mask=real, other=0.0)
+    # Message order: nodes by slot, then candidates by key (largest first) and row.
+    a_run, b_run = c_run[None, :], c_run[:, None]  # [i, j]: a is j, b is i
+    a_slot, b_slot = c_slot[None, :], c_slot[:, None]
+    a_key, b_key = c_key[None, :], c_key[:, None]
+    a_row, b_row = chosen[None, :], chosen[:, None]
+    ahead = ((a_run & ~b_run) | (a_run & b_run & (a_slot < b_slot))
+             | (~a_run & ~b_run & ((a_key > b_key) | ((a_key == b_key) & (a_row < b_row))))) & real[None, :]
+    place = tl.sum(ahead.to(tl.int64), axis=1)
+    c_parent = tl.load(parent + chosen, mask=real, other=-1)
+    is_parent = (a_row == c_parent[:, None]) & real[None, :]
+    parent_place = tl.where(tl.sum(is_parent.to(tl.int64), axis=1) > 0,
+                            tl.sum(tl.where(is_parent, place[None, :], 0), axis=1), -1)
+    tl.store(msg_rows + place, chosen, mask=real)
+    tl.store(out + place, parent_place, mask=real)
+    tl.store(out + SIZE + place, tl.load(token + chosen, mask=real, other=0), mask=real)
+    tl.store(sent + ids, (0 * ids).to(tl.int1), mask=live)
+    tl.debug_barrier()
+    tl.store(sent + chosen, ~c_run, mask=real)
