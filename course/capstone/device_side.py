@@ -87,7 +87,8 @@ class DeviceDraftSide:
         reply = self.reply
         reply[0] = 1  # a one-node path, for the capture's warm-up
         tree = self.tree
-        self._reroot = self._capture(lambda: tree.reroot(reply[2:], reply[:1], reply[1:2], self._compact))
+        self._reroot = self._capture(lambda: tree.reroot(reply[2:], reply[:1], reply[1:2], self.moves,
+                                                         self.compactor))
         self.prefix, self.calls, self.sent = 0, 0, []
         self.n_rows = self.n_nodes = 0
         self.root_run = self.owed = False
@@ -103,12 +104,6 @@ class DeviceDraftSide:
         replay = graphed(body)
         replay.body = body  # the graph reads and writes the body's buffers: they must live as long
         return replay
-
-    def _compact(self, src: torch.Tensor, dst: torch.Tensor, count: torch.Tensor) -> None:
-        self.moves[0].copy_(src)
-        self.moves[1].copy_(dst)
-        self.moves[2, 0:1].copy_(count)
-        self.compactor()
 
     def children(self, rows: torch.Tensor, logits: torch.Tensor, owed: bool) -> None:
         """After the pass, in its graph: each node's candidates (greedy: the draft's top-`branch`

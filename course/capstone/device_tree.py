@@ -91,6 +91,9 @@ class DeviceTree:
         self.likely = torch.zeros(1, dtype=torch.float64, device=device)  # 1.0: growth "likely" now
         self.msg_rows = torch.zeros(rows, **i64)  # the rows of the last subtree sent, in message order
         self.message = torch.zeros(2 * slots, **i64)  # the kernels' message: parents, then tokens
+        self.q_source = torch.zeros(slots + 1, **i64)  # the kernels' re-root: each new slot's old one
+        self.scratch = torch.zeros(n, **i64)  # the re-root kernel's working row
+        self.info = torch.zeros(4, **i64)  # the re-root's counts for the host
         self.ids = torch.arange(n, **i64)
         self.slot_ids = torch.arange(slots + 1, **i64)
 
@@ -242,10 +245,18 @@ class DeviceTree:
 
     # ------------------------------------------------------------------ after verification
 
-    def reroot(self, path: torch.Tensor, k1: torch.Tensor, next_token: torch.Tensor, compact) -> torch.Tensor:
+    def reroot(self, path: torch.Tensor, k1: torch.Tensor, next_token: torch.Tensor, moves_out: torch.Tensor,
+               compact) -> torch.Tensor:
         """SwiftSpec §3.2 after ACCEPTED(path, next_token): path (size,) indices into the last subtree
-        sent, the first k1 valid. compact(src, dst, count): the KV moves, (slots,) each. Returns
-        [live rows, nodes, owed, kept a subtree] (4,) for the host's mirror."""
+        sent, the first k1 valid. The KV moves go into moves_out (3, slots) int32 (src, dst, [count]),
+        then compact() moves the rows. Returns [live rows, nodes, owed, kept a subtree] (4,) for the
+        host's mirror."""
+        if self.kernels:
+            device_tree_kernels.reroot(self, path, k1, next_token, moves_out)
+            compact()
+            if self.q is not None:
+                self.q.copy_(self.q[self.q_source])
+            return self.info
         rows, ids = self.rows, self.ids
         valid = self.slot_ids[:path.numel()] < k1
         committed = torch.where(valid, self.msg_rows[path.clamp(min=0, max=rows - 1)], rows)
@@ -270,7 +281,10 @@ class DeviceTree:
         moves = kept_slot.sum().reshape(1)
         src = torch.full_like(self.slot_ids, self.slots)
         src[torch.where(kept_slot, new_slot, self.slots)] = self.slot_ids
-        compact(self.prefix + src[:self.slots], self.prefix + self.slot_ids[:self.slots], moves)
+        moves_out[0].copy_(self.prefix + src[:self.slots])
+        moves_out[1].copy_(self.prefix + self.slot_ids[:self.slots])
+        moves_out[2, :1].copy_(moves)
+        compact()
         # The tables: the kept subtree's rows first, in their order; every other row dead
         new_row = torch.where(keep, keep.cumsum(0) - 1, -1)
         source = torch.full_like(ids, rows)

@@ -208,3 +208,113 @@ def select_kernel(parent, token, depth, key, run, sent, slot, count, msg_rows, o
     tl.store(sent + ids, (0 * ids).to(tl.int1), mask=live)
     tl.debug_barrier()
     tl.store(sent + chosen, ~c_run, mask=real)
+
+
+def reroot(tree, path, k1, next_token, moves) -> None:
+    """`DeviceTree.reroot`'s tables, KV moves (into moves (3, slots) int32: src, dst, [count]) and
+    q_source, in one launch."""
+    reroot_kernel[(1,)](tree.parent, tree.token, tree.depth, tree.cum, tree.key, tree.top, tree.run,
+                        tree.sent, tree.slot, tree.start, tree.end, tree.count, tree.used, tree.prefix,
+                        tree.owed, tree.owed_token, tree.msg_rows, path, k1, next_token, moves, tree.q_source,
+                        tree.scratch, tree.info, ROWS=tree.rows, SLOTS=tree.slots, SIZE=path.numel(),
+                        BLOCK=_block(tree.rows + 1), SLOT_BLOCK=_block(tree.slots + 1))
+
+
+@triton.jit
+def reroot_kernel(parent, token, depth, cum, key, top, run, sent, slot, start, end, count, used, prefix, owed,
+                  owed_token, msg_rows, path, reply_k1, reply_next, moves, q_source, scratch, info,
+                  ROWS: tl.constexpr, SLOTS: tl.constexpr, SIZE: tl.constexpr, BLOCK: tl.constexpr,
+                  SLOT_BLOCK: tl.constexpr):
+    ids = tl.arange(0, BLOCK).to(tl.int64)
+    n = tl.load(count)
+    live = ids < n
+    k1 = tl.load(reply_k1)
+    next_token = tl.load(reply_next)
+    P = tl.load(prefix)
+    committed = ids < 0
+    last = tl.load(msg_rows)
+    for i in range(SIZE):  # the accepted path's rows; the last of them
+        c = tl.load(msg_rows + tl.load(path + i))
+        committed = committed | ((ids == c) & (i < k1))
+        last = tl.where(i == k1 - 1, c, last)
+    last_run = tl.load(run + last) != 0
+    last_token = tl.load(token + last)
+    f_parent = tl.load(parent + ids, mask=live, other=-1)
+    f_token = tl.load(token + ids, mask=live, other=0)
+    f_depth = tl.load(depth + ids, mask=live, other=0)
+    f_cum = tl.load(cum + ids, mask=live, other=0.0)
+    f_key = tl.load(key + ids, mask=live, other=0.0)
+    f_top = tl.load(top + ids, mask=live, other=0.0)
+    f_run = tl.load(run + ids, mask=live, other=0) != 0
+    f_slot = tl.load(slot + ids, mask=live, other=0)
+    f_start = tl.load(start + ids, mask=live, other=0)
+    f_end = tl.load(end + ids, mask=live, other=0)
+    # the child of the last node holding the next token, if the draft ran it: the new root
+    match = live & f_run & (f_parent == last) & (f_token == next_token) & last_run
+    found = tl.max(match.to(tl.int32), axis=0) > 0
+    root = tl.argmax(match.to(tl.int32), axis=0).to(tl.int64)
+    root_start = tl.load(start + root)
+    root_end = tl.load(end + root)
+    base_cum = tl.load(cum + root)
+    base_depth = tl.load(depth + root)
+    keep = live & found & (f_start >= root_start) & (f_start <= root_end)
+    kept_node = (committed | keep) & f_run & live
+    # KV rows of the kept nodes, in slot order (the committed ones first): a flag per slot, its prefix sum
+    s = tl.arange(0, SLOT_BLOCK).to(tl.int64)
+    in_slots = s < SLOTS
+    tl.store(scratch + s, 0 * s, mask=s <= SLOTS)
+    tl.store(q_source + s, 0 * s + SLOTS, mask=s <= SLOTS)
+    tl.debug_barrier()
+    tl.store(scratch + f_slot, 1 + 0 * f_slot, mask=kept_node)
+    tl.debug_barrier()
+    flag = tl.load(scratch + s, mask=in_slots, other=0)
+    new_slot = tl.cumsum(flag, axis=0) - 1
+    n_moves = tl.sum(flag, axis=0)
+    tl.store(moves + new_slot, (P + s).to(tl.int32), mask=(flag != 0) & in_slots)
+    tl.store(moves + SLOTS + s, (P + s).to(tl.int32), mask=in_slots)
+    tl.store(moves + 2 * SLOTS, n_moves.to(tl.int32))
+    tl.store(q_source + new_slot - k1, s, mask=(flag != 0) & (new_slot >= k1) & in_slots)
+    tl.debug_barrier()
+    tl.store(scratch + s, new_slot, mask=in_slots)
+    tl.debug_barrier()
+    row_slot = tl.load(scratch + f_slot, mask=keep & f_run, other=0) - k1
+    tl.debug_barrier()
+    new_row = tl.cumsum(keep.to(tl.int64), axis=0) - 1
+    tl.store(scratch + ids, tl.where(keep, new_row, -1), mask=ids <= ROWS)
+    tl.debug_barrier()
+    up = tl.load(scratch + tl.maximum(f_parent, 0), mask=keep, other=-1)
+    tl.debug_barrier()  # every read of the old tables is done: write the kept subtree from row 0
+    tl.store(parent + new_row, tl.where(f_parent >= 0, up, -1), mask=keep)
+    tl.store(token + new_row, f_token, mask=keep)
+    tl.store(depth + new_row, f_depth - base_depth, mask=keep)
+    tl.store(cum + new_row, f_cum - base_cum, mask=keep)
+    tl.store(key + new_row, tl.where(ids == root, 0.0, f_key - base_cum), mask=keep)
+    tl.store(top + new_row, f_top, mask=keep)
+    tl.store(run + new_row, f_run, mask=keep)
+    tl.store(sent + new_row, f_run & False, mask=keep)
+    tl.store(slot + new_row, tl.where(f_run, row_slot, -1), mask=keep)
+    tl.store(start + new_row, f_start - root_start, mask=keep)
+    tl.store(end + new_row, f_end - root_start, mask=keep)
+    fresh = ~found  # no subtree survives: a root holding the next token, not yet run
+    tl.store(parent, -1, mask=fresh)
+    tl.store(token, next_token, mask=fresh)
+    tl.store(depth, 0, mask=fresh)
+    tl.store(cum, 0.0, mask=fresh)
+    tl.store(key, 0.0, mask=fresh)
+    tl.store(top, 0.0, mask=fresh)
+    tl.store(run, last_run & False, mask=fresh)
+    tl.store(sent, last_run & False, mask=fresh)
+    tl.store(slot, -1, mask=fresh)
+    tl.store(start, 0, mask=fresh)
+    tl.store(end, 0, mask=fresh)
+    new_count = tl.where(found, tl.sum(keep.to(tl.int64), axis=0), 1)
+    new_used = tl.where(found, n_moves - k1, 0)
+    tl.store(count, new_count)
+    tl.store(used, new_used)
+    tl.store(owed, ~last_run)
+    tl.store(owed_token, last_token)
+    tl.store(prefix, P + k1)
+    tl.store(info, new_count)
+    tl.store(info + 1, new_used)
+    tl.store(info + 2, (~last_run).to(tl.int64))
+    tl.store(info + 3, found.to(tl.int64))
