@@ -183,7 +183,8 @@ def select_kernel(parent, token, depth, key, run, sent, slot, count, msg_rows, o
         shallow = tl.min(tl.where(t1, row_depth, BIG), axis=0)
         t2 = t1 & (row_depth == shallow)
         first = tl.min(tl.where(t2, tie, BIG), axis=0)
-        r = tl.min(tl.where(t2 & (tie == first), ids, BIG), axis=0)
+        # (no live row left, as in a graph capture's warm-up on a one-row tree: the trash row)
+        r = tl.minimum(tl.min(tl.where(t2 & (tie == first), ids, BIG), axis=0), ROWS)
         taken = taken | (ids == r)
         chosen = tl.where(s == i, r, chosen)
     real = s < SIZE

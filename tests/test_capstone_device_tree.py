@@ -1,0 +1,163 @@
+"""The parallel draft's tree on the device (notebook 20, §8): the same tree as the host's, message for
+message; its Triton kernels equal to its PyTorch form, table for table; DFS times kept exact; bad
+input refused. On the CPU: the tiny pair, the reference backend, Triton's interpreter."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import course  # noqa: F401  (first: chooses the simulator / interpreter)
+from course.capstone import decoder, parallel, weights
+from course.capstone.device_side import DeviceDraftSide, _Pass
+from course.capstone.host_tree import dfs_times_of
+from course.capstone.protocol import Timeline, draft_rounds, run_lockstep, target_rounds
+from course.capstone.sides import DraftSide, TargetSide
+from course.capstone.text import encode
+from course.core import runtime
+
+PROMPT = encode("The old man and the sea ")
+TABLES = ("parent", "token", "depth", "cum", "key", "top", "run", "sent", "slot", "start", "end")
+COUNTS = ("count", "used", "prefix", "owed", "owed_token")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.set_num_threads(1)
+    return weights.load_pair("tiny", device=runtime.torch_device(), dtype=torch.float32)
+
+
+def _generation(pair, side_class, mode, size, width, steps, schedule, growth, new=20):
+    """Tokens, accepted counts, re-roots kept, draft calls and every SUBTREE message (parents, tokens)."""
+    cfg = decoder.settings(size, width, None, mode=mode)
+    draft = side_class(pair.draft, cfg, steps, max_prompt=len(PROMPT), max_new_tokens=new,
+                       backend="reference", growth=growth)
+    target = TargetSide(pair.target, cfg, max_prompt=len(PROMPT), max_new_tokens=new, backend="reference")
+    draft.start(PROMPT, 3)
+    target.start(PROMPT, 4)
+    sent = []
+
+    def recording(worker):
+        reply = None
+        try:
+            while True:
+                message = worker.send(reply)
+                if not isinstance(message, str):
+                    sent.append((message.parents, message.tokens))
+                reply = yield message
+        except StopIteration as finished:
+            return finished.value
+
+    clock = Timeline()
+    reused, (tokens, accepted) = run_lockstep(recording(draft_rounds(draft, steps, schedule, clock)),
+                                              target_rounds(target, new, None, clock))
+    return tokens, accepted, reused, draft.calls, sent
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sample"])
+@pytest.mark.parametrize("size, width, steps, schedule, growth",
+                         [(8, 2, 3, "parallel", "likely"), (6, 3, 1, "serial", "best"),
+                          (4, 2, 2, "parallel", "best")])
+def test_the_device_tree_sends_the_host_trees_messages(pair, mode, size, width, steps, schedule, growth):
+    host = _generation(pair, DraftSide, mode, size, width, steps, schedule, growth)
+    device = _generation(pair, DeviceDraftSide, mode, size, width, steps, schedule, growth)
+    assert device == host
+
+
+def _random_root_path(parents: list[int], rng: random.Random) -> list[int]:
+    path = [0]
+    while True:
+        kids = [j for j in range(len(parents)) if parents[j] == path[-1]]
+        if not kids or rng.random() < 0.3:
+            return path
+        path.append(rng.choice(kids))
+
+
+def _side(pair, mode, size, width, steps, branch, kernels):
+    cfg = decoder.settings(size, width, branch, mode=mode)
+    side = DeviceDraftSide(pair.draft, cfg, steps, max_prompt=len(PROMPT), max_new_tokens=40,
+                           backend="reference")
+    side.tree.kernels = kernels
+    side.start(PROMPT, 5)
+    return side
+
+
+@pytest.mark.parametrize("mode, size, width, steps, branch",
+                         [("greedy", 8, 2, 2, None), ("sample", 6, 3, 1, 3), ("greedy", 5, 1, 3, 2)])
+def test_the_kernels_equal_the_pytorch_form(pair, mode, size, width, steps, branch):
+    """Both forms through growth, selection and re-roots on random accepted paths: every live row of
+    every table, the counts, the messages and the committed KV rows stay equal."""
+    torch_form = _side(pair, mode, size, width, steps, branch, kernels=False)
+    kernel_form = _side(pair, mode, size, width, steps, branch, kernels=True)
+    rng = random.Random(1)
+    for round_ in range(5):
+        for side in (torch_form, kernel_form):
+            side.grow(steps, ahead=round_ % 2 == 1)
+        sent = torch_form.subtree()
+        assert kernel_form.subtree()[:2] == sent[:2]
+        live = int(torch_form.tree.count)
+        for name in TABLES:
+            rows = [getattr(side.tree, name)[:live] for side in (kernel_form, torch_form)]
+            assert torch.equal(*rows), name
+        path = _random_root_path(sent[0], rng)
+        next_token = rng.choice([*sent[1], rng.randrange(20)])
+        for side in (torch_form, kernel_form):
+            side.reroot(path, next_token)
+        for name in COUNTS:
+            assert torch.equal(getattr(kernel_form.tree, name), getattr(torch_form.tree, name)), name
+        committed = int(torch_form.tree.prefix) - int(torch_form.tree.owed)
+        assert torch.equal(kernel_form.cache.data[:, :, :committed], torch_form.cache.data[:, :, :committed])
+
+
+def test_dfs_times_stay_exact_through_growth_and_re_roots(pair):
+    side = _side(pair, "greedy", 12, 3, 3, 3, kernels=False)
+    rng = random.Random(0)
+    for _ in range(8):
+        side.grow(2, ahead=True)
+        live = int(side.tree.count)
+        start, end = dfs_times_of(side.tree.parent[:live].tolist())
+        assert side.tree.start[:live].tolist() == start and side.tree.end[:live].tolist() == end
+        parents, tokens, _ = side.subtree()
+        side.reroot(_random_root_path(parents, rng), rng.choice([*tokens, rng.randrange(20)]))
+
+
+def test_a_graph_captures_warm_up_stays_in_the_tables(pair):
+    """A CUDA graph's capture first runs its body on a one-row tree (`DeviceDraftSide._capture`): every
+    kernel must stay inside its tables there too (the interpreter checks each access)."""
+    side = _side(pair, "greedy", 6, 3, 1, None, kernels=True)
+    tree, reply = side.tree, side.reply
+    reply[0] = 1
+    bodies = [_Pass(side, width, owed) for width, owed in ((6, False), (1, True), (3, False))]
+    bodies += [lambda: tree.select(6), lambda: tree.reroot(reply[2:], reply[:1], reply[1:2], side.moves,
+                                                            side.compactor)]
+    for body in bodies:
+        tree.reset(0, 1)
+        tree.select(1)
+        for _ in range(3):
+            body()
+
+
+def test_bad_replies_and_overflow_are_refused(pair):
+    side = _side(pair, "greedy", 6, 3, 1, None, kernels=False)
+    side.grow(1)
+    side.subtree()
+    not_a_path = [0, 1, 1]  # node 1's parent is the root, not node 1
+    before = {name: getattr(side.tree, name).clone() for name in TABLES + COUNTS}
+    for path, token, named in [([], 1, "path"), ([1], 1, "path"), (not_a_path, 1, "path"),
+                               ([0], -1, "next_token"), ([0], pair.draft.config.vocab_size, "next_token")]:
+        with pytest.raises(ValueError, match=named):
+            side.reroot(path, token)
+    for name, value in before.items():  # nothing was written
+        assert torch.equal(getattr(side.tree, name), value), name
+    side.n_nodes = side.tree.slots  # as if every node slot were taken: the next pass must not run
+    with pytest.raises(ValueError, match="overflow"):
+        side._run(1)
+
+
+def test_greedy_with_the_kernels_equals_plain_decoding(pair):
+    plain = decoder.autoregressive(pair.target, [PROMPT], 5, backend="reference").tokens[0]
+    got = parallel.generate(pair.target, pair.draft, PROMPT, 5, tree_size=4, width=2, steps=2,
+                            impl="solutions", draft_tree="device")
+    assert got.tokens == plain
