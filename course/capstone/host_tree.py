@@ -42,7 +42,9 @@ Draft-tree models, one per need (they are not merged, for these reasons):
 * `course.capstone.tree`: fixed-shape tables on the device for a whole batch, every round from a
   fresh root, so that a round of the serial decoder is a few CUDA graphs;
 * `course.capstone.host_tree`: one tree on the host that lives across rounds (the parallel draft
-  keeps the surviving subtree, whose shape depends on what was accepted, which no fixed table holds);
+  keeps the surviving subtree, whose shape depends on what was accepted), in Python lists;
+* `course.capstone.device_tree`: that same tree in device tables of a fixed capacity, a row per
+  node or candidate, so that its bookkeeping runs on the GPU without the host;
 * `course.capstone.simple.Tree`: Python lists for one prompt, the one to read first.
 """
 

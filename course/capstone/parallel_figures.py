@@ -205,7 +205,8 @@ def measured_figure(document: dict):
 
     rows = document["rows"]
     best = best_parallel(rows, "greedy")
-    serial = _pick(rows, "serial", "greedy", steps=best["steps"])
+    same_tree = {"draft_tree": best["draft_tree"]} if "draft_tree" in best else {}
+    serial = _pick(rows, "serial", "greedy", steps=best["steps"], **same_tree)
     same_setup = _pick(rows, "parallel", "greedy", steps=best["steps"], transport=best["transport"],
                        gpus=best["gpus"])
     # before: the same setup with the other draft tree (else the other growth rule)

@@ -17,7 +17,8 @@ live in two processes on two GPUs and exchange only the messages of `pyspec_ref.
 The prefill, the model step, the kernels behind the backend (tree attention, verification,
 compaction) are the capstone decoder's own (`decoder.prefill`, `backends`). The draft's tree is
 `host_tree.HostTree`, not the decoder's device tables: it outlives a round and keeps a subtree of
-any shape, which a fixed round shape cannot. Every model pass runs through `side_steps`: static
+any shape, which a fixed round shape cannot (`device_side.DeviceDraftSide` keeps the same tree in
+device tables of a fixed capacity instead). Every model pass runs through `side_steps`: static
 buffers per query count, one CUDA graph each on a GPU, built when the side is; a side is built once
 and serves any number of generations (`start` begins one).
 """

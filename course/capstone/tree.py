@@ -47,8 +47,9 @@ earlier draws.
 Every round starts from its root alone. SwiftSpec §3.2 keeps the subtree the draft grew under the
 emitted token, with its KV rows; its shape depends on what was accepted, which no table of a fixed
 shape holds. Keeping it would not break exactness (`pyspec_ref.parallel_tree` says why), and
-notebook 20's parallel draft, whose growth is off the critical path, keeps it in a tree on the host
-(`course.capstone.host_tree`).
+notebook 20's parallel draft, whose growth is off the critical path, keeps it: in Python lists
+(`course.capstone.host_tree`), or in device tables of a capacity fixed for the whole generation,
+whose rows hold a tree of any shape (`course.capstone.device_tree`).
 
 The tables are (B, size, FIELDS) float64 (ids, tokens and interval numbers are integers far below
 2**53, so float64 holds them exactly): one gather fetches everything about a set of nodes.
@@ -59,7 +60,9 @@ Draft-tree models, one per need (they are not merged, for these reasons):
 * `course.capstone.tree`: fixed-shape tables on the device for a whole batch, every round from a
   fresh root, so that a round of the serial decoder is a few CUDA graphs;
 * `course.capstone.host_tree`: one tree on the host that lives across rounds (the parallel draft
-  keeps the surviving subtree, whose shape depends on what was accepted, which no fixed table holds);
+  keeps the surviving subtree, whose shape depends on what was accepted), in Python lists;
+* `course.capstone.device_tree`: that same tree in device tables of a fixed capacity, a row per
+  node or candidate, so that its bookkeeping runs on the GPU without the host;
 * `course.capstone.simple.Tree`: Python lists for one prompt, the one to read first.
 """
 
