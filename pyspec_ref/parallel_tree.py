@@ -51,7 +51,10 @@ The serial schedule (``schedule="serial"``, SwiftSpec's "serial tree generation"
 on the critical path, but every one of them grows the tree that is actually verified next. The
 parallel draft works ahead without knowing which node verification will keep, so some of its
 nodes die at the re-root: fewer tokens per target call (SwiftSpec Table 6: 9% fewer on average),
-but no draft time between two target calls.
+but no draft time between two target calls. Between the two, ``critical`` steps of the parallel
+schedule follow the re-root as well (on the critical path, where the next root is known) before the
+next SUBTREE: a few such steps win back much of the serial schedule's tokens per call for a
+fraction of its draft time between two target calls.
 
 Growth ahead (``growth``). While the target verifies, the draft does not know where the next
 root will be. Growth "best" pops the best keys, as every other step does; the best queued
@@ -515,7 +518,8 @@ def greedy_decode(target: Model, prompt: Sequence[int], max_new_tokens: int,
     return out
 
 
-def _check_options(prompt, max_new_tokens, tree_size, width, steps, branch, mode, schedule, eos) -> tuple:
+def _check_options(prompt, max_new_tokens, tree_size, width, steps, branch, mode, schedule, eos,
+                   critical=0) -> tuple:
     prompt = int_list(prompt, "prompt")
     if not prompt:
         raise ValueError("prompt must hold at least one token (the root of the first tree)")
@@ -530,6 +534,10 @@ def _check_options(prompt, max_new_tokens, tree_size, width, steps, branch, mode
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    c = as_int(critical, "critical")
+    if c < 0 or (c and schedule != "parallel"):
+        raise ValueError(f"critical must be >= 0, and 0 unless schedule is 'parallel' (the serial schedule's "
+                         f"steps all follow the re-root), got {c}")
     if eos is not None:
         as_int(eos, "eos")
     return prompt, n, bs, w, d, k
@@ -538,7 +546,7 @@ def _check_options(prompt, max_new_tokens, tree_size, width, steps, branch, mode
 def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], max_new_tokens: int, *,
                            tree_size: int = 4, width: int = 2, steps: int = 2, branch: int = 2,
                            mode: str = "greedy", schedule: str = "parallel", growth: str = "best",
-                           seed: int = 0,
+                           critical: int = 0, seed: int = 0,
                            eos: int | None = None, target_cost: float = 1.0, step_cost: float = 0.3,
                            check: bool = True) -> dict:
     """Both workers of SwiftSpec's Algorithm 1 (§3.1), run one after the other in the order the
@@ -550,7 +558,8 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
     how those steps ahead pick their candidates, "best" (the best keys, as every other step) or
     "likely" (the likeliest to outlive the re-root, `_Draft.survival`: a leaf of the subtree
     under verification leaves the tree whatever the verdict, and is worth running early only for
-    the children it queues); branch:
+    the children it queues); critical (schedule "parallel"): steps of w nodes taken after the
+    re-root too, on the critical path, where the next root is known; branch:
     candidate children per run node; mode: "greedy" or "sample" (uniforms from random.Random(seed)
     for the draft and random.Random(seed + 1) for the target); eos: a token that ends the output.
     The draft tree holds at most 2 * tree_size + (steps + 1) * width nodes: a step of w starts only
@@ -568,7 +577,8 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
     emitted per target call, before truncation), time (the clock when the target stops).
     """
     prompt, n, bs, w, d, k = _check_options(prompt, max_new_tokens, tree_size, width, steps, branch, mode,
-                                            schedule, eos)
+                                            schedule, eos, critical)
+    after = d if schedule == "serial" else critical  # steps after the re-root, before SUBTREE
     if growth not in GROWTHS:
         raise ValueError(f"growth must be one of {GROWTHS}, got {growth!r}")
     vocab = len(validate_distribution(list(target(tuple(prompt))), f"target{tuple(prompt)}"))
@@ -617,7 +627,7 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         work("draft", what, r, (dr.steps - before) * step_cost)
 
     r = 0
-    grow("grow", 0, d if schedule == "serial" else 0)
+    grow("grow", 0, after)
     while True:
         sub = dr.select(bs)
         sub = Message(SUBTREE, r, sub.parents, sub.tokens, sub.q)
@@ -648,7 +658,7 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         if check:
             check_draft_cache(dr.prefix, dr.parents, dr.tokens, dr.run, dr.birth, dr.cache)
         r += 1
-        grow("grow", r, d if schedule == "serial" else 0)  # serial: all the drafting happens here
+        grow("grow", r, after)  # serial: all the drafting happens here; parallel: `critical` steps
     if check:
         check_message_log(messages, bs)
     tokens = tg.emitted[:n]

@@ -452,3 +452,19 @@ def test_host_tree_times_equal_the_specifications():
         for v in range(1, n):
             tree._add(parents[v], v, 0.0, 0.0)
         assert tree.dfs_times() == trees.dfs_times(parents)
+
+
+def test_steps_after_the_re_root_keep_greedy_exact_and_win_back_tokens_per_call(pair, plain):
+    """The parallel schedule with `critical` steps after each re-root (`protocol.draft_rounds`): the same
+    text, and on this pair more tokens per call than with none (the draft grows where the next root is
+    known); `critical` is refused for the serial schedule and when negative."""
+    sides = parallel.build_sides(pair.target, pair.draft, max_prompt=len(PROMPT), max_new_tokens=24,
+                                 tree_size=8, width=2, steps=2, backend="reference")
+    runs = {c: parallel.run_sides(sides, PROMPT, critical=c) for c in (0, 2)}
+    assert runs[0].tokens == runs[2].tokens == plain
+    assert runs[2].tokens_per_call > runs[0].tokens_per_call
+    for schedule, critical in (("serial", 1), ("parallel", -1), ("parallel", True)):
+        with pytest.raises(ValueError, match="critical"):
+            parallel.run_sides(sides, PROMPT, schedule=schedule, critical=critical)
+    with pytest.raises(ValueError, match="critical"):
+        processes.check_job(_job(critical=-1))

@@ -47,9 +47,11 @@ def pairs_and_settings(draw):
                         draw(st.sampled_from([0.0, 0.2, 0.6, 1.0])))
     prompt = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4))
     tree_size = draw(st.integers(1, 8))
+    schedule = draw(st.sampled_from(pt.SCHEDULES))
     options = dict(tree_size=tree_size, width=draw(st.integers(1, tree_size)), steps=draw(st.integers(0, 4)),
-                   branch=draw(st.integers(1, 4)), schedule=draw(st.sampled_from(pt.SCHEDULES)),
-                   growth=draw(st.sampled_from(pt.GROWTHS)))
+                   branch=draw(st.integers(1, 4)), schedule=schedule,
+                   growth=draw(st.sampled_from(pt.GROWTHS)),
+                   critical=draw(st.integers(0, 2)) if schedule == "parallel" else 0)
     return target, draft, prompt, draw(st.integers(1, 24)), options
 
 
@@ -214,7 +216,8 @@ def test_bad_options_are_named():
     m = toy_model(0, 3)
     for kwargs, match in ((dict(tree_size=0), "tree_size"), (dict(width=0), "width"),
                           (dict(steps=-1), "steps"), (dict(branch=0), "branch"), (dict(mode="beam"), "mode"),
-                          (dict(schedule="x"), "schedule"), (dict(growth="wide"), "growth")):
+                          (dict(schedule="x"), "schedule"), (dict(growth="wide"), "growth"),
+                          (dict(critical=-1), "critical"), (dict(schedule="serial", critical=1), "critical")):
         with pytest.raises(ValueError, match=match):
             pt.simulate_parallel_tree(m, m, [1], 4, **kwargs)
     with pytest.raises(ValueError, match="prompt"):

@@ -123,12 +123,23 @@ def draft_side(draft_tree: str):
 
 
 @torch.no_grad()
+def check_critical(critical, schedule: str) -> int:
+    """critical: draft steps after the re-root in the parallel schedule (`protocol.draft_rounds`)."""
+    if isinstance(critical, bool) or not isinstance(critical, int) or critical < 0 or (
+            critical and schedule != "parallel"):
+        raise ValueError(f"critical must be an int >= 0, and 0 unless schedule is 'parallel' (the serial "
+                         f"schedule takes all its steps after the re-root), got {critical!r}")
+    return critical
+
+
 def run_sides(sides: tuple[DraftSide, TargetSide], prompt, *, schedule: str = "parallel", seed: int = 0,
-              eos: int | None = None) -> ParallelGeneration:
+              eos: int | None = None, critical: int = 0) -> ParallelGeneration:
     """One generation with built sides, both workers in this process (lockstep, see the module
-    docstring); the draft's generator starts from `seed`, the target's from seed + 1."""
+    docstring); the draft's generator starts from `seed`, the target's from seed + 1; critical: the
+    parallel schedule's draft steps after each re-root (`protocol.draft_rounds`)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    check_critical(critical, schedule)
     d_side, t_side = sides
     prompt = check_prompt(prompt, t_side.model.config.vocab_size)
     d_side.start(prompt, seed)
@@ -136,7 +147,7 @@ def run_sides(sides: tuple[DraftSide, TargetSide], prompt, *, schedule: str = "p
     sync(t_side.model.device)
     clock = Timeline()
     t0 = time.perf_counter()
-    reused, (tokens, accepted) = run_lockstep(draft_rounds(d_side, d_side.steps, schedule, clock),
+    reused, (tokens, accepted) = run_lockstep(draft_rounds(d_side, d_side.steps, schedule, clock, critical),
                                               target_rounds(t_side, t_side.max_new_tokens, eos, clock))
     sync(t_side.model.device)
     seconds = time.perf_counter() - t0
@@ -148,19 +159,21 @@ def generate(target, draft, prompt, max_new_tokens: int, *, tree_size: int = 8, 
              steps: int = DEFAULT_STEPS, branch: int | None = None, mode: str = "greedy",
              schedule: str = "parallel", seed: int = 0, backend: str = "kernels", impl: str | None = None,
              eos: int | None = None, graphs: bool | None = None, growth: str = DEFAULT_GROWTH,
-             draft_tree: str = DEFAULT_DRAFT_TREE) -> ParallelGeneration:
+             draft_tree: str = DEFAULT_DRAFT_TREE, critical: int = 0) -> ParallelGeneration:
     """One generation, both workers in this process (lockstep, see the module docstring); one
     prompt (a token-id list). steps: SwiftSpec's d, draft steps per round (during verification, or
-    after re-rooting for schedule="serial"). Greedy output equals the target's greedy decoding; the
+    after re-rooting for schedule="serial"); critical: steps after each re-root in the parallel
+    schedule too. Greedy output equals the target's greedy decoding; the
     parallel schedule's tokens equal `launch`'s for the same settings. Builds the sides for this
     prompt: to run many, `build_sides` once and `run_sides`."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    check_critical(critical, schedule)
     prompt = check_prompt(prompt, target.config.vocab_size)
     sides = build_sides(target, draft, max_prompt=len(prompt), max_new_tokens=max_new_tokens,
                         tree_size=tree_size, width=width, steps=steps, branch=branch, mode=mode,
                         backend=backend, impl=impl, graphs=graphs, growth=growth, draft_tree=draft_tree)
-    return run_sides(sides, prompt, schedule=schedule, seed=seed, eos=eos)
+    return run_sides(sides, prompt, schedule=schedule, seed=seed, eos=eos, critical=critical)
 
 
 def relative_events(events: list[dict], t0: float) -> list[dict]:

@@ -28,7 +28,8 @@ not verifying: the part of drafting and messaging left on the critical path), ta
 draft's rule for its steps during verification: "likely", `pyspec_ref.parallel_tree`, at every d,
 and "best", the rule before it, at BEFORE_STEPS), draft_tree (where the serial schedule's and the
 parallel draft's tree lives: "device", `device_side`, at every d, and "host", `sides.DraftSide`,
-at BEFORE_STEPS), identical (greedy: equal to autoregressive),
+at BEFORE_STEPS), critical (the parallel draft's steps after each re-root, on the critical path:
+0 at every d, CRITICAL at BEFORE_STEPS), identical (greedy: equal to autoregressive),
 speedup_vs_serial_decoder, and timeline (the first prompt's median run, rounds
 1 to TIMELINE_ROUNDS: each side's spans, ms from the run's start).
 
@@ -60,6 +61,7 @@ MAX_NEW = 128
 SHAPE = (48, 4, 4, 8)
 STEPS = (2, 4, 6)
 BEFORE_STEPS = 4  # the d at which growth "best" (the rule before "likely") is measured too
+CRITICAL = (2,)  # draft steps after the re-root measured at BEFORE_STEPS besides none
 REPEATS = 3
 TIMELINE_ROUNDS = 4
 TARGET_SPEEDUP = 1.3  # parallel over the serial decoder, B = 1, greedy (SwiftSpec's Table 6: 275 / 200)
@@ -290,17 +292,17 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
         setups.append((dict(devices={"target": device, "draft": device}, transport="gloo"), min(gpus, 1)))
     # the draft tree and growth before the default ones, for comparison at one d (each d costs its graphs)
     before = [d for d in steps if d == BEFORE_STEPS] or list(steps[:1])
-    variants = [(parallel.DEFAULT_DRAFT_TREE, parallel.DEFAULT_GROWTH, steps)]
-    variants += [(parallel.DEFAULT_DRAFT_TREE, growth, before) for growth in GROWTHS
-                 if growth != parallel.DEFAULT_GROWTH]
-    variants += [(tree, parallel.DEFAULT_GROWTH, before) for tree in parallel.DRAFT_TREES
-                 if tree != parallel.DEFAULT_DRAFT_TREE]
-    for (options, used), (draft_tree, growth, some) in itertools.product(setups, variants):
-        measured = _launched(common | options | {"growth": growth, "draft_tree": draft_tree}, paths, texts,
-                             modes, some, repeats)
+    tree, growth = parallel.DEFAULT_DRAFT_TREE, parallel.DEFAULT_GROWTH
+    variants = [(tree, growth, 0, steps)]
+    variants += [(tree, other, 0, before) for other in GROWTHS if other != growth]
+    variants += [(other, growth, 0, before) for other in parallel.DRAFT_TREES if other != tree]
+    variants += [(tree, growth, c, before) for c in CRITICAL]
+    for (options, used), (draft_tree, rule, critical, some) in itertools.product(setups, variants):
+        variant = {"growth": rule, "draft_tree": draft_tree, "critical": critical}
+        measured = _launched(common | options | variant, paths, texts, modes, some, repeats)
         for (mode, d), generations in measured.items():
             add(_row("parallel", mode, generations, baselines[mode][0], steps=d,
-                     transport=options["transport"], gpus=used, growth=growth, draft_tree=draft_tree))
+                     transport=options["transport"], gpus=used, **variant))
     for row in rows:
         if row["name"] != "autoregressive":
             row["speedup_vs_serial_decoder"] = row["tokens_per_s"] / baselines[row["mode"]][1]

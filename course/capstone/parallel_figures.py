@@ -172,7 +172,8 @@ def comparison(rows: list[dict], mode: str) -> list[tuple[str, dict]]:
 def _variant(row: dict) -> str:
     """The row's growth rule and where its draft tree lives, where the row says."""
     growth = f", growth {row['growth']}" if row.get("growth") else ""
-    return growth + (f", {row['draft_tree']} tree" if row.get("draft_tree") else "")
+    critical = f", {row['critical']} steps after the re-root" if row.get("critical") else ""
+    return growth + critical + (f", {row['draft_tree']} tree" if row.get("draft_tree") else "")
 
 
 def speed_bars(rows: list[dict], mode: str = "greedy", ax=None, title: str | None = None):

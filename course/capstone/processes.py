@@ -38,6 +38,7 @@ from .parallel import (
     DEFAULT_GROWTH,
     DEFAULT_STEPS,
     ParallelGeneration,
+    check_critical,
     check_pair,
     check_prompt,
     draft_side,
@@ -80,6 +81,7 @@ class Job:
     branch: int = 4
     growth: str = DEFAULT_GROWTH
     draft_tree: str = DEFAULT_DRAFT_TREE
+    critical: int = 0  # draft steps after each re-root (`protocol.draft_rounds`)
     max_new_tokens: int = 16
     eos: int | None = None
     backend: str = "kernels"
@@ -134,6 +136,7 @@ def check_job(job: Job) -> None:
     if job.growth not in GROWTHS:
         raise ValueError(f"growth must be one of {GROWTHS}, got {job.growth!r}")
     draft_side(job.draft_tree)  # a clear error before any process starts
+    check_critical(job.critical, "parallel")
     if job.transport not in ("gloo", "nccl"):
         raise ValueError(f"transport must be 'gloo' or 'nccl', got {job.transport!r}")
     if job.transport == "nccl" and (job.devices["target"] == job.devices["draft"]
@@ -358,7 +361,7 @@ def _one_run(job: Job, run: Run, role: str, model, link: wire.Link, folder: Path
     clock = Timeline()
     t0 = time.perf_counter()
     if role == "draft":
-        worker = draft_rounds(side, run.steps, "parallel", clock)
+        worker = draft_rounds(side, run.steps, "parallel", clock, job.critical)
     else:
         worker = target_rounds(side, job.max_new_tokens, job.eos, clock)
     if job.pause:

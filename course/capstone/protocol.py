@@ -37,12 +37,13 @@ class Timeline:
                                 "end": time.perf_counter()})
 
 
-def draft_rounds(side: DraftSide, steps: int, schedule: str, clock: Timeline) -> Generator:
+def draft_rounds(side: DraftSide, steps: int, schedule: str, clock: Timeline, critical: int = 0) -> Generator:
     """The draft worker of SwiftSpec's Algorithm 1 (§3.1) on a started side: send SUBTREE(r), grow
     `steps` steps while the target verifies (parallel) and wait; on ACCEPTED re-root, grow until
-    tree_size items can be sent (serial: and `steps` steps more, now on the critical path), send
-    SUBTREE(r + 1); on STOP return. Records per round whether the next token's subtree was reused."""
-    after_reroot = steps if schedule == "serial" else 0
+    tree_size items can be sent and then take `critical` steps (serial: `steps`), now on the critical
+    path, send SUBTREE(r + 1); on STOP return. Records per round whether the next token's subtree
+    was reused (`pyspec_ref.parallel_tree.simulate_parallel_tree`'s rounds)."""
+    after_reroot = steps if schedule == "serial" else critical
     reused: list[bool] = []
     with clock.span("draft", "grow", 0):
         side.grow(after_reroot)
