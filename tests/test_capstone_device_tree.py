@@ -161,3 +161,24 @@ def test_greedy_with_the_kernels_equals_plain_decoding(pair):
     got = parallel.generate(pair.target, pair.draft, PROMPT, 5, tree_size=4, width=2, steps=2,
                             impl="solutions", draft_tree="device")
     assert got.tokens == plain
+
+
+@pytest.mark.skipif(not runtime.on_gpu(), reason="CUDA graphs and the kernels backend need a GPU")
+@pytest.mark.parametrize("mode", ["greedy", "sample"])
+def test_on_a_gpu_the_graphed_kernels_send_the_host_trees_messages(pair, mode):
+    """On a GPU each pass, the selection and the re-root of the device tree are CUDA graphs of the
+    Triton kernels (`device_tree_kernels`): the same messages as the host tree's graphed passes."""
+    runs = []
+    for side_class in (DraftSide, DeviceDraftSide):
+        cfg = decoder.settings(6, 3, None, mode=mode)
+        draft = side_class(pair.draft, cfg, 2, max_prompt=len(PROMPT), max_new_tokens=20, graphs=True)
+        if side_class is DeviceDraftSide:
+            assert draft.tree.kernels
+        target = TargetSide(pair.target, cfg, max_prompt=len(PROMPT), max_new_tokens=20, graphs=True)
+        draft.start(PROMPT, 3)
+        target.start(PROMPT, 4)
+        clock = Timeline()
+        reused, (tokens, accepted) = run_lockstep(draft_rounds(draft, 2, "parallel", clock),
+                                                  target_rounds(target, 20, None, clock))
+        runs.append((tokens, accepted, reused, draft.calls))
+    assert runs[0] == runs[1]

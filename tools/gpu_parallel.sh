@@ -81,7 +81,8 @@ if [ "$tests" = 1 ] && [ "$smoke" = 1 ]; then
     -k "nccl or two_processes or dead_or_frozen or kernels or built_sides"
 elif [ "$tests" = 1 ]; then
   # the GPU tests of the workers (the specification's tests run on the CPU, in CI)
-  stage gpu_tests 150 python3 -m pytest -p no:cacheprovider -q tests/test_capstone_parallel.py
+  stage gpu_tests 150 python3 -m pytest -p no:cacheprovider -q tests/test_capstone_parallel.py \
+    tests/test_capstone_device_tree.py
 fi
 if [ "$tests" = 1 ] && [ "$gpus" -ge 2 ]; then
   stage generate 60 python3 -m course generate --parallel --prompt "The old fox "
