@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 
 from . import decoder
-from .backends import TreeIndex, make_backend
+from .backends import TreeIndex
 from .device_tree import DeviceTree, Queries
-from .sides import GROWTHS, _fits, _room
+from .sides import _fits, set_up_draft
 from .tree import gumbel_top_k
 
 
@@ -59,18 +59,9 @@ class DeviceDraftSide:
     def __init__(self, draft, cfg: decoder.Settings, steps: int, *, max_prompt: int, max_new_tokens: int,
                  backend: str = "kernels", impl: str | None = None, seed: int = 0,
                  graphs: bool | None = None, growth: str = "likely"):
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"steps must be an int >= 0 (draft steps per round), got {steps!r}")
-        if growth not in GROWTHS:
-            raise ValueError(f"growth must be one of {GROWTHS}, got {growth!r}")
-        self.model, self.cfg, self.steps, self.growth = draft, cfg, steps, growth
-        self.max_nodes = 2 * cfg.tree_size + (steps + 1) * cfg.width
-        self.max_prompt, self.max_new_tokens = max_prompt, max_new_tokens
-        slots = self.max_nodes + cfg.tree_size
-        self.rows = _room(max_prompt, max_new_tokens, slots, draft, "draft")
-        self.cache = draft.new_cache(1, self.rows)
-        self.ops = make_backend(backend, impl)
-        self.gen = torch.Generator().manual_seed(seed)
+        graphs = set_up_draft(self, draft, cfg, steps, max_prompt=max_prompt, max_new_tokens=max_new_tokens,
+                              backend=backend, impl=impl, seed=seed, graphs=graphs, growth=growth)
+        slots = self.tree_rows  # a node slot per KV row of the tree
         device, vocab = draft.device, draft.config.vocab_size
         self.tree = DeviceTree(1 + slots * cfg.branch, slots, cfg.branch, cfg.mode, vocab, device,
                                kernels=backend == "kernels")
@@ -79,7 +70,6 @@ class DeviceDraftSide:
         self.moves = torch.zeros((3, slots), **int32)  # src, dst, and the count in [2, 0]
         self.compactor = self.ops.compactor(self.cache, self.moves[0:1], self.moves[1:2], self.moves[2, 0:1])
         self.reply = torch.zeros(2 + cfg.tree_size, dtype=torch.int64, device=device)  # k1, next, path
-        graphs = decoder._check_graphs(graphs, backend, device)
         self._graphs = graphs
         self.passes = {(w, owed): self._capture(_Pass(self, w, owed)) for w in range(1, cfg.tree_size + 1)
                        for owed in ((False, True) if w == 1 else (False,))}

@@ -52,6 +52,27 @@ def _fits(prompt: list[int], max_prompt: int) -> None:
                          f"{max_prompt}")
 
 
+def set_up_draft(side, draft, cfg: decoder.Settings, steps: int, *, max_prompt: int, max_new_tokens: int,
+                 backend: str, impl: str | None, seed: int, graphs: bool | None, growth: str) -> bool:
+    """What every draft side sets up alike (`DraftSide`, `device_side.DeviceDraftSide`): the checked
+    settings, the node capacity max_nodes = 2 * tree_size + (steps + 1) * width (a top-up may overshoot
+    tree_size) and tree_rows = max_nodes + tree_size KV rows for the tree, the KV cache, the backend
+    and the generator. Returns whether to capture CUDA graphs."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be an int >= 0 (draft steps per round), got {steps!r}")
+    if growth not in GROWTHS:
+        raise ValueError(f"growth must be one of {GROWTHS}, got {growth!r}")
+    side.model, side.cfg, side.steps, side.growth = draft, cfg, steps, growth
+    side.max_nodes = 2 * cfg.tree_size + (steps + 1) * cfg.width
+    side.max_prompt, side.max_new_tokens = max_prompt, max_new_tokens
+    side.tree_rows = side.max_nodes + cfg.tree_size
+    side.rows = _room(max_prompt, max_new_tokens, side.tree_rows, draft, "draft")
+    side.cache = draft.new_cache(1, side.rows)
+    side.ops = make_backend(backend, impl)
+    side.gen = torch.Generator().manual_seed(seed)
+    return decoder._check_graphs(graphs, backend, draft.device)
+
+
 class DraftSide:
     """The draft worker's state: its model, the [prefix | tree] KV cache, the tree (see the module
     docstring). cfg: `decoder.settings(...)` (tree_size, width, branch, mode; its steps are the serial
@@ -64,19 +85,9 @@ class DraftSide:
     def __init__(self, draft, cfg: decoder.Settings, steps: int, *, max_prompt: int, max_new_tokens: int,
                  backend: str = "kernels", impl: str | None = None, seed: int = 0,
                  graphs: bool | None = None, growth: str = "likely"):
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"steps must be an int >= 0 (draft steps per round), got {steps!r}")
-        if growth not in GROWTHS:
-            raise ValueError(f"growth must be one of {GROWTHS}, got {growth!r}")
-        self.model, self.cfg, self.steps, self.growth = draft, cfg, steps, growth
-        self.max_nodes = 2 * cfg.tree_size + (steps + 1) * cfg.width  # a top-up may overshoot tree_size
-        self.max_prompt, self.max_new_tokens = max_prompt, max_new_tokens
-        tree_rows = self.max_nodes + cfg.tree_size
-        self.rows = _room(max_prompt, max_new_tokens, tree_rows, draft, "draft")
-        self.cache = draft.new_cache(1, self.rows)
-        self.ops = make_backend(backend, impl)
-        self.gen = torch.Generator().manual_seed(seed)
-        graphs = decoder._check_graphs(graphs, backend, draft.device)
+        graphs = set_up_draft(self, draft, cfg, steps, max_prompt=max_prompt, max_new_tokens=max_new_tokens,
+                              backend=backend, impl=impl, seed=seed, graphs=graphs, growth=growth)
+        tree_rows = self.tree_rows
         # Sampling: each pass's Gumbel uniforms, (width, V) float64, drawn on the host.
         self.uniforms = torch.zeros((cfg.tree_size, draft.config.vocab_size), dtype=torch.float64,
                                     device=draft.device)
