@@ -242,10 +242,11 @@ def _joint(model, prompt, n):
     return out
 
 
-@pytest.mark.parametrize("growth", pt.GROWTHS)
-def test_sampled_tokens_follow_the_target_joint_distribution(growth):
+@pytest.mark.parametrize("growth, critical", [(growth, 0) for growth in pt.GROWTHS] + [("likely", 1)])
+def test_sampled_tokens_follow_the_target_joint_distribution(growth, critical):
     """The first three tokens of many seeded runs against the target's exact joint distribution:
-    the second and third tokens come from rounds whose trees reuse subtrees grown ahead."""
+    the second and third tokens come from rounds whose trees reuse subtrees grown ahead (and, with
+    `critical`, grown again after the re-root)."""
     vocab, n, runs = 3, 3, 3000
     target = toy_model(11, vocab, context=2, sharpness=1.0)
     draft = noisy_draft(target, toy_model(12, vocab, context=2, sharpness=1.5), 0.5)
@@ -254,7 +255,8 @@ def test_sampled_tokens_follow_the_target_joint_distribution(growth):
     reused = accepted = 0
     for seed in range(runs):
         out = pt.simulate_parallel_tree(target, draft, [0, 1], n, tree_size=3, width=2, steps=2, branch=2,
-                                        mode="sample", growth=growth, seed=1000 * seed, check=False)
+                                        mode="sample", growth=growth, critical=critical, seed=1000 * seed,
+                                        check=False)
         counts[tuple(out["tokens"])] += 1
         reused += sum(r["kept"] > 1 for r in out["rounds"])
         accepted += sum(r["accepted"] for r in out["rounds"])
