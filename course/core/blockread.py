@@ -75,7 +75,7 @@ class ReadInBlocks(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         op = _op_name(func)
-        inputs = [t for t in _tensors((args, kwargs)) if isinstance(t, ReadInBlocks)]
+        inputs = [t for t in tensors_in((args, kwargs)) if isinstance(t, ReadInBlocks)]
         with torch._C.DisableTorchFunctionSubclass():
             result = func(*args, **kwargs)
         if not inputs or op in METADATA or op in LIKE:
@@ -138,7 +138,7 @@ def lift(args: tuple, kwargs: dict) -> tuple[list, list[list[int]]]:
             marks.append([position, value.block])
             value = plain(value)
         plain_args.append(value)
-    if any(isinstance(t, ReadInBlocks) for t in _tensors((plain_args, kwargs))):
+    if any(isinstance(t, ReadInBlocks) for t in tensors_in((plain_args, kwargs))):
         raise TypeError("grading watches a tensor read in blocks only as a positional argument of its own")
     return plain_args, marks
 
@@ -189,13 +189,14 @@ def _follow(result, first: ReadInBlocks, span_of):
     return result
 
 
-def _tensors(value) -> list:
+def tensors_in(value) -> list:
+    """The tensors among call arguments, in order (through lists, tuples and dicts)."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _tensors(item)]
+        return [t for item in value for t in tensors_in(item)]
     if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors(item)]
+        return [t for item in value.values() for t in tensors_in(item)]
     return []
 
 
@@ -218,12 +219,12 @@ def _elementwise(op: str, args, kwargs, result) -> bool:
     a dimension, which shares its name with the elementwise `max(a, b)`, is not)."""
     if not _pointwise(op):
         return False
-    shapes = [t.shape for t in _tensors((args, kwargs))]
+    shapes = [t.shape for t in tensors_in((args, kwargs))]
     try:
         want = torch.broadcast_shapes(*shapes)
     except RuntimeError:
         return False
-    outputs = _tensors(result)
+    outputs = tensors_in(result)
     return bool(outputs) and all(t.shape == want for t in outputs)
 
 

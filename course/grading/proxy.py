@@ -35,7 +35,6 @@ import torch
 
 from ..core import blockread
 from . import sandbox, services, shapes, wire
-from .child import tensors_in
 
 STARTUP_S = 180.0
 SHORT = 1000  # characters of a child's error message kept in the feedback
@@ -239,7 +238,7 @@ class Channel:
             why = f"{type(error).__name__}: {error}"[:300]
             self._send(wire.frame({"op": "callback_failed", "message": why}))
             return
-        self._send(wire.frame({"op": "callback_done"}, name_of, after=tensors_in((args, kwargs))))
+        self._send(wire.frame({"op": "callback_done"}, name_of, after=blockread.tensors_in((args, kwargs))))
 
     def call(self, module: str, name: str, args: tuple, kwargs: dict, name_of, resolve,
              callbacks: dict[str, Callable], outputs: list | None = None, blocks: list | None = None):
@@ -259,7 +258,7 @@ class Channel:
                 after = decoder.decode(header.get("after"))
             except wire.WireError as error:
                 raise ReplyError(f"the grading process sent a reply grading cannot read ({error})") from None
-            given = tensors_in((list(args), kwargs))
+            given = blockread.tensors_in((list(args), kwargs))
             _copy_back(given, after, name in IN_PLACE.get(module, ()), name)
             same = header.get("result_is")
             if same is not None:  # it returned an argument itself: the grader's own tensor

@@ -282,7 +282,7 @@ class Decoder:
 
 def tensor_specs(value, depth: int = 0) -> list[tuple]:
     """(dtype, shape) of each tensor a value's header names, in the order `decode` builds them (and
-    course.grading.child.tensors_in finds them), without building any: an object's fields are not
+    course.core.blockread.tensors_in finds them), without building any: an object's fields are not
     searched, as tensors_in does not. Anything malformed is given as ("?", "?")."""
     if depth > MAX_DEPTH or not isinstance(value, dict):
         return []
