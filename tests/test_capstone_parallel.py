@@ -253,6 +253,19 @@ def _job(**changes) -> processes.Job:
     return processes.Job(TINY["target"], TINY["draft"], runs, **(options | changes))
 
 
+def test_shared_memory_carries_the_lockstep_tokens(pair, plain):
+    """Transport "shm" (`wire.Mailbox`): the two processes' greedy and sampled runs equal the
+    one-process runs of the same settings."""
+    runs = [processes.Run(PROMPT, 2, "greedy", 0), processes.Run(PROMPT, 1, "sample", 5)]
+    got = processes.launch(_job(runs=runs, max_new_tokens=6, transport="shm"), timeout=300)
+    assert got[0].tokens == plain[:6]
+    for run, generation in zip(runs, got, strict=True):
+        same = parallel.generate(pair.target, pair.draft, PROMPT, 6, tree_size=4, width=2, steps=run.steps,
+                                 branch=4, mode=run.mode, seed=run.seed, backend="reference")
+        assert (generation.tokens, generation.accepted, generation.reused) == (same.tokens, same.accepted,
+                                                                                same.reused)
+
+
 def test_two_processes_produce_the_lockstep_tokens(pair, plain):
     """The simulator and the interpreter in both processes, gloo between them: a greedy run with
     the course's kernels and a sampled one; each equals the one-process run of the same settings."""
@@ -315,10 +328,12 @@ def _paused(launch: processes.Launch, role: str) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("victim, how", [("draft", "kill"), ("target", "kill"), ("draft", "freeze")])
-def test_a_dead_or_frozen_process_stops_its_peer_within_seconds(victim, how):
+@pytest.mark.parametrize("victim, how, transport", [("draft", "kill", "gloo"), ("target", "kill", "gloo"),
+                                                     ("draft", "freeze", "gloo"), ("draft", "kill", "shm"),
+                                                     ("target", "freeze", "shm")])
+def test_a_dead_or_frozen_process_stops_its_peer_within_seconds(victim, how, transport):
     peer = "target" if victim == "draft" else "draft"
-    launch = processes.Launch(_job(max_new_tokens=60, pause=[victim, 1]))
+    launch = processes.Launch(_job(max_new_tokens=60, pause=[victim, 1], transport=transport))
     _paused(launch, victim)
     os.kill(launch.processes[victim].pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
     try:
@@ -326,9 +341,13 @@ def test_a_dead_or_frozen_process_stops_its_peer_within_seconds(victim, how):
         log = (launch.folder / f"{peer}.log").read_text()
         assert launch.processes[peer].returncode == wire.EXIT_PEER, log[-2000:]
         said = (launch.folder / f"{peer}.error").read_text()
-        # a kill: the receive fails at once, or the store (the target hosts it) is gone; a freeze:
-        # the connection stays open and only the heartbeat tells
+        # a kill: gloo's receive fails at once, or the store (the target hosts it) is gone; a freeze,
+        # or a kill under shared memory, which has no connection to close: only the heartbeat tells
         expected = ("closed its connection", "lost contact") if how == "kill" else ("no sign of life",)
+        if transport == "shm" and victim == "draft":
+            expected = ("no sign of life",)
+        if victim == "target" and how == "freeze":  # the store's host: its store stops answering
+            expected = ("lost contact",)
         assert f"{peer} process: " in said and f"the {victim}" in said and any(e in said for e in expected)
     finally:
         launch.processes[victim].kill()
@@ -392,6 +411,7 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
     assert {(r["growth"], r["mode"]) for r in measured} == {(g, m) for g in GROWTHS
                                                             for m in ("greedy", "sample")}
     assert all(0 <= r["target_wait_ms_median"] < r["median_ms"] for r in measured)
+    assert all(0 < r["message_ms_median"] < r["median_ms"] for r in measured)
     decoders = [r for r in rows if r["name"] == "serial decoder"]
     assert len(decoders) == 2 and all(r["tree"] in ("fixed", "sequoia") for r in decoders)  # its best tree
     greedy = [r for r in rows if r["mode"] == "greedy" and r["name"] != "autoregressive"]
@@ -468,3 +488,53 @@ def test_steps_after_the_re_root_keep_greedy_exact_and_win_back_tokens_per_call(
             parallel.run_sides(sides, PROMPT, schedule=schedule, critical=critical)
     with pytest.raises(ValueError, match="critical"):
         processes.check_job(_job(critical=-1))
+
+
+# --------------------------------------------------------------------------- shared memory
+
+
+def _mailboxes(tmp_path, tree_size=6, vocab=80):
+    return [wire.Mailbox(tmp_path / "mailbox", rank, tree_size, vocab) for rank in (0, 1)]
+
+
+def test_the_mailbox_carries_each_message_and_its_q(tmp_path):
+    target, draft = _mailboxes(tmp_path)
+    q = torch.rand((4, 80), generator=torch.Generator().manual_seed(0))
+    for round_ in range(3):  # the slots are reused, round after round
+        sub = wire.Subtree(round_, [-1, 0, 0, 1], [5, 6, 7 + round_, 8], q + round_)
+        draft.send(sub)
+        got = target.recv("SUBTREE", with_q=True)
+        assert (got.round, got.parents, got.tokens) == (round_, sub.parents, sub.tokens)
+        assert torch.equal(got.q, sub.q)
+        reply = wire.Reply(wire.ACCEPTED, round_, [0, 2], 9)
+        target.send(reply)
+        assert draft.recv("ACCEPTED or STOP") == reply
+
+
+def test_the_mailbox_reads_no_message_before_its_checksum_matches(tmp_path):
+    """A processor may show the sequence number before the rest of the message: until the
+    checksum matches, the receiver sees nothing, and an older message in the slot never passes for
+    the new one."""
+    target, draft = _mailboxes(tmp_path)
+    draft.send(wire.Subtree(0, [-1, 0], [5, 6]))
+    assert target._read(1) is not None and target._read(2) is None
+    ints = draft._ints[1]
+    ints[0] = 2  # message 2's number, over message 1's bytes and checksum
+    assert target._read(2) is None
+    draft.sent = 1
+    draft.send(wire.Subtree(1, [-1, 0], [5, 7]))
+    ints[1] ^= 1  # the checksum not visible yet
+    assert target._read(2) is None
+    ints[1] ^= 1
+    assert target._read(2)[0][wire.HEADER + 6 + 1] == 7  # the second token
+
+
+def test_the_mailbox_refuses_a_sender_that_does_not_wait_and_a_subtree_without_q(tmp_path):
+    target, draft = _mailboxes(tmp_path)
+    draft.send(wire.Subtree(0, [-1, 0], [5, 6]))
+    with pytest.raises(wire.WireError, match="came without q"):
+        target.recv("SUBTREE", with_q=True)
+    draft.send(wire.Subtree(1, [-1], [5]))
+    draft.send(wire.Subtree(2, [-1], [5]))
+    with pytest.raises(wire.WireError, match="sent message 3 before this side read message 2"):
+        target.recv("SUBTREE")

@@ -13,9 +13,10 @@ Every generation has B = 1 (one prompt of `prompts`), the pair in float16 and th
   serial            the parallel code's serial schedule in one process on cuda:0: the draft's d
                     steps after re-rooting, on the critical path (`parallel.run_sides`; each pass
                     a CUDA graph, as in the parallel runs);
-  parallel          target on cuda:0, draft on cuda:1, NCCL between them (`processes.launch`);
-                    also through gloo (the messages over the CPU), and with --one-gpu (or on a
-                    machine with one GPU) both processes sharing cuda:0 through gloo.
+  parallel          target on cuda:0, draft on cuda:1, the messages through shared memory
+                    (`processes.launch`, transport "shm"); at BEFORE_STEPS also through NCCL and
+                    gloo; with --one-gpu (or on a machine with one GPU) both processes sharing
+                    cuda:0.
 
 For every method and d: the median run (by time) of REPEATS after a warm-up, per prompt; a row sums
 the prompts' median runs. Row fields: the results schema's name, median_ms (mean per generation),
@@ -24,7 +25,8 @@ N (tree size), d (head dim); and mode, steps (SwiftSpec's d), transport, gpus, t
 tokens_per_call, target_calls (per generation), verify_ms (the target's pass and verification),
 draft_ms_per_round (the draft's busy time per round), target_idle_ms_per_round (the target
 not verifying: the part of drafting and messaging left on the critical path), target_wait_ms_median
-(the target's wait between two verifications, the median over rounds), growth (the parallel
+(the target's wait between two verifications, the median over rounds), message_ms_median (a
+message's way from one process to the other), growth (the parallel
 draft's rule for its steps during verification: "likely", `pyspec_ref.parallel_tree`, at every d,
 and "best", the rule before it, at BEFORE_STEPS), draft_tree (where the serial schedule's and the
 parallel draft's tree lives: "device", `device_side`, at every d, and "host", `sides.DraftSide`,
@@ -107,7 +109,8 @@ def _row(name: str, mode: str, generations: list, plain: list | None, **extra) -
             / rounds,
             draft_calls=sum(g.draft_calls for g in generations) / len(generations),
             reused=sum(sum(g.reused) for g in generations) / max(1, sum(len(g.reused) for g in generations)),
-            target_wait_ms_median=_median_wait(generations), timeline=_timeline(generations[0]))
+            target_wait_ms_median=_median_wait(generations), message_ms_median=_median_message(generations),
+            timeline=_timeline(generations[0]))
     return row
 
 
@@ -120,6 +123,24 @@ def _median_wait(generations: list) -> float:
         verifies = sorted((e["start"], e["end"]) for e in g.events
                           if e["side"] == "target" and e["what"] == "verify")
         gaps += [1e3 * (b[0] - a[1]) for a, b in itertools.pairwise(verifies)]
+    return statistics.median(gaps) if gaps else 0.0
+
+
+def _median_message(generations: list) -> float:
+    """A message's way from one worker to the other, ms (the median over both directions and every
+    round in which the receiver was already waiting): from the end of the sender's step that
+    produced it (the draft's selection, the target's verification) to the end of the receiver's
+    wait, i.e. encoding, the transport and decoding. Both processes stamp one clock
+    (time.perf_counter, the host's monotonic clock)."""
+    gaps = []
+    for g in generations:
+        spans = {(e["side"], e["what"], e["round"]): e for e in g.events}
+        for (side, what, r), wait in spans.items():
+            if what != "wait":
+                continue
+            sent = spans.get(("draft", "select", r) if side == "target" else ("target", "verify", r))
+            if sent is not None and wait["start"] <= sent["end"]:
+                gaps.append(1e3 * (wait["end"] - sent["end"]))
     return statistics.median(gaps) if gaps else 0.0
 
 
@@ -284,20 +305,24 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
     paths = {role: str(weights.weight_path(pair, role)) for role in ("target", "draft")}
     common = dict(dtypes={"target": dtype, "draft": dtype}, max_new_tokens=max_new, tree_size=tree_size,
                   width=width, branch=branch, impl=course_impl.bench_impl(), backend=backend)
-    setups = []
-    if gpus >= 2:
-        two = {"target": "cuda:0", "draft": "cuda:1"}
-        setups += [(dict(devices=two, transport="nccl"), 2), (dict(devices=two, transport="gloo"), 2)]
-    if one_gpu or gpus < 2:
-        setups.append((dict(devices={"target": device, "draft": device}, transport="gloo"), min(gpus, 1)))
-    # the draft tree and growth before the default ones, for comparison at one d (each d costs its graphs)
+    # Every variant through shared memory (the default transport), the other transports at one d:
+    # they change the messages' cost, nothing else.
     before = [d for d in steps if d == BEFORE_STEPS] or list(steps[:1])
     tree, growth = parallel.DEFAULT_DRAFT_TREE, parallel.DEFAULT_GROWTH
     variants = [(tree, growth, 0, steps)]
     variants += [(tree, other, 0, before) for other in GROWTHS if other != growth]
     variants += [(other, growth, 0, before) for other in parallel.DRAFT_TREES if other != tree]
     variants += [(tree, growth, c, before) for c in CRITICAL]
-    for (options, used), (draft_tree, rule, critical, some) in itertools.product(setups, variants):
+    default = variants[0][:3] + (before,)
+    launches = []
+    if gpus >= 2:
+        two = {"target": "cuda:0", "draft": "cuda:1"}
+        launches += [(dict(devices=two, transport="shm"), 2, variant) for variant in variants]
+        launches += [(dict(devices=two, transport=other), 2, default) for other in ("nccl", "gloo")]
+    if one_gpu or gpus < 2:
+        one = dict(devices={"target": device, "draft": device}, transport="shm")
+        launches += [(one, min(gpus, 1), variant) for variant in variants]
+    for options, used, (draft_tree, rule, critical, some) in launches:
         variant = {"growth": rule, "draft_tree": draft_tree, "critical": critical}
         measured = _launched(common | options | variant, paths, texts, modes, some, repeats)
         for (mode, d), generations in measured.items():

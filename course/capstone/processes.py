@@ -1,6 +1,7 @@
 """The two processes of parallel tree generation (notebook 20) and their supervision: SwiftSpec's
 draft and target workers (`course.capstone.protocol`), one process and one GPU each, exchanging
-the messages through torch.distributed (NCCL between two GPUs, gloo on a CPU).
+the messages through one of `wire.TRANSPORTS`: shared memory (both processes run on one host),
+NCCL between two GPUs, or gloo.
 
 `launch` starts two processes (`python -m course.capstone.processes <role> ...`), rank 0 the
 target (it hosts the rendezvous store), rank 1 the draft. Each checks the other with a handshake
@@ -137,8 +138,8 @@ def check_job(job: Job) -> None:
         raise ValueError(f"growth must be one of {GROWTHS}, got {job.growth!r}")
     draft_side(job.draft_tree)  # a clear error before any process starts
     check_critical(job.critical, "parallel")
-    if job.transport not in ("gloo", "nccl"):
-        raise ValueError(f"transport must be 'gloo' or 'nccl', got {job.transport!r}")
+    if job.transport not in wire.TRANSPORTS:
+        raise ValueError(f"transport must be one of {wire.TRANSPORTS}, got {job.transport!r}")
     if job.transport == "nccl" and (job.devices["target"] == job.devices["draft"]
                                     or "cuda" not in job.devices["target"]):
         raise ValueError("transport 'nccl' needs the target and the draft on two different GPUs "
@@ -238,7 +239,8 @@ def launch(job: Job, timeout: float = 600.0) -> list[ParallelGeneration]:
 
 def pair_job(pair: str, runs: list[Run], **options) -> Job:
     """A job for the trained pair `pair`: on a machine with two GPUs the target on cuda:0 and the
-    draft on cuda:1 in float16 through NCCL; in the simulator both on the CPU in float32 through gloo."""
+    draft on cuda:1 in float16, the messages through shared memory (the fastest transport measured:
+    notebook 20); in the simulator both on the CPU in float32 through gloo."""
     from course.core import runtime
 
     from .weights import weight_path
@@ -253,7 +255,7 @@ def pair_job(pair: str, runs: list[Run], **options) -> Job:
                              f"`{train_command(pair)}`")
     if runtime.on_gpu():
         gpu = dict(dtypes={"target": "float16", "draft": "float16"},
-                   devices={"target": "cuda:0", "draft": "cuda:1"}, transport="nccl")
+                   devices={"target": "cuda:0", "draft": "cuda:1"}, transport="shm")
         options = gpu | options
     return Job(str(paths["target"]), str(paths["draft"]), runs, **options)
 
@@ -315,8 +317,7 @@ def _worker(role: str, job_path: str, folder: str, port: int) -> int:
             torch.cuda.set_device(device)
         group = dist.new_group([0, 1], backend="nccl") if job.transport == "nccl" else None
         model = load_model(getattr(job, role), device, dtype)
-        link = wire.Link(rank, job.tree_size, config.vocab_size, device if group else "cpu", group=group,
-                         nccl=group is not None, watchdog=watchdog)
+        link = _link(job, rank, config.vocab_size, device, group, folder, watchdog)
         built: dict = {}
         results = [_one_run(job, run, role, model, link, folder, built) for run in job.runs]
         link.close()
@@ -334,6 +335,14 @@ def _worker(role: str, job_path: str, folder: str, port: int) -> int:
     dist.barrier()  # the target hosts the store: it leaves last
     dist.destroy_process_group()
     return 0
+
+
+def _link(job: Job, rank: int, vocab_size: int, device, group, folder: Path, watchdog: wire.Watchdog):
+    """This side's end of the job's transport (`wire.TRANSPORTS`)."""
+    if job.transport == "shm":  # the launch's folder holds the file both processes map
+        return wire.Mailbox(folder / "mailbox", rank, job.tree_size, vocab_size, watchdog=watchdog)
+    return wire.Link(rank, job.tree_size, vocab_size, device if group else "cpu", group=group,
+                     nccl=group is not None, watchdog=watchdog)
 
 
 def _side(job: Job, run: Run, role: str, model, built: dict):

@@ -13,26 +13,33 @@ ACCEPTED and STOP: count = path length, payload the path (indices into the last 
 `decode` checks everything a receiver relies on (the magic number, the kind, the counts, that the
 parents form a tree rooted at 0 and the path a root path of it) and names what is wrong.
 
+Three transports carry them (TRANSPORTS): "shm", a file both processes map (`Mailbox`: two
+processes of one host, whatever their devices); "nccl", device tensors between two GPUs; "gloo",
+CPU tensors through a socket (`Link`, over torch.distributed, for both).
+
 The handshake (`hello`, `check_hello`) runs on the CPU before either side loads its model onto a
 GPU: each side sends its role, its model's vocabulary and dtype, and the settings of the run; a
 difference stops both sides with one message naming every field that differs.
 
 Faults (`Watchdog`): each process bumps a heartbeat counter in the rendezvous store every
 `BEAT_S` seconds from a thread of its own, and checks its peer's. A peer whose counter stops for
-`peer_timeout` seconds (dead, or frozen), a store that cannot be reached (the process that hosts
-it, the target, is gone), a peer that reported a failure, or a message awaited for longer than
-`message_timeout` seconds: the watchdog prints one line saying which and exits the process
-(status EXIT_PEER), so neither side ever waits forever, whatever call its main thread is blocked
-in. Gloo itself also fails a receive at once when the peer's connection closes.
+`peer_timeout` seconds (dead, or frozen), a store that cannot be reached or does not answer within
+`peer_timeout` (the process that hosts it, the target, is gone or frozen), a peer that reported a
+failure, or a message awaited for longer than `message_timeout` seconds: the watchdog prints one
+line saying which and exits the process (status EXIT_PEER), so neither side ever waits forever,
+whatever call its main thread is blocked in. Gloo itself also fails a receive at once when the
+peer's connection closes.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import sys
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +48,7 @@ MAGIC = 0x5357_5350  # "SWSP"
 VERSION = 1
 HEADER = 5  # magic, kind, round, count, next_token
 SUBTREE, ACCEPTED, STOP = "subtree", "accepted", "stop"
+TRANSPORTS = ("shm", "nccl", "gloo")
 KIND_CODES = {SUBTREE: 1, ACCEPTED: 2, STOP: 3}
 KIND_NAMES = {code: name for name, code in KIND_CODES.items()}
 ROLES = ("target", "draft")  # rank 0 hosts the store and verifies; rank 1 drafts
@@ -87,24 +95,27 @@ def message_length(tree_size: int) -> int:
     return HEADER + 2 * tree_size
 
 
-def encode(message: Subtree | Reply, tree_size: int) -> torch.Tensor:
-    """The message's int64 tensor (CPU), `message_length(tree_size)` long."""
-    out = torch.zeros(message_length(tree_size), dtype=torch.int64)
+def encode_values(message: Subtree | Reply, tree_size: int) -> list[int]:
+    """The message's ints, `message_length(tree_size)` of them (plain Python: a few microseconds,
+    where building it out of tensor slices costs tens)."""
     if isinstance(message, Subtree):
         n = len(message.parents)
         if not 1 <= n <= tree_size or len(message.tokens) != n:
             raise WireError(f"a SUBTREE of {n} nodes and {len(message.tokens)} tokens does not fit "
                             f"tree_size = {tree_size}")
-        out[:HEADER] = torch.tensor([MAGIC, KIND_CODES[SUBTREE], message.round, n, -1])
-        out[HEADER:HEADER + n] = torch.tensor(message.parents)
-        out[HEADER + tree_size:HEADER + tree_size + n] = torch.tensor(message.tokens)
-        return out
+        pad = [0] * (tree_size - n)
+        header = [MAGIC, KIND_CODES[SUBTREE], message.round, n, -1]
+        return [*header, *message.parents, *pad, *message.tokens, *pad]
     n = len(message.path)
     if not 1 <= n <= tree_size or message.kind not in (ACCEPTED, STOP):
         raise WireError(f"a {message.kind} reply with a path of {n} nodes (tree_size = {tree_size})")
-    out[:HEADER] = torch.tensor([MAGIC, KIND_CODES[message.kind], message.round, n, message.next_token])
-    out[HEADER:HEADER + n] = torch.tensor(message.path)
-    return out
+    return [MAGIC, KIND_CODES[message.kind], message.round, n, message.next_token, *message.path,
+            *[0] * (2 * tree_size - n)]
+
+
+def encode(message: Subtree | Reply, tree_size: int, device=None) -> torch.Tensor:
+    """The message's int64 tensor (on `device`, the CPU by default)."""
+    return torch.tensor(encode_values(message, tree_size), dtype=torch.int64, device=device)
 
 
 def decode(values: list[int], tree_size: int, vocab_size: int, sender: str,
@@ -209,7 +220,7 @@ class Link:
         import torch.distributed as dist
 
         self._finish_sends()
-        tensors = [encode(message, self.tree_size).to(self.device)]
+        tensors = [encode(message, self.tree_size, self.device)]
         if isinstance(message, Subtree):
             self.last_subtree = message
             if message.q is not None:
@@ -258,6 +269,109 @@ class Link:
                 work.wait()
         except RuntimeError as error:  # gloo: the peer's socket closed, or the group's timeout passed
             raise _peer_lost(error, peer, what) from None
+
+
+class Mailbox:
+    """One side's end of the wire through shared memory, for two processes of one host (transport
+    "shm"): a file that both map, one slot per sender. Neither GPU nor network stack is between
+    them, so a message costs what it takes to write a few hundred bytes and to see them change:
+    microseconds, where a torch.distributed send and receive of the same bytes costs tens to
+    hundreds (notebook 20 measures both).
+
+    A slot is [sequence number, checksum, rows of q], the message's ints, then room for q
+    (tree_size, V) float32. The sender writes the message and its checksum, then the sequence
+    number; the receiver spins on the sequence number, then checks the checksum: a processor may
+    make the writes visible in another order (ARM does), and a message whose checksum does not
+    match yet is read again. One slot per direction is enough because the protocol alternates:
+    a side never sends again before the peer has answered, and the peer has copied the message out
+    before it answers. The receiver spins for SPIN_S, then sleeps between looks, so that a long
+    wait (a slow simulated pass) leaves the processor to others; the watchdog thread watches it
+    as it watches a torch.distributed receive."""
+
+    SPIN_S = 0.002  # about three verifications of the medium pair on an H200: spin, then sleep
+    NAP_S = 1e-4
+
+    def __init__(self, path, rank: int, tree_size: int, vocab_size: int, *, watchdog: Watchdog | None = None):
+        import mmap
+
+        import numpy as np
+
+        self.rank, self.peer = rank, 1 - rank
+        self.tree_size, self.vocab_size, self.watchdog = tree_size, vocab_size, watchdog
+        ints = 3 + message_length(tree_size)
+        slot = 8 * ints + 4 * tree_size * vocab_size
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, 2 * slot)  # both sides: the same size, so the second call changes nothing
+            self._map = mmap.mmap(fd, 2 * slot)
+        finally:
+            os.close(fd)
+        self._ints = [np.frombuffer(self._map, np.int64, ints, k * slot) for k in (0, 1)]
+        self._floats = [np.frombuffer(self._map, np.float32, tree_size * vocab_size, k * slot + 8 * ints)
+                        .reshape(tree_size, vocab_size) for k in (0, 1)]
+        self.sent = self.received = 0
+        self.last_subtree: Subtree | None = None
+
+    def send(self, message: Subtree | Reply) -> None:
+        ints, floats = self._ints[self.rank], self._floats[self.rank]
+        ints[3:] = encode_values(message, self.tree_size)
+        rows = 0
+        if isinstance(message, Subtree):
+            self.last_subtree = message
+            if message.q is not None:
+                rows = len(message.parents)
+                floats[:rows] = message.q.detach().float().cpu().numpy()
+        ints[2] = rows
+        self.sent += 1
+        ints[1] = self._checksum(self.sent, ints[2:], floats[:rows])
+        ints[0] = self.sent  # last: the receiver reads nothing before it sees this change
+
+    def recv(self, what: str, with_q: bool = False) -> Subtree | Reply:
+        """The next message, as `Link.recv`."""
+        waiting = self.watchdog.waiting(what) if self.watchdog else contextlib.nullcontext()
+        with waiting:
+            values, q = self._await(self.received + 1)
+        self.received += 1
+        message = decode(values, self.tree_size, self.vocab_size, ROLES[self.peer], self.last_subtree)
+        if isinstance(message, Subtree) and with_q:
+            if q is None or len(q) != len(message.parents):
+                raise WireError(f"the draft's SUBTREE({message.round}) came without q, the draft's "
+                                "distributions, which sampling needs")
+            message = Subtree(message.round, message.parents, message.tokens, torch.from_numpy(q))
+        return message
+
+    def _await(self, number: int) -> tuple[list[int], object]:
+        """Spin (then nap) until message `number` can be read (`_read`)."""
+        start = time.perf_counter()
+        while (message := self._read(number)) is None:
+            if time.perf_counter() - start > self.SPIN_S:
+                time.sleep(self.NAP_S)
+        return message
+
+    def _read(self, number: int) -> tuple[list[int], object] | None:
+        """Message `number` from the peer's slot (its ints, and q's rows or None), or None while the
+        slot shows an older one or its checksum does not match yet."""
+        ints, floats = self._ints[self.peer], self._floats[self.peer]
+        seen = int(ints[0])
+        if seen > number:
+            raise WireError(f"the {ROLES[self.peer]} sent message {seen} before this side read message "
+                            f"{number}: it does not wait for replies")
+        if seen < number:
+            return None
+        checksum, body = int(ints[1]), ints[2:].copy()
+        q = floats[:int(body[0])].copy()
+        if checksum != self._checksum(number, body, q):
+            return None
+        return body[1:].tolist(), q if len(q) else None
+
+    @staticmethod
+    def _checksum(number: int, body, q) -> int:
+        """CRC-32 of the message's number, its ints (from the rows of q on) and q's rows: a slot
+        that still shows an older message, or part of one, does not match."""
+        return zlib.crc32(q.tobytes(), zlib.crc32(body.tobytes(), zlib.crc32(number.to_bytes(8, "little"))))
+
+    def close(self) -> None:
+        """Nothing is in flight: a sent message is in the peer's memory already."""
 
 
 def _peer_lost(error: RuntimeError, peer: str, what: str | None) -> Exception:
@@ -312,18 +426,29 @@ class Watchdog:
         finally:
             self.awaiting = None
 
+    def _beat(self) -> tuple[int, str]:
+        """Bump this side's counter; the peer's counter and the failure it reported ("" if none)."""
+        self.store.add(f"beat/{self.rank}", 1)
+        beats = self.store.add(f"beat/{self.peer}", 0)
+        failed = self.store.check([f"failed/{self.peer}"])
+        return beats, self.store.get(f"failed/{self.peer}").decode() if failed else ""
+
     def _watch(self) -> None:
         seen, last_change = -1, time.monotonic()
+        # The store's calls run on a thread of their own: a frozen store host (the target) never
+        # answers them, and torch's store timeout does not cover a server that stopped mid-call.
+        asker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="parallel-watchdog-store")
         while not self._stop.wait(BEAT_S):
             now = time.monotonic()
             try:
-                self.store.add(f"beat/{self.rank}", 1)
-                beats = self.store.add(f"beat/{self.peer}", 0)
-                failed = self.store.check([f"failed/{self.peer}"])
-                reason = self.store.get(f"failed/{self.peer}").decode() if failed else ""
+                beats, reason = asker.submit(self._beat).result(timeout=self.peer_timeout)
+            except concurrent.futures.TimeoutError:
+                self.fail(f"lost contact with the {self.other}: the store it hosts has not answered for "
+                          f"{self.peer_timeout:.1f} s (its process is frozen)", tell_peer=False)
+                return
             except Exception as error:  # the store's host (the target) is gone
                 self.fail(f"lost contact with the {self.other} (its process ended or its connection "
-                          f"broke: {str(error).splitlines()[0]})")
+                          f"broke: {str(error).splitlines()[0]})", tell_peer=False)
                 return
             if reason:
                 self.fail(f"the {self.other} stopped: {reason}", tell_peer=False)
