@@ -63,7 +63,7 @@ MAX_NEW = 128
 SHAPE = (48, 4, 4, 8)
 STEPS = (2, 4, 6)
 BEFORE_STEPS = 4  # the d at which growth "best" (the rule before "likely") is measured too
-CRITICAL = (2,)  # draft steps after the re-root measured at BEFORE_STEPS besides none
+CRITICAL = (2, 4)  # draft steps after the re-root measured at BEFORE_STEPS besides none
 REPEATS = 3
 TIMELINE_ROUNDS = 4
 TARGET_SPEEDUP = 1.3  # parallel over the serial decoder, B = 1, greedy (SwiftSpec's Table 6: 275 / 200)
