@@ -13,6 +13,11 @@ table of a few hundred rows fits one program's registers, so each step here is o
 * `children_kernel`: the new nodes' candidate children, and the DFS times moved to make room.
 * `select_kernel`: the `size` best rows, one lexicographic argmax each, in message order, with the
   parents' indices in the message.
+
+The counts (width, size, rows, slots) are run-time arguments, and only the power-of-two block
+sizes are compile-time constants: a draft side captures a pass for every width from 1 to
+tree_size, and with the width compiled in, each tree shape cost a hundred compilations of about a
+second each before its first token.
 """
 
 from __future__ import annotations
@@ -34,9 +39,8 @@ def pop(tree, width: int, owed: bool, queries, index) -> None:
     pop_kernel[(1,)](tree.parent, tree.key, tree.top, tree.run, tree.sent, tree.slot, tree.token, tree.depth,
                      tree.start, tree.end, tree.count, tree.used, tree.prefix, tree.likely, tree.owed_token,
                      queries.rows, queries.tokens, queries.positions, queries.cache_rows, index.q_start,
-                     index.q_end, index.kv_start, index.kv_end, index.prefix, index.tree_len,
-                     SLOTS=tree.slots, WIDTH=width, OWED=bool(owed), BLOCK=_block(tree.rows + 1),
-                     SLOT_BLOCK=_block(tree.slots))
+                     index.q_end, index.kv_start, index.kv_end, index.prefix, index.tree_len, tree.slots,
+                     width, OWED=bool(owed), BLOCK=_block(tree.rows + 1), SLOT_BLOCK=_block(tree.slots))
 
 
 def add_children(tree, rows, tokens, logp, top) -> None:
@@ -44,7 +48,7 @@ def add_children(tree, rows, tokens, logp, top) -> None:
     width, branch = rows.numel(), tree.branch
     children_kernel[(1,)](tree.parent, tree.token, tree.depth, tree.cum, tree.key, tree.top, tree.run,
                           tree.sent, tree.slot, tree.start, tree.end, tree.count, rows, tokens.contiguous(),
-                          logp.contiguous(), top.contiguous(), WIDTH=width, BRANCH=branch,
+                          logp.contiguous(), top.contiguous(), width, BRANCH=branch,
                           GREEDY=tree.mode == "greedy", BLOCK=_block(tree.rows + 1), W_BLOCK=_block(width),
                           B_BLOCK=_block(branch))
 
@@ -53,16 +57,16 @@ def select(tree, size: int):
     """`DeviceTree.select` in one launch; returns the message [parents, tokens] (2 * size,)."""
     out = tree.message[:2 * size]
     select_kernel[(1,)](tree.parent, tree.token, tree.depth, tree.key, tree.run, tree.sent, tree.slot,
-                        tree.count, tree.msg_rows, out, ROWS=tree.rows, SIZE=size,
+                        tree.count, tree.msg_rows, out, tree.rows, size,
                         BLOCK=_block(tree.rows + 1), S_BLOCK=_block(size))
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots", "width"])
 def pop_kernel(parent, key, top, run, sent, slot, token, depth, start, end, count, used, prefix, likely,
                owed_token, q_rows, q_tokens, q_positions, q_cache_rows, q_start, q_end, kv_start, kv_end,
-               index_prefix, index_tree_len, SLOTS: tl.constexpr, WIDTH: tl.constexpr, OWED: tl.constexpr,
-               BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr):
+               index_prefix, index_tree_len, n_slots, width, OWED: tl.constexpr, BLOCK: tl.constexpr,
+               SLOT_BLOCK: tl.constexpr):
     ids = tl.arange(0, BLOCK)
     n = tl.load(count)
     live = ids < n
@@ -74,7 +78,7 @@ def pop_kernel(parent, key, top, run, sent, slot, token, depth, start, end, coun
     slots = tl.load(slot + ids, mask=live, other=-1)
     first = tl.load(used)
     P = tl.load(prefix)
-    for i in tl.static_range(WIDTH):
+    for i in range(width):
         r = tl.argmax(score, axis=0)  # the lowest row among the best: the queue's order
         score = tl.where(ids == r, float("-inf"), score)
         is_run = is_run | (ids == r)
@@ -93,30 +97,30 @@ def pop_kernel(parent, key, top, run, sent, slot, token, depth, start, end, coun
         tl.store(q_end, _DEAD_START)
     tl.store(run + ids, is_run.to(tl.int1), mask=live)
     tl.store(slot + ids, slots, mask=live)
-    tl.store(used, first + WIDTH)
+    tl.store(used, first + width)
     # Every cache row of the tree range invisible, then each node's DFS times at its slot's row.
     s = tl.arange(0, SLOT_BLOCK)
-    tl.store(kv_start + P + s, _DEAD_START, mask=s < SLOTS)
-    tl.store(kv_end + P + s, _DEAD_END, mask=s < SLOTS)
+    tl.store(kv_start + P + s, _DEAD_START, mask=s < n_slots)
+    tl.store(kv_end + P + s, _DEAD_END, mask=s < n_slots)
     tl.debug_barrier()
     node = live & is_run
     tl.store(kv_start + P + slots, tl.load(start + ids, mask=node, other=0).to(tl.int32), mask=node)
     tl.store(kv_end + P + slots, tl.load(end + ids, mask=node, other=0).to(tl.int32), mask=node)
     tl.store(index_prefix, P.to(tl.int32))
-    tl.store(index_tree_len, SLOTS)
+    tl.store(index_tree_len, n_slots)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["width"])
 def children_kernel(parent, token, depth, cum, key, top, run, sent, slot, start, end, count, q_rows, picks,
-                    logp, q_top, WIDTH: tl.constexpr, BRANCH: tl.constexpr, GREEDY: tl.constexpr,
-                    BLOCK: tl.constexpr, W_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr):
+                    logp, q_top, width, BRANCH: tl.constexpr, GREEDY: tl.constexpr, BLOCK: tl.constexpr,
+                    W_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr):
     ids = tl.arange(0, BLOCK)
     n = tl.load(count)
     live = ids < n
     row_start = tl.load(start + ids, mask=live, other=0)
     row_end = tl.load(end + ids, mask=live, other=0)
     w = tl.arange(0, W_BLOCK)
-    real = w < WIDTH
+    real = w < width
     rows = tl.load(q_rows + w, mask=real, other=0)
     p_end = tl.load(end + rows, mask=real, other=BIG)
     p_depth = tl.load(depth + rows, mask=real, other=0)
@@ -125,7 +129,7 @@ def children_kernel(parent, token, depth, cum, key, top, run, sent, slot, start,
     # or before it (its end); a group goes right after its parent's subtree.
     before_start = tl.zeros([BLOCK], dtype=tl.int64)
     inside_or_before = tl.zeros([BLOCK], dtype=tl.int64)
-    for j in range(WIDTH):
+    for j in range(width):
         r = tl.load(q_rows + j)
         s_j = tl.load(start + r)
         e_j = tl.load(end + r)
@@ -159,12 +163,12 @@ def children_kernel(parent, token, depth, cum, key, top, run, sent, slot, start,
     times = group_start[:, None] + k[None, :]
     tl.store(start + new, times, mask=both)
     tl.store(end + new, times, mask=both)
-    tl.store(count, n + WIDTH * BRANCH)
+    tl.store(count, n + width * BRANCH)
 
 
-@triton.jit
-def select_kernel(parent, token, depth, key, run, sent, slot, count, msg_rows, out, ROWS: tl.constexpr,
-                  SIZE: tl.constexpr, BLOCK: tl.constexpr, S_BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["rows", "size"])
+def select_kernel(parent, token, depth, key, run, sent, slot, count, msg_rows, out, rows, size,
+                  BLOCK: tl.constexpr, S_BLOCK: tl.constexpr):
     ids = tl.arange(0, BLOCK).to(tl.int64)
     n = tl.load(count)
     live = ids < n
@@ -172,11 +176,11 @@ def select_kernel(parent, token, depth, key, run, sent, slot, count, msg_rows, o
     row_key = tl.load(key + ids, mask=live, other=0.0)
     row_depth = tl.load(depth + ids, mask=live, other=BIG)
     rank = tl.where(live, tl.where(ids == 0, float("inf"), row_key), float("-inf"))
-    tie = tl.where(is_run, tl.load(slot + ids, mask=live, other=0), ROWS + 1 + ids)  # nodes first
+    tie = tl.where(is_run, tl.load(slot + ids, mask=live, other=0), rows + 1 + ids)  # nodes first
     taken = ids < 0
     s = tl.arange(0, S_BLOCK)
     chosen = tl.zeros([S_BLOCK], dtype=tl.int64)
-    for i in range(SIZE):  # the best row left: key, then depth, then nodes by slot, candidates by row
+    for i in range(size):  # the best row left: key, then depth, then nodes by slot, candidates by row
         open_rank = tl.where(taken | ~live, float("-inf"), rank)
         best = tl.max(open_rank, axis=0)
         t1 = (open_rank == best) & live & ~taken
@@ -184,10 +188,10 @@ def select_kernel(parent, token, depth, key, run, sent, slot, count, msg_rows, o
         t2 = t1 & (row_depth == shallow)
         first = tl.min(tl.where(t2, tie, BIG), axis=0)
         # (no live row left, as in a graph capture's warm-up on a one-row tree: the trash row)
-        r = tl.minimum(tl.min(tl.where(t2 & (tie == first), ids, BIG), axis=0), ROWS)
+        r = tl.minimum(tl.min(tl.where(t2 & (tie == first), ids, BIG), axis=0), rows)
         taken = taken | (ids == r)
         chosen = tl.where(s == i, r, chosen)
-    real = s < SIZE
+    real = s < size
     c_run = tl.load(run + chosen, mask=real, other=0) != 0
     c_slot = tl.load(slot + chosen, mask=real, other=0)
     c_key = tl.load(key + chosen, mask=real, other=0.0)
@@ -205,7 +209,7 @@ def select_kernel(parent, token, depth, key, run, sent, slot, count, msg_rows, o
                             tl.sum(tl.where(is_parent, place[None, :], 0), axis=1), -1)
     tl.store(msg_rows + place, chosen, mask=real)
     tl.store(out + place, parent_place, mask=real)
-    tl.store(out + SIZE + place, tl.load(token + chosen, mask=real, other=0), mask=real)
+    tl.store(out + size + place, tl.load(token + chosen, mask=real, other=0), mask=real)
     tl.store(sent + ids, (0 * ids).to(tl.int1), mask=live)
     tl.debug_barrier()
     tl.store(sent + chosen, ~c_run, mask=real)
@@ -217,15 +221,14 @@ def reroot(tree, path, k1, next_token, moves) -> None:
     reroot_kernel[(1,)](tree.parent, tree.token, tree.depth, tree.cum, tree.key, tree.top, tree.run,
                         tree.sent, tree.slot, tree.start, tree.end, tree.count, tree.used, tree.prefix,
                         tree.owed, tree.owed_token, tree.msg_rows, path, k1, next_token, moves, tree.q_source,
-                        tree.scratch, tree.info, ROWS=tree.rows, SLOTS=tree.slots, SIZE=path.numel(),
+                        tree.scratch, tree.info, tree.rows, tree.slots, path.numel(),
                         BLOCK=_block(tree.rows + 1), SLOT_BLOCK=_block(tree.slots + 1))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "slots", "size"])
 def reroot_kernel(parent, token, depth, cum, key, top, run, sent, slot, start, end, count, used, prefix, owed,
-                  owed_token, msg_rows, path, reply_k1, reply_next, moves, q_source, scratch, info,
-                  ROWS: tl.constexpr, SLOTS: tl.constexpr, SIZE: tl.constexpr, BLOCK: tl.constexpr,
-                  SLOT_BLOCK: tl.constexpr):
+                  owed_token, msg_rows, path, reply_k1, reply_next, moves, q_source, scratch, info, rows,
+                  slots, size, BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr):
     ids = tl.arange(0, BLOCK).to(tl.int64)
     n = tl.load(count)
     live = ids < n
@@ -234,7 +237,7 @@ def reroot_kernel(parent, token, depth, cum, key, top, run, sent, slot, start, e
     P = tl.load(prefix)
     committed = ids < 0
     last = tl.load(msg_rows)
-    for i in range(SIZE):  # the accepted path's rows; the last of them
+    for i in range(size):  # the accepted path's rows; the last of them
         c = tl.load(msg_rows + tl.load(path + i))
         committed = committed | ((ids == c) & (i < k1))
         last = tl.where(i == k1 - 1, c, last)
@@ -262,9 +265,9 @@ def reroot_kernel(parent, token, depth, cum, key, top, run, sent, slot, start, e
     kept_node = (committed | keep) & f_run & live
     # KV rows of the kept nodes, in slot order (the committed ones first): a flag per slot, its prefix sum
     s = tl.arange(0, SLOT_BLOCK).to(tl.int64)
-    in_slots = s < SLOTS
-    tl.store(scratch + s, 0 * s, mask=s <= SLOTS)
-    tl.store(q_source + s, 0 * s + SLOTS, mask=s <= SLOTS)
+    in_slots = s < slots
+    tl.store(scratch + s, 0 * s, mask=s <= slots)
+    tl.store(q_source + s, 0 * s + slots, mask=s <= slots)
     tl.debug_barrier()
     tl.store(scratch + f_slot, 1 + 0 * f_slot, mask=kept_node)
     tl.debug_barrier()
@@ -272,8 +275,8 @@ def reroot_kernel(parent, token, depth, cum, key, top, run, sent, slot, start, e
     new_slot = tl.cumsum(flag, axis=0) - 1
     n_moves = tl.sum(flag, axis=0)
     tl.store(moves + new_slot, (P + s).to(tl.int32), mask=(flag != 0) & in_slots)
-    tl.store(moves + SLOTS + s, (P + s).to(tl.int32), mask=in_slots)
-    tl.store(moves + 2 * SLOTS, n_moves.to(tl.int32))
+    tl.store(moves + slots + s, (P + s).to(tl.int32), mask=in_slots)
+    tl.store(moves + 2 * slots, n_moves.to(tl.int32))
     tl.store(q_source + new_slot - k1, s, mask=(flag != 0) & (new_slot >= k1) & in_slots)
     tl.debug_barrier()
     tl.store(scratch + s, new_slot, mask=in_slots)
@@ -281,7 +284,7 @@ def reroot_kernel(parent, token, depth, cum, key, top, run, sent, slot, start, e
     row_slot = tl.load(scratch + f_slot, mask=keep & f_run, other=0) - k1
     tl.debug_barrier()
     new_row = tl.cumsum(keep.to(tl.int64), axis=0) - 1
-    tl.store(scratch + ids, tl.where(keep, new_row, -1), mask=ids <= ROWS)
+    tl.store(scratch + ids, tl.where(keep, new_row, -1), mask=ids <= rows)
     tl.debug_barrier()
     up = tl.load(scratch + tl.maximum(f_parent, 0), mask=keep, other=-1)
     tl.debug_barrier()  # every read of the old tables is done: write the kept subtree from row 0
