@@ -274,19 +274,21 @@ class Link:
 class Mailbox:
     """One side's end of the wire through shared memory, for two processes of one host (transport
     "shm"): a file that both map, one slot per sender. Neither GPU nor network stack is between
-    them, so a message costs what it takes to write a few hundred bytes and to see them change:
-    microseconds, where a torch.distributed send and receive of the same bytes costs tens to
-    hundreds (notebook 20 measures both).
+    them, so a message costs what it takes to write a few hundred bytes and to see them change,
+    with Python's encoding around it: tens of microseconds, where a torch.distributed send and
+    receive of the same bytes took several times as long (notebook 20 measures all three).
 
     A slot is [sequence number, checksum, rows of q], the message's ints, then room for q
     (tree_size, V) float32. The sender writes the message and its checksum, then the sequence
-    number; the receiver spins on the sequence number, then checks the checksum: a processor may
-    make the writes visible in another order (ARM does), and a message whose checksum does not
-    match yet is read again. One slot per direction is enough because the protocol alternates:
-    a side never sends again before the peer has answered, and the peer has copied the message out
-    before it answers. The receiver spins for SPIN_S, then sleeps between looks, so that a long
-    wait (a slow simulated pass) leaves the processor to others; the watchdog thread watches it
-    as it watches a torch.distributed receive."""
+    number; the receiver spins on the sequence number, then checks the checksum. It is SwiftSpec's
+    NCCL LL protocol (§3.3, Algorithm 2) on the host: a flag stored after the data says the data is
+    there. LL stores data and flag in one 8-byte atomic store; here a processor may make the writes
+    visible in another order (ARM does), so the checksum covers the number and the message, and a
+    message whose checksum does not match yet is read again. One slot per direction is enough
+    because the protocol alternates: a side never sends again before the peer has answered, and the
+    peer has copied the message out before it answers. The receiver spins for SPIN_S, then sleeps
+    between looks, so that a long wait (a slow simulated pass) leaves the processor to others; the
+    watchdog thread watches it as it watches a torch.distributed receive."""
 
     SPIN_S = 0.002  # about three verifications of the medium pair on an H200: spin, then sleep
     NAP_S = 1e-4
