@@ -538,3 +538,21 @@ def test_the_mailbox_refuses_a_sender_that_does_not_wait_and_a_subtree_without_q
     draft.send(wire.Subtree(2, [-1], [5]))
     with pytest.raises(wire.WireError, match="sent message 3 before this side read message 2"):
         target.recv("SUBTREE")
+
+
+def test_a_message_is_timed_from_its_senders_step_to_its_receivers_wait():
+    """`parallel_bench._median_message` on hand-made stamps (ms): a receiver already waiting counts
+    from the end of the sender's step (the draft's selection, the target's verification); a
+    receiver that arrives late (the draft still growing ahead) does not count."""
+    from course.capstone import parallel_bench
+
+    def span(side, what, round_, start, end):
+        return {"side": side, "what": what, "round": round_, "start": start / 1e3, "end": end / 1e3}
+
+    events = [span("draft", "select", 0, 0.0, 1.0), span("target", "wait", 0, 0.0, 1.2),  # 0.2
+              span("target", "verify", 0, 1.2, 2.0), span("draft", "wait", 0, 1.5, 2.5),  # 0.5
+              span("draft", "select", 1, 3.0, 4.0), span("target", "wait", 1, 2.1, 4.3),  # 0.3
+              span("target", "verify", 1, 4.3, 5.0), span("draft", "wait", 1, 5.5, 5.6)]  # late: not counted
+    generation = parallel.ParallelGeneration([1], 1.0, 2, 4, [1, 1], [True], events, "greedy", "parallel",
+                                             steps=2, processes=2)
+    assert parallel_bench._median_message([generation]) == pytest.approx(0.3)
