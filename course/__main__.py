@@ -136,8 +136,11 @@ def _generate(args) -> int:
                                        tree_size=16 if args.tree_size is None else args.tree_size,
                                        width=2 if args.width is None else args.width,
                                        steps=parallel.DEFAULT_STEPS if args.steps is None else args.steps,
-                                       mode=args.mode, seed=args.seed, backend=args.backend, impl=args.impl))
+                                       mode=args.mode, seed=args.seed, backend=args.backend, impl=args.impl,
+                                       critical=args.critical))
         return 0
+    if args.critical:
+        raise ValueError("--critical is a setting of --parallel (the draft's steps after each re-root)")
 
     print(generate_report(args.prompt, pair=args.pair, max_new_tokens=args.max_new_tokens, tree=args.tree,
                           tree_size=args.tree_size, width=args.width, branch=args.branch, steps=args.steps,
@@ -248,6 +251,9 @@ def main(argv=None) -> int:
     generate.add_argument("--steps", type=int, default=None,
                           help="draft steps per round: the tree's depth (sequoia: its depth limit); with "
                                "--parallel, the steps taken while the target verifies (d, default 2)")
+    generate.add_argument("--critical", type=int, default=0,
+                          help="with --parallel: the draft's steps after each re-root, on the critical path "
+                               "(notebook 20 §8 measures 0, 2 and 4; default 0)")
     generate.add_argument("--chain", type=int, default=5, help="tokens the chain drafts per round (k)")
     generate.add_argument("--mode", choices=("greedy", "sample"), default="greedy")
     generate.add_argument("--temperature", type=float, default=1.0,

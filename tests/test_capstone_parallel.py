@@ -376,9 +376,14 @@ def test_generate_parallel_command(capsys):
     if runtime.on_gpu() and torch.cuda.device_count() < 2:
         pytest.skip("on a GPU --parallel needs two (the next test checks what it says on one)")
     assert main(["generate", "--parallel", "--prompt", "The old ", "--pair", "tiny", "--max-new-tokens", "4",
-                 "--backend", "reference", "--no-progress"]) == 0
+                 "--backend", "reference", "--no-progress", "--critical", "1"]) == 0
     out = capsys.readouterr().out
     assert "two processes" in out and "greedy output identical to plain decoding: True" in out
+    assert "1 step after each re-root" in out
+    assert main(["generate", "--parallel", "--prompt", "The old ", "--pair", "tiny", "--critical", "-1"]) == 2
+    assert "error: critical must be an int >= 0" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "The old ", "--pair", "tiny", "--critical", "2"]) == 2
+    assert "error: --critical is a setting of --parallel" in capsys.readouterr().err
 
 
 def test_generate_parallel_on_one_gpu_says_what_it_needs(monkeypatch, capsys):

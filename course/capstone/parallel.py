@@ -183,10 +183,11 @@ def relative_events(events: list[dict], t0: float) -> list[dict]:
 
 def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | None = None, tree_size: int = 8,
                     width: int = 2, steps: int = DEFAULT_STEPS, mode: str = "greedy", seed: int = 0,
-                    backend: str = "kernels", impl: str | None = None) -> str:
+                    backend: str = "kernels", impl: str | None = None, critical: int = 0) -> str:
     """What `python -m course generate --parallel` prints: the continuation, the parallel run's
     tokens/s and tokens per target call, and (greedy) whether it equals plain decoding; on a GPU
-    also serial tree generation with the same code on one GPU, and the speed-up.
+    also serial tree generation with the same code on one GPU, and the speed-up. critical: the
+    parallel draft's steps after each re-root (`protocol.draft_rounds`).
 
     Needs two GPUs on a GPU machine (one process and one GPU per model); in the simulator the two
     processes run on the CPU and talk through gloo (the tiny pair), which shows the protocol at
@@ -209,12 +210,14 @@ def generate_report(texts, *, pair: str | None = None, max_new_tokens: int | Non
     max_new_tokens = max_new_tokens if max_new_tokens is not None else runtime.pick(sim=12, gpu=64)
     prompt = decoder.check_texts(texts)[0]
     decoder.settings(tree_size, width, None, mode=mode)
+    check_critical(critical, "parallel")
     options = dict(tree_size=tree_size, width=width, max_new_tokens=max_new_tokens, backend=backend,
-                   impl=impl)
+                   impl=impl, critical=critical)
     run = Run(prompt, steps, mode, seed)
     warm = [run] if runtime.on_gpu() else []  # Triton compiles on first use: a warm-up run, untimed
     got = launch(pair_job(pair, [*warm, run], **options))[-1]
-    lines = [f"pair {pair} ({runtime.MODE}), mode {mode}, tree size {tree_size}, width {width}, d = {steps}",
+    lines = [f"pair {pair} ({runtime.MODE}), mode {mode}, tree size {tree_size}, width {width}, d = {steps}, "
+             f"{critical} step{'s' * (critical != 1)} after each re-root",
              f"{texts[0]!r} -> {decode(got.tokens)!r}", got.summary()]
     device = "cuda:0" if runtime.on_gpu() else "cpu"
     dtype = torch.float16 if runtime.on_gpu() else torch.float32
