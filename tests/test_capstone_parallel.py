@@ -253,29 +253,18 @@ def _job(**changes) -> processes.Job:
     return processes.Job(TINY["target"], TINY["draft"], runs, **(options | changes))
 
 
-def test_shared_memory_carries_the_lockstep_tokens(pair, plain):
-    """Transport "shm" (`wire.Mailbox`): the two processes' greedy and sampled runs equal the
-    one-process runs of the same settings."""
+@pytest.mark.parametrize("transport, backend", [("gloo", "kernels"), ("shm", "reference")])
+def test_two_processes_produce_the_lockstep_tokens(pair, plain, transport, backend):
+    """Both processes on this device, the messages through gloo (with the course's kernels: the
+    simulator and the interpreter in both processes) or through shared memory (`wire.Mailbox`): a
+    greedy run and a sampled one each equal the one-process run of the same settings."""
     runs = [processes.Run(PROMPT, 2, "greedy", 0), processes.Run(PROMPT, 1, "sample", 5)]
-    got = processes.launch(_job(runs=runs, max_new_tokens=6, transport="shm"), timeout=300)
+    job = _job(runs=runs, max_new_tokens=6, backend=backend, impl="solutions", transport=transport)
+    got = processes.launch(job, timeout=300)
     assert got[0].tokens == plain[:6]
     for run, generation in zip(runs, got, strict=True):
         same = parallel.generate(pair.target, pair.draft, PROMPT, 6, tree_size=4, width=2, steps=run.steps,
-                                 branch=4, mode=run.mode, seed=run.seed, backend="reference")
-        assert (generation.tokens, generation.accepted, generation.reused) == (same.tokens, same.accepted,
-                                                                                same.reused)
-
-
-def test_two_processes_produce_the_lockstep_tokens(pair, plain):
-    """The simulator and the interpreter in both processes, gloo between them: a greedy run with
-    the course's kernels and a sampled one; each equals the one-process run of the same settings."""
-    runs = [processes.Run(PROMPT, 2, "greedy", 0), processes.Run(PROMPT, 1, "sample", 5)]
-    got = processes.launch(_job(runs=runs, max_new_tokens=6, backend="kernels", impl="solutions"),
-                           timeout=300)
-    assert got[0].tokens == plain[:6]
-    for run, generation in zip(runs, got, strict=True):
-        same = parallel.generate(pair.target, pair.draft, PROMPT, 6, tree_size=4, width=2, steps=run.steps,
-                                 branch=4, mode=run.mode, seed=run.seed, impl="solutions")
+                                 branch=4, mode=run.mode, seed=run.seed, backend=backend, impl="solutions")
         assert (generation.tokens, generation.accepted, generation.reused) == (same.tokens, same.accepted,
                                                                                 same.reused)
         assert generation.processes == 2 and generation.target_calls == len(generation.accepted)
