@@ -28,8 +28,9 @@ DEFAULT_STEPS = 2  # SwiftSpec's d: draft steps per round during verification
 DEFAULT_GROWTH = "likely"  # how those steps pick their candidates (sides.GROWTHS)
 # Where the draft keeps its tree: the same tree, pass for pass (the tests hold them equal). On the
 # device every pass, its bookkeeping included, is one CUDA graph of the course's Triton kernels, and
-# the growth during verification is queued without a wait: on two H200s it made the serial
-# schedule 1.9x and parallel generation 1.2x faster than the host's tree (results/h200x2/README.md).
+# the growth during verification is queued without a wait: on two H200s it made the serial schedule
+# 1.3-1.9x and parallel generation 1.2x faster than the host's tree (results/h200x2/README.md, runs c
+# and e).
 DRAFT_TREES = {"host": DraftSide, "device": DeviceDraftSide}
 DEFAULT_DRAFT_TREE = "device"
 
