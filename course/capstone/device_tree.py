@@ -12,8 +12,8 @@ row's keys and values at cache row P + slot, so only nodes take cache rows, as o
 * Growth (`pop`): the `width` best unrun rows by key (growth "likely": a row sent to the target as
   a leaf ranks by its key plus the log of its parent's top draft probability), ties by row.
 * Selection (`select`): the `size` best rows by (key, depth, nodes before candidates, slot or row),
-  the root first: one sort on the device. The message lists nodes by slot, then candidates by key
-  and row, HostTree's order, so that both send the same subtree in the same order.
+  the root first: stable sorts on the device, no loop. The message lists nodes by slot, then
+  candidates by key and row, HostTree's order, so that both send the same subtree in the same order.
 * Ancestry: the attention needs nested intervals (FlashSpecInfer §5.1): each row keeps its DFS
   times (`start`, `end`, children in row order). They are kept up to date, never recomputed: a
   node's new children are its last, so they go right after its subtree, and every row after that

@@ -4,8 +4,9 @@ bookkeeping steps as ONE launch of one program over every row of the table.
 The tree's methods written with PyTorch (`DeviceTree.pop`, `add_children`, `select`) are the
 readable form, and the tests hold these kernels equal to them. They cost what they launch: a draft
 pass written with PyTorch ops is about 250 small kernels around the model step, whose launches, a
-microsecond each inside a CUDA graph, take longer than the model step itself (notebook 20, §8). A
-table of a few hundred rows fits one program's registers, so each step here is one kernel:
+microsecond each inside a CUDA graph, take longer than the model step itself (results/h200/README.md
+has the profile). A table of a few hundred rows fits one program's registers, so each step here is
+one kernel:
 
 * `pop_kernel`: the `width` best candidates, one `argmax` each (ties to the lower row, as the
   queue's order), become nodes; it writes the pass's queries (tokens, positions, cache rows, DFS
