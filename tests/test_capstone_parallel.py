@@ -397,13 +397,17 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
     from course.measure import results
 
     rows = parallel_bench.measure(pair="tiny", n_prompts=1, max_new=6, steps=(1,), repeats=1, cpu=True,
-                                  backend="reference", log=lambda *_: None, shape=(8, 2, 4, 4))
+                                  backend="reference", log=lambda *_: None, shape=(8, 2, 4, 4),
+                                  wide=(3, (2,), (1,)))
     names = {(r["name"], r["mode"]) for r in rows}
     assert names == {(n, m) for n in ("autoregressive", "serial decoder", "serial", "parallel")
                      for m in ("greedy", "sample")}
     measured = [r for r in rows if r["name"] == "parallel"]
     assert {(r["growth"], r["mode"]) for r in measured} == {(g, m) for g in GROWTHS
                                                             for m in ("greedy", "sample")}
+    wide = {(r["name"], r["mode"], r["steps"], r.get("critical")) for r in rows if r["width"] == 3}
+    assert wide == {(name, m, 2, critical) for name, critical in (("serial", None), ("parallel", 1))
+                    for m in ("greedy", "sample")}  # the wide variant and its serial schedule
     assert all(0 <= r["target_wait_ms_median"] < r["median_ms"] for r in measured)
     assert all(0 < r["message_ms_median"] < r["median_ms"] for r in measured)
     decoders = [r for r in rows if r["name"] == "serial decoder"]

@@ -1,5 +1,5 @@
 """Triton kernels for the draft tree on the device (`device_tree.DeviceTree`): each of its
-bookkeeping steps as ONE launch of one program over every row of the table.
+bookkeeping steps as one launch (the selection: two) over every row of the table.
 
 The tree's methods written with PyTorch (`DeviceTree.pop`, `add_children`, `select`) are the
 readable form, and the tests hold these kernels equal to them. They cost what they launch: a draft
@@ -12,8 +12,17 @@ one kernel:
   queue's order), become nodes; it writes the pass's queries (tokens, positions, cache rows, DFS
   times) and every node's DFS times at its cache row, which is all the attention reads.
 * `children_kernel`: the new nodes' candidate children, and the DFS times moved to make room.
-* `select_kernel`: the `size` best rows, one lexicographic argmax each, in message order, with the
-  parents' indices in the message.
+* `rank_kernel` and `select_kernel`: the `size` best rows in message order, with the parents'
+  indices in the message. Each row's rank in the selection's order is the number of live rows ahead
+  of it, counted by a grid of programs at once (a tile of rows against every row): no row waits for
+  another, where picking the best row `size` times over is `size` dependent reductions in a row.
+  The rows ranked below `size` are the subtree (a child's key is never above its parent's, and ties
+  go to the shallower row, so the best rows hold every ancestor of each).
+
+Inside a kernel, what is on the critical path is the chain of dependent steps, not the work: a
+load whose address comes from another load waits for it, a trip to memory each. So the loads that
+follow from a result (the popped rows' tokens and times, the accepted path's rows, the new nodes'
+intervals) are issued together as one vector load, never one per loop iteration.
 
 The counts (width, size, rows, slots) are run-time arguments, and only the power-of-two block
 sizes are compile-time constants: a draft side captures a pass for every width from 1 to
@@ -29,6 +38,7 @@ import triton.language as tl
 DEAD_START, DEAD_END = 2 ** 31 - 1, -1  # an interval that contains no query: a row no query sees
 _DEAD_START, _DEAD_END = tl.constexpr(DEAD_START), tl.constexpr(DEAD_END)
 BIG = tl.constexpr(2 ** 62)  # above every row, slot, depth and DFS time
+RANK_TILE = 16  # rows a program of the selection's ranking ranks
 
 
 def _block(n: int) -> int:
@@ -41,7 +51,8 @@ def pop(tree, width: int, owed: bool, queries, index) -> None:
                      tree.start, tree.end, tree.count, tree.used, tree.prefix, tree.likely, tree.owed_token,
                      queries.rows, queries.tokens, queries.positions, queries.cache_rows, index.q_start,
                      index.q_end, index.kv_start, index.kv_end, index.prefix, index.tree_len, tree.slots,
-                     width, OWED=bool(owed), BLOCK=_block(tree.rows + 1), SLOT_BLOCK=_block(tree.slots))
+                     width, OWED=bool(owed), BLOCK=_block(tree.rows + 1), SLOT_BLOCK=_block(tree.slots),
+                     W_BLOCK=_block(width))
 
 
 def add_children(tree, rows, tokens, logp, top) -> None:
@@ -55,11 +66,15 @@ def add_children(tree, rows, tokens, logp, top) -> None:
 
 
 def select(tree, size: int):
-    """`DeviceTree.select` in one launch; returns the message [parents, tokens] (2 * size,)."""
+    """`DeviceTree.select` in two launches (each row's rank, then the message); returns the message
+    [parents, tokens] (2 * size,)."""
     out = tree.message[:2 * size]
-    select_kernel[(1,)](tree.parent, tree.token, tree.depth, tree.key, tree.run, tree.sent, tree.slot,
-                        tree.count, tree.msg_rows, out, tree.rows, size,
-                        BLOCK=_block(tree.rows + 1), S_BLOCK=_block(size))
+    block = _block(tree.rows + 1)
+    rank_kernel[(triton.cdiv(block, RANK_TILE),)](tree.key, tree.depth, tree.run, tree.slot, tree.count,
+                                                  tree.scratch, tree.rows, TILE=RANK_TILE, BLOCK=block,
+                                                  num_warps=8)
+    select_kernel[(1,)](tree.parent, tree.token, tree.key, tree.run, tree.sent, tree.slot, tree.count,
+                        tree.scratch, tree.msg_rows, out, tree.rows, size, BLOCK=block, S_BLOCK=_block(size))
     return out
 
 
@@ -67,7 +82,7 @@ def select(tree, size: int):
 def pop_kernel(parent, key, top, run, sent, slot, token, depth, start, end, count, used, prefix, likely,
                owed_token, q_rows, q_tokens, q_positions, q_cache_rows, q_start, q_end, kv_start, kv_end,
                index_prefix, index_tree_len, n_slots, width, OWED: tl.constexpr, BLOCK: tl.constexpr,
-               SLOT_BLOCK: tl.constexpr):
+               SLOT_BLOCK: tl.constexpr, W_BLOCK: tl.constexpr):
     ids = tl.arange(0, BLOCK)
     n = tl.load(count)
     live = ids < n
@@ -79,17 +94,21 @@ def pop_kernel(parent, key, top, run, sent, slot, token, depth, start, end, coun
     slots = tl.load(slot + ids, mask=live, other=-1)
     first = tl.load(used)
     P = tl.load(prefix)
-    for i in range(width):
+    w = tl.arange(0, W_BLOCK)
+    picked = tl.zeros([W_BLOCK], dtype=tl.int64)
+    for i in range(width):  # in registers only: the loads that depend on the picks come after
         r = tl.argmax(score, axis=0)  # the lowest row among the best: the queue's order
         score = tl.where(ids == r, float("-inf"), score)
         is_run = is_run | (ids == r)
         slots = tl.where(ids == r, first + i, slots)
-        tl.store(q_rows + i, r)
-        tl.store(q_tokens + OWED + i, tl.load(token + r))
-        tl.store(q_positions + OWED + i, P + tl.load(depth + r))
-        tl.store(q_cache_rows + OWED + i, P + first + i)
-        tl.store(q_start + OWED + i, tl.load(start + r).to(tl.int32))
-        tl.store(q_end + OWED + i, tl.load(end + r).to(tl.int32))
+        picked = tl.where(w == i, r, picked)
+    real = w < width
+    tl.store(q_rows + w, picked, mask=real)
+    tl.store(q_tokens + OWED + w, tl.load(token + picked, mask=real, other=0), mask=real)
+    tl.store(q_positions + OWED + w, P + tl.load(depth + picked, mask=real, other=0), mask=real)
+    tl.store(q_cache_rows + OWED + w, P + first + w, mask=real)
+    tl.store(q_start + OWED + w, tl.load(start + picked, mask=real, other=0).to(tl.int32), mask=real)
+    tl.store(q_end + OWED + w, tl.load(end + picked, mask=real, other=0).to(tl.int32), mask=real)
     if OWED:  # the committed token at row P - 1: it sees the prefix and no tree row
         tl.store(q_tokens, tl.load(owed_token))
         tl.store(q_positions, P - 1)
@@ -128,14 +147,11 @@ def children_kernel(parent, token, depth, cum, key, top, run, sent, slot, start,
     p_cum = tl.load(cum + rows, mask=real, other=0.0)
     # A row moves right by BRANCH for each group placed before it (its start), or inside its subtree
     # or before it (its end); a group goes right after its parent's subtree.
-    before_start = tl.zeros([BLOCK], dtype=tl.int64)
-    inside_or_before = tl.zeros([BLOCK], dtype=tl.int64)
-    for j in range(width):
-        r = tl.load(q_rows + j)
-        s_j = tl.load(start + r)
-        e_j = tl.load(end + r)
-        before_start += (e_j < row_start).to(tl.int64)
-        inside_or_before += ((e_j <= row_end) & ((s_j >= row_start) | (e_j < row_start))).to(tl.int64)
+    p_start = tl.load(start + rows, mask=real, other=BIG)
+    s_j, e_j = p_start[None, :], p_end[None, :]  # [row, group]
+    r_start, r_end = row_start[:, None], row_end[:, None]
+    before_start = tl.sum((e_j < r_start).to(tl.int64), axis=1)
+    inside_or_before = tl.sum(((e_j <= r_end) & ((s_j >= r_start) | (e_j < r_start))).to(tl.int64), axis=1)
     # Groups ending at the same place: the deeper node's group first.
     ahead = ((p_end[None, :] < p_end[:, None]) | ((p_end[None, :] == p_end[:, None])
                                                   & (p_depth[None, :] > p_depth[:, None]))) & real[None, :]
@@ -167,32 +183,50 @@ def children_kernel(parent, token, depth, cum, key, top, run, sent, slot, start,
     tl.store(count, n + width * BRANCH)
 
 
+@triton.jit
+def _selection_order(key, depth, run, slot, ids, live, rows):
+    """A row's place in the selection's order, as three terms compared in turn: its key (the root
+    above all, largest first), its depth (shallowest first), then nodes by slot before candidates
+    by row (smallest first; unique, so the order is total)."""
+    row_key = tl.where(ids == 0, float("inf"), tl.load(key + ids, mask=live, other=0.0))
+    row_depth = tl.load(depth + ids, mask=live, other=0)
+    is_run = tl.load(run + ids, mask=live, other=0) != 0
+    tie = tl.where(is_run, tl.load(slot + ids, mask=live, other=0), rows + 1 + ids)
+    return row_key, row_depth, tie
+
+
+@triton.jit(do_not_specialize=["rows"])
+def rank_kernel(key, depth, run, slot, count, rank, rows, TILE: tl.constexpr, BLOCK: tl.constexpr):
+    # Each program ranks TILE rows against every live row at once: rank = the rows ahead of it.
+    n = tl.load(count)
+    mine = tl.program_id(0) * TILE + tl.arange(0, TILE).to(tl.int64)
+    every = tl.arange(0, BLOCK).to(tl.int64)
+    mine_live, every_live = mine < n, every < n
+    k_i, d_i, t_i = _selection_order(key, depth, run, slot, mine, mine_live, rows)
+    k_j, d_j, t_j = _selection_order(key, depth, run, slot, every, every_live, rows)
+    k_i, d_i, t_i = k_i[:, None], d_i[:, None], t_i[:, None]
+    k_j, d_j, t_j = k_j[None, :], d_j[None, :], t_j[None, :]
+    ahead = (k_j > k_i) | ((k_j == k_i) & ((d_j < d_i) | ((d_j == d_i) & (t_j < t_i))))
+    tl.store(rank + mine, tl.sum((ahead & every_live[None, :]).to(tl.int64), axis=1), mask=mine_live)
+
+
 @triton.jit(do_not_specialize=["rows", "size"])
-def select_kernel(parent, token, depth, key, run, sent, slot, count, msg_rows, out, rows, size,
+def select_kernel(parent, token, key, run, sent, slot, count, rank, msg_rows, out, rows, size,
                   BLOCK: tl.constexpr, S_BLOCK: tl.constexpr):
     ids = tl.arange(0, BLOCK).to(tl.int64)
     n = tl.load(count)
     live = ids < n
-    is_run = tl.load(run + ids, mask=live, other=0) != 0
-    row_key = tl.load(key + ids, mask=live, other=0.0)
-    row_depth = tl.load(depth + ids, mask=live, other=BIG)
-    rank = tl.where(live, tl.where(ids == 0, float("inf"), row_key), float("-inf"))
-    tie = tl.where(is_run, tl.load(slot + ids, mask=live, other=0), rows + 1 + ids)  # nodes first
-    taken = ids < 0
     s = tl.arange(0, S_BLOCK)
-    chosen = tl.zeros([S_BLOCK], dtype=tl.int64)
-    for i in range(size):  # the best row left: key, then depth, then nodes by slot, candidates by row
-        open_rank = tl.where(taken | ~live, float("-inf"), rank)
-        best = tl.max(open_rank, axis=0)
-        t1 = (open_rank == best) & live & ~taken
-        shallow = tl.min(tl.where(t1, row_depth, BIG), axis=0)
-        t2 = t1 & (row_depth == shallow)
-        first = tl.min(tl.where(t2, tie, BIG), axis=0)
-        # (no live row left, as in a graph capture's warm-up on a one-row tree: the trash row)
-        r = tl.minimum(tl.min(tl.where(t2 & (tie == first), ids, BIG), axis=0), rows)
-        taken = taken | (ids == r)
-        chosen = tl.where(s == i, r, chosen)
     real = s < size
+    # The rows ranked 0 .. size - 1, by rank (past the live rows, as in a graph capture's warm-up on a
+    # one-row tree: the trash row); msg_rows is the scratch here, and the message's rows at the end.
+    row_rank = tl.load(rank + ids, mask=live, other=BIG)
+    tl.store(msg_rows + s, rows + 0 * s, mask=real)
+    tl.debug_barrier()
+    tl.store(msg_rows + row_rank, ids, mask=live & (row_rank < size))
+    tl.debug_barrier()
+    chosen = tl.load(msg_rows + s, mask=real, other=0)
+    tl.debug_barrier()
     c_run = tl.load(run + chosen, mask=real, other=0) != 0
     c_slot = tl.load(slot + chosen, mask=real, other=0)
     c_key = tl.load(key + chosen, mask=real, other=0.0)
@@ -223,25 +257,31 @@ def reroot(tree, path, k1, next_token, moves) -> None:
                         tree.sent, tree.slot, tree.start, tree.end, tree.count, tree.used, tree.prefix,
                         tree.owed, tree.owed_token, tree.msg_rows, path, k1, next_token, moves, tree.q_source,
                         tree.scratch, tree.info, tree.rows, tree.slots, path.numel(),
-                        BLOCK=_block(tree.rows + 1), SLOT_BLOCK=_block(tree.slots + 1))
+                        BLOCK=_block(tree.rows + 1), SLOT_BLOCK=_block(tree.slots + 1),
+                        PATH_BLOCK=_block(path.numel()))
 
 
 @triton.jit(do_not_specialize=["rows", "slots", "size"])
 def reroot_kernel(parent, token, depth, cum, key, top, run, sent, slot, start, end, count, used, prefix, owed,
                   owed_token, msg_rows, path, reply_k1, reply_next, moves, q_source, scratch, info, rows,
-                  slots, size, BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr):
+                  slots, size, BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr, PATH_BLOCK: tl.constexpr):
     ids = tl.arange(0, BLOCK).to(tl.int64)
     n = tl.load(count)
     live = ids < n
     k1 = tl.load(reply_k1)
     next_token = tl.load(reply_next)
     P = tl.load(prefix)
-    committed = ids < 0
-    last = tl.load(msg_rows)
-    for i in range(size):  # the accepted path's rows; the last of them
-        c = tl.load(msg_rows + tl.load(path + i))
-        committed = committed | ((ids == c) & (i < k1))
-        last = tl.where(i == k1 - 1, c, last)
+    # The accepted path's rows, flagged in the scratch row; the last of them
+    steps = tl.arange(0, PATH_BLOCK)
+    on_path = (steps < k1) & (steps < size)
+    path_rows = tl.load(msg_rows + tl.load(path + steps, mask=on_path, other=0), mask=on_path, other=0)
+    last = tl.load(msg_rows + tl.load(path + tl.minimum(tl.maximum(k1, 1), size) - 1))
+    tl.store(scratch + ids, 0 * ids, mask=ids <= rows)
+    tl.debug_barrier()
+    tl.store(scratch + path_rows, 1 + 0 * path_rows, mask=on_path)
+    tl.debug_barrier()
+    committed = tl.load(scratch + ids, mask=ids <= rows, other=0) != 0
+    tl.debug_barrier()
     last_run = tl.load(run + last) != 0
     last_token = tl.load(token + last)
     f_parent = tl.load(parent + ids, mask=live, other=-1)

@@ -31,7 +31,9 @@ draft's rule for its steps during verification: "likely", `pyspec_ref.parallel_t
 and "best", the rule before it, at BEFORE_STEPS), draft_tree (where the serial schedule's and the
 parallel draft's tree lives: "device", `device_side`, at every d, and "host", `sides.DraftSide`,
 at BEFORE_STEPS), critical (the parallel draft's steps after each re-root, on the critical path:
-0 at every d, CRITICAL at BEFORE_STEPS), identical (greedy: equal to autoregressive),
+0 at every d, CRITICAL at BEFORE_STEPS), width (the nodes per draft step: SHAPE's w, and WIDE's for
+the wide variants, each of WIDE's steps after the re-root at each of its d, and the serial schedule
+at the same w and d), identical (greedy: equal to autoregressive),
 speedup_vs_serial_decoder, and timeline (the first prompt's median run, rounds
 1 to TIMELINE_ROUNDS: each side's spans, ms from the run's start).
 
@@ -64,6 +66,10 @@ SHAPE = (48, 4, 4, 8)
 STEPS = (2, 4)  # d = 6 trailed d = 4 in every run on two H200s (results/h200x2/README.md)
 BEFORE_STEPS = 4  # the d at which growth "best" (the rule before "likely") is measured too
 CRITICAL = (2, 4)  # draft steps after the re-root measured at BEFORE_STEPS besides none
+# (width, d, steps after the re-root): the parallel draft at a wider w, so that more of the tree is grown
+# while the target verifies (a pass of the one-layer draft costs about the same at 16 queries as at 4),
+# at every d and each number of steps after the re-root here; the serial schedule at the same w and d.
+WIDE = (16, (6, 8), (0, 1, 2))
 REPEATS = 3
 TIMELINE_ROUNDS = 4
 TARGET_SPEEDUP = 1.3  # parallel over the serial decoder, B = 1, greedy (SwiftSpec's Table 6: 275 / 200)
@@ -187,7 +193,7 @@ def _launched(job_options: dict, paths: dict, texts: list, modes, steps, repeats
 
 
 def _one_gpu_rows(pair: str, texts: list, max_new: int, steps, repeats: int, modes, add, device: str,
-                  backend: str, shape: tuple) -> dict:
+                  backend: str, shape: tuple, wide: tuple | None) -> dict:
     """Autoregressive, the serial decoder and the serial schedule on one device; returns, per mode,
     the autoregressive generations and the serial decoder's tokens/s."""
     from course.core import impl as course_impl
@@ -212,26 +218,29 @@ def _one_gpu_rows(pair: str, texts: list, max_new: int, steps, repeats: int, mod
         serial_decoder = _best_serial_decoder(loaded, texts, max_new, repeats, mode, plain, built, shape)
         add(serial_decoder)
         baselines[mode] = (plain, serial_decoder["tokens_per_s"])
-        for draft_tree, d in _draft_trees(steps):
+        for draft_tree, d, w in _serial_schedules(steps, width, wide):
             sides = parallel.build_sides(target, draft, max_prompt=max(len(p) for p in texts),
                                          max_new_tokens=max_new, steps=d, mode=mode, draft_tree=draft_tree,
-                                         **tree)
+                                         **tree | dict(width=w))
 
             def serial_run(prompt, sides=sides):
                 return parallel.run_sides(sides, prompt, schedule="serial")
 
             add(_row("serial", mode, _in_process(serial_run, texts, repeats), plain, steps=d, transport=None,
-                     gpus=1, draft_tree=draft_tree))
+                     gpus=1, draft_tree=draft_tree, width=w))
             del sides
     return baselines
 
 
-def _draft_trees(steps) -> list[tuple[str, int]]:
-    """(draft tree, d) of the serial schedule's rows: the default tree at every d, the other at
-    BEFORE_STEPS (the same tree, pass for pass: only the time differs)."""
+def _serial_schedules(steps, width: int, wide: tuple | None) -> list[tuple[str, int, int]]:
+    """(draft tree, d, w) of the serial schedule's rows: the default tree at every d, the other at
+    BEFORE_STEPS (the same tree, pass for pass: only the time differs), and the default tree at the
+    wide variants' w and d."""
     before = [d for d in steps if d == BEFORE_STEPS] or list(steps[:1])
-    others = [tree for tree in parallel.DRAFT_TREES if tree != parallel.DEFAULT_DRAFT_TREE]
-    return [(parallel.DEFAULT_DRAFT_TREE, d) for d in steps] + [(tree, d) for tree in others for d in before]
+    default = parallel.DEFAULT_DRAFT_TREE
+    others = [tree for tree in parallel.DRAFT_TREES if tree != default]
+    out = [(default, d, width) for d in steps] + [(tree, d, width) for tree in others for d in before]
+    return out + ([(default, d, wide[0]) for d in wide[1]] if wide else [])
 
 
 def _serial_trees(loaded, mode: str, shape: tuple) -> list[tuple[str, dict]]:
@@ -275,9 +284,11 @@ def _best_serial_decoder(loaded, texts: list, max_new: int, repeats: int, mode: 
 
 def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, steps=STEPS,
             repeats: int = REPEATS, modes=("greedy", "sample"), one_gpu: bool = False,
-            log=print, cpu: bool = False, backend: str = "kernels", shape: tuple = SHAPE) -> list[dict]:
+            log=print, cpu: bool = False, backend: str = "kernels", shape: tuple = SHAPE,
+            wide: tuple | None = WIDE) -> list[dict]:
     """Every row (see the module docstring). Needs a GPU, two for the NCCL rows; cpu=True runs the
-    same code on the CPU in float32 (its tests, with backend="reference": the times mean nothing)."""
+    same code on the CPU in float32 (its tests, with backend="reference": the times mean nothing).
+    wide: (w, the d's, the steps after the re-root) of the wide variants (WIDE), or None."""
     from course.core import impl as course_impl
 
     gpus = 0 if cpu else torch.cuda.device_count()
@@ -299,7 +310,7 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
                  "tokens_per_call", "verify_ms", "target_wait_ms_median", "identical")
         log(json.dumps({k: row[k] for k in shown if k in row}))
 
-    baselines = _one_gpu_rows(pair, texts, max_new, steps, repeats, modes, add, device, backend, shape)
+    baselines = _one_gpu_rows(pair, texts, max_new, steps, repeats, modes, add, device, backend, shape, wide)
     if gpus:
         torch.cuda.empty_cache()
     paths = {role: str(weights.weight_path(pair, role)) for role in ("target", "draft")}
@@ -309,11 +320,13 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
     # they change the messages' cost, nothing else.
     before = [d for d in steps if d == BEFORE_STEPS] or list(steps[:1])
     tree, growth = parallel.DEFAULT_DRAFT_TREE, parallel.DEFAULT_GROWTH
-    variants = [(tree, growth, 0, steps)]
-    variants += [(tree, other, 0, before) for other in GROWTHS if other != growth]
-    variants += [(other, growth, 0, before) for other in parallel.DRAFT_TREES if other != tree]
-    variants += [(tree, growth, c, before) for c in CRITICAL]
-    default = variants[0][:3] + (before,)
+    variants = [(tree, growth, 0, steps, width)]
+    variants += [(tree, other, 0, before, width) for other in GROWTHS if other != growth]
+    variants += [(other, growth, 0, before, width) for other in parallel.DRAFT_TREES if other != tree]
+    variants += [(tree, growth, c, before, width) for c in CRITICAL]
+    if wide:
+        variants += [(tree, growth, c, wide[1], wide[0]) for c in wide[2]]
+    default = (tree, growth, 0, before, width)
     launches = []
     if gpus >= 2:
         two = {"target": "cuda:0", "draft": "cuda:1"}
@@ -322,8 +335,8 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
     if one_gpu or gpus < 2:
         one = dict(devices={"target": device, "draft": device}, transport="shm")
         launches += [(one, min(gpus, 1), variant) for variant in variants]
-    for options, used, (draft_tree, rule, critical, some) in launches:
-        variant = {"growth": rule, "draft_tree": draft_tree, "critical": critical}
+    for options, used, (draft_tree, rule, critical, some, w) in launches:
+        variant = {"growth": rule, "draft_tree": draft_tree, "critical": critical, "width": w}
         measured = _launched(common | options | variant, paths, texts, modes, some, repeats)
         for (mode, d), generations in measured.items():
             add(_row("parallel", mode, generations, baselines[mode][0], steps=d,

@@ -154,7 +154,7 @@ def best_parallel(rows: list[dict], mode: str = "greedy") -> dict:
 
 def comparison(rows: list[dict], mode: str) -> list[tuple[str, dict]]:
     """(label, row) of each method for one mode: plain decoding, the serial decoder, the serial
-    schedule and every parallel setup at the best parallel row's d."""
+    schedule and every parallel setup at the best parallel row's d and w."""
     best = best_parallel(rows, mode)
     out = []
     out += [("autoregressive", r) for r in _pick(rows, "autoregressive", mode)]
@@ -162,16 +162,18 @@ def comparison(rows: list[dict], mode: str) -> list[tuple[str, dict]]:
         tree = f", {r['tree']} tree, N = {r['N']}" if r.get("tree") else ""
         out.append((f"serial decoder (capstone{tree})", r))
     out += [(f"serial, d = {r['steps']}{_variant(r)}", r)
-            for r in _pick(rows, "serial", mode, steps=best["steps"])]
-    for r in _pick(rows, "parallel", mode, steps=best["steps"]):
+            for r in _pick(rows, "serial", mode, steps=best["steps"], width=best["width"])]
+    for r in _pick(rows, "parallel", mode, steps=best["steps"], width=best["width"]):
         gpus = f"{r['gpus']} GPU" + "s" * (r["gpus"] > 1)
         out.append((f"parallel, d = {r['steps']}{_variant(r)}, {r['transport']}, {gpus}", r))
     return out
 
 
 def _variant(row: dict) -> str:
-    """The row's growth rule and where its draft tree lives, where the row says."""
-    growth = f", growth {row['growth']}" if row.get("growth") else ""
+    """The row's width, growth rule, steps after the re-root and where its draft tree lives, where
+    the row says."""
+    growth = (f", w = {row['width']}" if row.get("width") else "") + (
+        f", growth {row['growth']}" if row.get("growth") else "")
     critical = f", {row['critical']} steps after the re-root" if row.get("critical") else ""
     return growth + critical + (f", {row['draft_tree']} tree" if row.get("draft_tree") else "")
 
@@ -200,16 +202,17 @@ def speed_bars(rows: list[dict], mode: str = "greedy", ax=None, title: str | Non
 
 def measured_figure(document: dict):
     """parallel.png: the measured timelines of the best parallel run, of the same setup with the
-    other draft tree or growth rule (where measured) and of the serial schedule at its d (greedy), and the
-    tokens/s of every method, greedy and sampling, labelled with the device and date."""
+    other draft tree or growth rule (where measured) and of the serial schedule at its d and w
+    (greedy), and the tokens/s of every method, greedy and sampling, labelled with the device and
+    date."""
     import matplotlib.pyplot as plt
 
     rows = document["rows"]
     best = best_parallel(rows, "greedy")
     same_tree = {"draft_tree": best["draft_tree"]} if "draft_tree" in best else {}
-    serial = _pick(rows, "serial", "greedy", steps=best["steps"], **same_tree)
-    same_setup = _pick(rows, "parallel", "greedy", steps=best["steps"], transport=best["transport"],
-                       gpus=best["gpus"])
+    serial = _pick(rows, "serial", "greedy", steps=best["steps"], width=best["width"], **same_tree)
+    same_setup = _pick(rows, "parallel", "greedy", steps=best["steps"], width=best["width"],
+                       transport=best["transport"], gpus=best["gpus"])
     # before: the same setup with the other draft tree (else the other growth rule)
     other = ([r for r in same_setup if r.get("draft_tree") != best.get("draft_tree")]
              + [r for r in same_setup if r.get("growth") != best.get("growth")])
