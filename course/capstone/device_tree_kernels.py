@@ -21,8 +21,8 @@ one kernel:
 
 Inside a kernel, what is on the critical path is the chain of dependent steps, not the work: a
 load whose address comes from another load waits for it, a trip to memory each. So the loads that
-follow from a result (the popped rows' tokens and times, the accepted path's rows, the new nodes'
-intervals) are issued together as one vector load, never one per loop iteration.
+follow from a result (the popped rows' tokens and times, the accepted path's rows) are issued
+together as one vector load, not one per loop iteration.
 
 The counts (width, size, rows, slots) are run-time arguments, and only the power-of-two block
 sizes are compile-time constants: a draft side captures a pass for every width from 1 to
@@ -38,7 +38,7 @@ import triton.language as tl
 DEAD_START, DEAD_END = 2 ** 31 - 1, -1  # an interval that contains no query: a row no query sees
 _DEAD_START, _DEAD_END = tl.constexpr(DEAD_START), tl.constexpr(DEAD_END)
 BIG = tl.constexpr(2 ** 62)  # above every row, slot, depth and DFS time
-RANK_TILE = 16  # rows a program of the selection's ranking ranks
+RANK_TILE = 8  # rows a program of the selection's ranking ranks, against every row of the table
 
 
 def _block(n: int) -> int:
@@ -147,11 +147,14 @@ def children_kernel(parent, token, depth, cum, key, top, run, sent, slot, start,
     p_cum = tl.load(cum + rows, mask=real, other=0.0)
     # A row moves right by BRANCH for each group placed before it (its start), or inside its subtree
     # or before it (its end); a group goes right after its parent's subtree.
-    p_start = tl.load(start + rows, mask=real, other=BIG)
-    s_j, e_j = p_start[None, :], p_end[None, :]  # [row, group]
-    r_start, r_end = row_start[:, None], row_end[:, None]
-    before_start = tl.sum((e_j < r_start).to(tl.int64), axis=1)
-    inside_or_before = tl.sum(((e_j <= r_end) & ((s_j >= r_start) | (e_j < r_start))).to(tl.int64), axis=1)
+    before_start = tl.zeros([BLOCK], dtype=tl.int64)
+    inside_or_before = tl.zeros([BLOCK], dtype=tl.int64)
+    for j in range(width):  # a [row, node] table would be rows x width: too large for one program
+        r = tl.load(q_rows + j)
+        s_j = tl.load(start + r)
+        e_j = tl.load(end + r)
+        before_start += (e_j < row_start).to(tl.int64)
+        inside_or_before += ((e_j <= row_end) & ((s_j >= row_start) | (e_j < row_start))).to(tl.int64)
     # Groups ending at the same place: the deeper node's group first.
     ahead = ((p_end[None, :] < p_end[:, None]) | ((p_end[None, :] == p_end[:, None])
                                                   & (p_depth[None, :] > p_depth[:, None]))) & real[None, :]
