@@ -20,6 +20,7 @@ import torch
 from . import decoder
 from .backends import TreeIndex
 from .device_tree import DeviceTree, Queries
+from .side_steps import host_ints
 from .sides import _fits, set_up_draft
 from .tree import gumbel_top_k
 
@@ -177,7 +178,7 @@ class DeviceDraftSide:
         if not 0 <= next_token < self.model.config.vocab_size:
             raise ValueError(f"next_token = {next_token} is not a token id of the draft's vocabulary")
         pad = [0] * (self.cfg.tree_size - len(path))
-        self.reply.copy_(torch.tensor([len(path), next_token, *path, *pad], dtype=torch.int64))
+        self.reply.copy_(host_ints([len(path), next_token, *path, *pad]))
         rows, nodes, owed, found = self._reroot().tolist()
         self.n_rows, self.n_nodes, self.owed, self.root_run = rows, nodes, bool(owed), bool(found)
         self.prefix += len(path)

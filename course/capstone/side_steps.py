@@ -18,6 +18,7 @@ the cache's rows P .. P + T - 1). One copy in, one graph launch, one copy of the
 
 from __future__ import annotations
 
+import array
 from collections.abc import Callable, Sequence
 
 import torch
@@ -25,6 +26,14 @@ import torch
 from .backends import TreeIndex
 
 HEAD = 2  # the packed vector starts with the prefix P and the tree's length T
+_TYPECODES = {torch.int64: "q", torch.int32: "i"}
+
+
+def host_ints(values: Sequence[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A CPU tensor of Python ints, built through an `array` (C ints already, which torch wraps
+    without a copy): torch.tensor reads a list one Python object at a time, three times slower for
+    the few hundred ints of a pass, and the target's pass waits for them every round."""
+    return torch.frombuffer(array.array(_TYPECODES[dtype], values), dtype=dtype)
 
 
 class TreeStep:
@@ -76,7 +85,7 @@ class TreeStep:
             raise ValueError(f"a pass of {len(nodes)} queries over {len(start)} tree rows with {len(extra)} "
                              f"extra values does not fit this step ({self.width} queries, at most "
                              f"{self.tree_rows} rows, {self.extra} extra values)")
-        self.packed.copy_(torch.tensor(values, dtype=torch.int64))
+        self.packed.copy_(host_ints(values))
 
     def _body(self):
         """The pass itself: unpack on the device, the model step, the finish (no host waits)."""
@@ -134,5 +143,5 @@ class MoveBuffers:
             raise ValueError(f"{len(moves)} moves; these buffers hold at most {self.most}")
         pad = [0] * (self.most - len(moves))
         values = [len(moves), *(s for s, _ in moves), *pad, *(d for _, d in moves), *pad]
-        self.values.copy_(torch.tensor(values, dtype=torch.int32))
+        self.values.copy_(host_ints(values, torch.int32))
         self.launch()
