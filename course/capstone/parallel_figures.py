@@ -174,7 +174,8 @@ def _variant(row: dict) -> str:
     the row says."""
     growth = (f", w = {row['width']}" if row.get("width") else "") + (
         f", growth {row['growth']}" if row.get("growth") else "")
-    critical = f", {row['critical']} steps after the re-root" if row.get("critical") else ""
+    steps = row.get("critical") or 0
+    critical = f", {steps} step{'s' * (steps != 1)} after the re-root" if steps else ""
     return growth + critical + (f", {row['draft_tree']} tree" if row.get("draft_tree") else "")
 
 
