@@ -423,6 +423,11 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
     figure = parallel_figures.measured_figure(document)
     assert len(figure.axes) == 5  # three timelines (parallel, both growths; serial), greedy and sampling bars
     plt.close(figure)
+    figure = parallel_figures.critical_sweep_figure(rows, 3, base=decoders[0]["tokens_per_s"])
+    assert [len(ax.lines) for ax in figure.axes] == [1, 1, 2]  # a line per steps after the re-root; the base
+    plt.close(figure)
+    with pytest.raises(ValueError, match="width 5"):
+        parallel_figures.critical_sweep_figure(rows, 5)
     # the committed file with the most GPUs is the one notebook 20 shows; none: "not measured yet"
     with pytest.raises(results.NotMeasuredYet, match="not measured yet"):
         parallel_bench.load_committed(tmp_path)

@@ -274,7 +274,7 @@ def reroot_kernel(parent, token, depth, cum, key, top, run, sent, slot, start, e
     k1 = tl.load(reply_k1)
     next_token = tl.load(reply_next)
     P = tl.load(prefix)
-    # The accepted path's rows, flagged in the scratch row; the last of them
+    # The accepted path's rows, flagged in the scratch vector; the last of them
     steps = tl.arange(0, PATH_BLOCK)
     on_path = (steps < k1) & (steps < size)
     path_rows = tl.load(msg_rows + tl.load(path + steps, mask=on_path, other=0), mask=on_path, other=0)

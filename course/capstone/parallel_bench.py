@@ -69,9 +69,10 @@ CRITICAL = (2, 4)  # draft steps after the re-root measured at BEFORE_STEPS besi
 # (width, d, steps after the re-root): the parallel draft at a wider w, so that more of the tree is grown
 # while the target verifies (a pass of the one-layer draft costs about the same at 16 queries as at 4),
 # at every d and each number of steps after the re-root here; the serial schedule at the same w and d.
-# SwiftSpec (§3.1) sets d to r or r + 1, r = the target's pass over a draft pass (about 8 here): d = 6
-# leaves the draft idle, d = 10 makes the target wait for the draft's last passes. At w = 16 and d = 10
-# the draft's cache rows (max_nodes + tree_size) are near the medium pair's 512 positions.
+# SwiftSpec (§3.1) sets d to r or r + 1, r = the target's pass over a draft pass (5 on two H200s with
+# the host's work around each pass, results/h200x2/README.md run h): past it the target waits for the
+# draft's last passes. At w = 16 and d = 10 the draft's cache rows (max_nodes + tree_size) are near the
+# medium pair's 512 positions.
 WIDE = (16, (6, 8, 10), (0, 1, 2))
 REPEATS = 3
 TIMELINE_ROUNDS = 4

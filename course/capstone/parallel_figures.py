@@ -1,7 +1,8 @@
 """Notebook 20's figures: the protocol as a sequence diagram (from `pyspec_ref.parallel_tree`'s
 message log), the timeline of both workers (simulated or measured), tokens per target call against
-the draft's steps per round, and serial against parallel as measured (parallel.json;
-`course.capstone.parallel_bench` writes parallel.png beside it with `measured_figure`)."""
+the draft's steps per round, serial against parallel as measured (parallel.json;
+`course.capstone.parallel_bench` writes parallel.png beside it with `measured_figure`), and the
+measured sweep of d and of the steps after the re-root at one width (`critical_sweep_figure`)."""
 
 from __future__ import annotations
 
@@ -131,6 +132,38 @@ def compression_figure(points: list[dict], title: str | None = None):
         ax.legend(frameon=False, fontsize=9)
     if title:
         fig.suptitle(title, fontsize=10, color=INK)
+    return fig
+
+
+
+def critical_sweep_figure(rows: list[dict], width: int, base: float | None = None, title: str | None = None):
+    """Three panels against d for the measured parallel rows of one draft width (greedy), one line per
+    number of steps after the re-root: tokens per target call, the target's median wait, tokens/s
+    (with the serial decoder's, `base`, as a dashed line). rows: parallel.json's rows."""
+    import matplotlib.pyplot as plt
+
+    mine = _pick(rows, "parallel", "greedy", width=width)
+    if not mine:
+        raise ValueError(f"no greedy parallel rows at width {width}")
+    most = max(r["gpus"] for r in mine)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.3), layout="constrained")
+    colors = (GREEN, ORANGE, VERMILLION, BLUE, SKY)
+    for i, critical in enumerate(sorted({r.get("critical") or 0 for r in mine})):
+        line = sorted((r for r in mine if (r.get("critical") or 0) == critical and r["gpus"] == most
+                       and r["transport"] == "shm"), key=lambda r: r["steps"])
+        label = f"{critical} step{'s' * (critical != 1)} after the re-root"
+        for ax, key in zip(axes, ("tokens_per_call", "target_wait_ms_median", "tokens_per_s"), strict=True):
+            ax.plot([r["steps"] for r in line], [r[key] for r in line], "o-", color=colors[i % len(colors)],
+                    label=label)
+    if base:
+        axes[2].axhline(base, color=GREY, linestyle="--", linewidth=1, label="serial decoder")
+    for ax, name in zip(axes, ("tokens per target call", "the target's median wait (ms)", "tokens / s"),
+                        strict=True):
+        style_ax(ax, name, grid_axis="y")
+        ax.set_xlabel("d: draft steps during verification")
+        ax.set_xticks(sorted({r["steps"] for r in mine}))
+    axes[2].legend(frameon=False, fontsize=8.5)
+    fig.suptitle(title or f"parallel, w = {width}, greedy", fontsize=10, color=INK)
     return fig
 
 
