@@ -337,7 +337,8 @@ def test_a_dead_or_frozen_process_stops_its_peer_within_seconds(victim, how, tra
             expected = ("no sign of life",)
         if victim == "target" and how == "freeze":  # the store's host: its store stops answering
             expected = ("lost contact",)
-        assert f"{peer} process: " in said and f"the {victim}" in said and any(e in said for e in expected)
+        names_both = f"{peer} process: " in said and f"the {victim}" in said
+        assert names_both and any(e in said for e in expected), said
     finally:
         launch.processes[victim].kill()
         launch.processes[victim].wait()

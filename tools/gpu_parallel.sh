@@ -80,8 +80,9 @@ if [ "$tests" = 1 ] && [ "$smoke" = 1 ]; then
   stage gpu_tests 120 python3 -m pytest -p no:cacheprovider -q -x tests/test_capstone_parallel.py \
     -k "nccl or two_processes or dead_or_frozen or kernels or built_sides"
 elif [ "$tests" = 1 ]; then
-  # the GPU tests of the workers (the specification's tests run on the CPU, in CI)
-  stage gpu_tests 240 python3 -m pytest -p no:cacheprovider -q tests/test_capstone_parallel.py \
+  # the GPU tests of the workers (the specification's tests run on the CPU, in CI); -x: a failure's
+  # traceback is printed at once, not in a summary that a stage cut short by its limit never reaches
+  stage gpu_tests 240 python3 -m pytest -p no:cacheprovider -q -x tests/test_capstone_parallel.py \
     tests/test_capstone_device_tree.py
 fi
 if [ "$tests" = 1 ] && [ "$gpus" -ge 2 ]; then
