@@ -98,6 +98,9 @@ def test_the_kernels_equal_the_pytorch_form(pair, mode, size, width, steps, bran
         sent = torch_form.subtree()
         assert kernel_form.subtree()[:2] == sent[:2]
         live = int(torch_form.tree.count)
+        ranks = torch_form.tree.ranks()  # the selection's ranks, counted by the kernel into scratch
+        assert torch.equal(kernel_form.tree.scratch[:live], ranks)
+        assert sorted(ranks.tolist()) == list(range(live))  # a total order: every rank once
         for name in TABLES:
             rows = [getattr(side.tree, name)[:live] for side in (kernel_form, torch_form)]
             assert torch.equal(*rows), name

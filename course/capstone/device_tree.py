@@ -214,6 +214,23 @@ class DeviceTree:
 
     # ------------------------------------------------------------------ the subtree sent
 
+    def selection_order(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The live rows' place in the selection's order, as three terms compared in turn: the key
+        (the root's +inf, larger first), the depth (shallower first), then nodes by slot before
+        candidates by row (smaller first; unique, so the order is total)."""
+        live = self.live()
+        key = torch.where(self.ids == 0, torch.inf, self.key)[live]
+        tie = torch.where(self.run, self.slot, self.rows + 1 + self.ids)[live]
+        return key, self.depth[live], tie
+
+    def ranks(self) -> torch.Tensor:
+        """Each live row's rank in the selection's order: how many live rows are ahead of it (what
+        `device_tree_kernels.rank_kernel` counts; the rows ranked below size are the subtree sent)."""
+        key, depth, tie = self.selection_order()
+        k_i, d_i, t_i = key[:, None], depth[:, None], tie[:, None]
+        ahead = (key > k_i) | ((key == k_i) & ((depth < d_i) | ((depth == d_i) & (tie < t_i))))
+        return ahead.sum(dim=1)
+
     def select(self, size: int) -> torch.Tensor:
         """The `size` best rows (a subtree holding the root), in message order; marks the candidates
         among them as sent. Returns [parents over the subtree's indices, tokens] (2 * size,)."""

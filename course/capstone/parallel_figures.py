@@ -11,13 +11,18 @@ from course.measure.plots import (
     GREEN,
     GREY,
     HIDDEN,
+    HIGHLIGHT,
     INK,
     ORANGE,
     SKY,
     VERMILLION,
+    VISIBLE,
+    cell_grid,
+    index_ticks,
     legend_below,
     new_ax,
     style_ax,
+    to_numpy,
 )
 
 # One colour per kind of work, in every figure: what a side is doing at that moment.
@@ -165,6 +170,34 @@ def critical_sweep_figure(rows: list[dict], width: int, base: float | None = Non
     axes[2].legend(frameon=False, fontsize=8.5)
     fig.suptitle(title or f"parallel, w = {width}, greedy", fontsize=10, color=INK)
     return fig
+
+
+
+def rank_figure(key, depth, tie, size: int, ax=None, title: str | None = None):
+    """The selection as a rank count: cell [i, j] is dark when row j is ahead of row i in the order
+    (key, then depth, then tie; `DeviceTree.selection_order`), so that row i's rank is the dark cells
+    of its line, counted for every row at once; the rows ranked below `size` (labelled in orange) are
+    the subtree sent."""
+    from matplotlib.colors import ListedColormap
+
+    key, depth, tie = (to_numpy(x) for x in (key, depth, tie))
+    k_i, d_i, t_i = key[:, None], depth[:, None], tie[:, None]
+    ahead = (key > k_i) | ((key == k_i) & ((depth < d_i) | ((depth == d_i) & (tie < t_i))))
+    ranks = ahead.sum(axis=1)
+    n = len(key)
+    ax = new_ax(ax, (0.32 * n + 2.6, 0.3 * n + 1.4))
+    ax.imshow(ahead, cmap=ListedColormap([HIDDEN, VISIBLE]), vmin=0, vmax=1, aspect="equal")
+    cell_grid(ax, n, n)
+    index_ticks(ax, n, n)
+    for i, rank in enumerate(ranks):
+        chosen = rank < size
+        ax.text(n - 0.2, i, f"rank {rank}", va="center", fontsize=8,
+                color=HIGHLIGHT if chosen else INK, fontweight="bold" if chosen else "normal")
+    ax.set_xlabel("row j of the table")
+    ax.set_ylabel("row i")
+    ax.set_xlim(-0.5, n + 2.2)
+    style_ax(ax, title or f"row j ahead of row i: rank = the dark cells of a line; the best {size} sent")
+    return ax
 
 
 # --------------------------------------------------------------------------- measured
