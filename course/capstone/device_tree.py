@@ -223,13 +223,16 @@ class DeviceTree:
         tie = torch.where(self.run, self.slot, self.rows + 1 + self.ids)[live]
         return key, self.depth[live], tie
 
+    def ahead(self) -> torch.Tensor:
+        """(live, live) bool: [i, j] is True when live row j is ahead of live row i in the order."""
+        key, depth, tie = self.selection_order()
+        k_i, d_i, t_i = key[:, None], depth[:, None], tie[:, None]
+        return (key > k_i) | ((key == k_i) & ((depth < d_i) | ((depth == d_i) & (tie < t_i))))
+
     def ranks(self) -> torch.Tensor:
         """Each live row's rank in the selection's order: how many live rows are ahead of it (what
         `device_tree_kernels.rank_kernel` counts; the rows ranked below size are the subtree sent)."""
-        key, depth, tie = self.selection_order()
-        k_i, d_i, t_i = key[:, None], depth[:, None], tie[:, None]
-        ahead = (key > k_i) | ((key == k_i) & ((depth < d_i) | ((depth == d_i) & (tie < t_i))))
-        return ahead.sum(dim=1)
+        return self.ahead().sum(dim=1)
 
     def select(self, size: int) -> torch.Tensor:
         """The `size` best rows (a subtree holding the root), in message order; marks the candidates

@@ -173,18 +173,17 @@ def critical_sweep_figure(rows: list[dict], width: int, base: float | None = Non
 
 
 
-def rank_figure(key, depth, tie, size: int, ax=None, title: str | None = None):
+def rank_figure(ahead, size: int, ax=None, title: str | None = None):
     """The selection as a rank count: cell [i, j] is dark when row j is ahead of row i in the order
-    (key, then depth, then tie; `DeviceTree.selection_order`), so that row i's rank is the dark cells
-    of its line, counted for every row at once; the rows ranked below `size` (labelled in orange) are
-    the subtree sent."""
+    (`DeviceTree.ahead`), so that row i's rank is the dark cells of its line, counted for every row
+    at once; the rows ranked below `size` (their ranks in orange) are the subtree sent."""
     from matplotlib.colors import ListedColormap
 
-    key, depth, tie = (to_numpy(x) for x in (key, depth, tie))
-    k_i, d_i, t_i = key[:, None], depth[:, None], tie[:, None]
-    ahead = (key > k_i) | ((key == k_i) & ((depth < d_i) | ((depth == d_i) & (tie < t_i))))
+    ahead = to_numpy(ahead).astype(bool)
+    if ahead.ndim != 2 or ahead.shape[0] != ahead.shape[1]:
+        raise ValueError(f"ahead must be a square (rows, rows) matrix, got shape {ahead.shape}")
     ranks = ahead.sum(axis=1)
-    n = len(key)
+    n = len(ranks)
     ax = new_ax(ax, (0.32 * n + 2.6, 0.3 * n + 1.4))
     ax.imshow(ahead, cmap=ListedColormap([HIDDEN, VISIBLE]), vmin=0, vmax=1, aspect="equal")
     cell_grid(ax, n, n)
