@@ -253,7 +253,7 @@ def main(argv=None) -> int:
                                "--parallel, the steps taken while the target verifies (d, default 2)")
     generate.add_argument("--critical", type=int, default=0,
                           help="with --parallel: the draft's steps after each re-root, on the critical path "
-                               "(notebook 20 §8 measures 0, 2 and 4; default 0)")
+                               "(notebook 20 §8 measures 0 to 4; default 0)")
     generate.add_argument("--chain", type=int, default=5, help="tokens the chain drafts per round (k)")
     generate.add_argument("--mode", choices=("greedy", "sample"), default="greedy")
     generate.add_argument("--temperature", type=float, default=1.0,
