@@ -124,6 +124,12 @@ def _row(name: str, mode: str, generations: list, plain: list | None, **extra) -
     return row
 
 
+def draft_pass_ms(row: dict) -> float:
+    """A draft pass of a serial-schedule or parallel row, ms, with the host's work around it: the
+    draft's busy time per round over its passes per round."""
+    return row["draft_ms_per_round"] * row["target_calls"] / row["draft_calls"]
+
+
 def _median_wait(generations: list) -> float:
     """The target's wait between two verifications, ms (the median over every round of every
     generation): from the end of its verification of round r to the start of round r + 1's, i.e.

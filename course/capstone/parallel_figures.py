@@ -140,11 +140,16 @@ def compression_figure(points: list[dict], title: str | None = None):
     return fig
 
 
+def after_reroot(steps: int) -> str:
+    """The draft's steps after each re-root (`critical`), in words."""
+    return f"{steps} step{'s' * (steps != 1)} after the re-root"
+
 
 def critical_sweep_figure(rows: list[dict], width: int, base: float | None = None, title: str | None = None):
-    """Three panels against d for the measured parallel rows of one draft width (greedy), one line per
-    number of steps after the re-root: tokens per target call, the target's median wait, tokens/s
-    (with the serial decoder's, `base`, as a dashed line). rows: parallel.json's rows."""
+    """Three panels against d for the measured parallel rows of one draft width (greedy, through
+    shared memory, on the most GPUs measured), one line per number of steps after the re-root: tokens
+    per target call, the target's median wait, tokens/s (with the serial decoder's, `base`, as a
+    dashed line). rows: parallel.json's rows."""
     import matplotlib.pyplot as plt
 
     mine = _pick(rows, "parallel", "greedy", width=width)
@@ -156,10 +161,9 @@ def critical_sweep_figure(rows: list[dict], width: int, base: float | None = Non
     for i, critical in enumerate(sorted({r.get("critical") or 0 for r in mine})):
         line = sorted((r for r in mine if (r.get("critical") or 0) == critical and r["gpus"] == most
                        and r["transport"] == "shm"), key=lambda r: r["steps"])
-        label = f"{critical} step{'s' * (critical != 1)} after the re-root"
         for ax, key in zip(axes, ("tokens_per_call", "target_wait_ms_median", "tokens_per_s"), strict=True):
             ax.plot([r["steps"] for r in line], [r[key] for r in line], "o-", color=colors[i % len(colors)],
-                    label=label)
+                    label=after_reroot(critical))
     if base:
         axes[2].axhline(base, color=GREY, linestyle="--", linewidth=1, label="serial decoder")
     for ax, name in zip(axes, ("tokens per target call", "the target's median wait (ms)", "tokens / s"),
@@ -170,7 +174,6 @@ def critical_sweep_figure(rows: list[dict], width: int, base: float | None = Non
     axes[2].legend(frameon=False, fontsize=8.5)
     fig.suptitle(title or f"parallel, w = {width}, greedy", fontsize=10, color=INK)
     return fig
-
 
 
 def rank_figure(ahead, size: int, ax=None, title: str | None = None):
@@ -239,8 +242,7 @@ def _variant(row: dict) -> str:
     the row says."""
     growth = (f", w = {row['width']}" if row.get("width") else "") + (
         f", growth {row['growth']}" if row.get("growth") else "")
-    steps = row.get("critical") or 0
-    critical = f", {steps} step{'s' * (steps != 1)} after the re-root" if steps else ""
+    critical = f", {after_reroot(row['critical'])}" if row.get("critical") else ""
     return growth + critical + (f", {row['draft_tree']} tree" if row.get("draft_tree") else "")
 
 
