@@ -10,7 +10,8 @@ growth taken while the target verifies is queued on the GPU at once and costs th
 The host waits twice a round: for the subtree it sends (`subtree`, one copy of 2 * tree_size ints)
 and after a re-root (four ints: the survivors' counts). Sampling draws its Gumbel uniforms on the
 host from the side's generator, in the same order as `DraftSide`, so both sides send the same
-subtrees for the same seed (the tests hold them equal).
+subtrees for the same seed (the tests hold them equal); they go to the GPU through pinned memory
+(`side_steps.PinnedRing`), so that a sampling pass is queued without a wait, as a greedy one is.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from . import decoder
 from .backends import TreeIndex
 from .device_tree import DeviceTree, Queries
-from .side_steps import host_ints
+from .side_steps import PinnedRing, host_ints
 from .sides import _fits, set_up_draft
 from .tree import gumbel_top_k
 
@@ -67,6 +68,9 @@ class DeviceDraftSide:
         self.tree = DeviceTree(1 + slots * cfg.branch, slots, cfg.branch, cfg.mode, vocab, device,
                                kernels=backend == "kernels")
         self.uniforms = torch.zeros((cfg.tree_size + 1, vocab), dtype=torch.float64, device=device)
+        # Through pinned memory, so that sampling queues its passes as greedy does: a slot per pass
+        # of a round (the root, a top-up, the steps) and a few to spare.
+        self.staged_uniforms = PinnedRing(self.uniforms, steps + 8)
         int32 = dict(dtype=torch.int32, device=device)
         self.moves = torch.zeros((3, slots), **int32)  # src, dst, and the count in [2, 0]
         self.compactor = self.ops.compactor(self.cache, self.moves[0:1], self.moves[1:2], self.moves[2, 0:1])
@@ -130,15 +134,17 @@ class DeviceDraftSide:
                              f"{self.n_nodes} of {self.tree.slots} node slots, {self.n_rows} of "
                              f"{self.tree.rows} rows)")
         if self.cfg.mode == "sample":
-            n = width + owed
-            self.uniforms[:n].copy_(torch.rand((n, self.uniforms.shape[1]), generator=self.gen,
-                                               dtype=torch.float64))
+            self.staged_uniforms.send(width + owed, self._draw)
         self.tree.likely.fill_(1.0 if likely else 0.0)
         step = self.passes.get((width, owed)) or _Pass(self, width, owed)
         step()
         self.calls += 1
         self.n_nodes += width
         self.n_rows += width * self.cfg.branch
+
+    def _draw(self, buffer: torch.Tensor) -> None:
+        """A pass's Gumbel uniforms from the side's generator, in `DraftSide`'s order."""
+        torch.rand(buffer.shape, generator=self.gen, dtype=torch.float64, out=buffer)
 
     def grow(self, steps: int = 0, ahead: bool = False) -> int:
         """`DraftSide.grow`: run the root if it is new, top up until tree_size items can be sent, then

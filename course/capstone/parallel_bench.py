@@ -22,7 +22,8 @@ For every method and d: the median run (by time) of REPEATS after a warm-up, per
 the prompts' median runs. Row fields: the results schema's name, median_ms (mean per generation),
 max_abs_err (greedy: the fraction of tokens that differ from autoregressive; sampling: 0.0), B, H,
 N (tree size), d (head dim); and mode, steps (SwiftSpec's d), transport, gpus, tokens_per_s,
-tokens_per_call, target_calls (per generation), verify_ms (the target's pass and verification),
+tokens_per_call, target_calls (per generation), verify_ms (the target's pass and verification,
+with the host's work around them), verify_gpu_ms (the pass alone on the GPU, CUDA events; the median),
 draft_ms_per_round (the draft's busy time per round), target_idle_ms_per_round (the target
 not verifying: the part of drafting and messaging left on the critical path), target_wait_ms_median
 (the target's wait between two verifications, the median over rounds), message_ms_median (a
@@ -74,6 +75,11 @@ CRITICAL = (2, 4)  # draft steps after the re-root measured at BEFORE_STEPS besi
 # draft's last passes. At w = 16 and d = 10 the draft's cache rows (max_nodes + tree_size) are near the
 # medium pair's 512 positions.
 WIDE = (16, (6, 8, 10), (0, 1, 2))
+# Sampling sends each draft pass's Gumbel uniforms to the GPU through pinned memory
+# (`side_steps.PinnedRing`), where a pageable copy used to stop the host until the GPU had run every
+# pass queued before it. Predicted before the run: the sampling rows' wait falls from about 1.0 ms
+# toward the greedy rows' 0.5, and the best sampling row rises from 0.47x the serial decoder to
+# about 0.6x; the greedy rows do not change.
 REPEATS = 3
 TIMELINE_ROUNDS = 4
 TARGET_SPEEDUP = 1.3  # parallel over the serial decoder, B = 1, greedy (SwiftSpec's Table 6: 275 / 200)
@@ -114,6 +120,7 @@ def _row(name: str, mode: str, generations: list, plain: list | None, **extra) -
         rounds = sum(len(g.accepted) for g in generations)
         row.update(
             verify_ms=statistics.fmean(g.mean_ms("target", "verify") for g in generations),
+            verify_gpu_ms=_median_pass(generations),
             draft_ms_per_round=sum(_busy(g, "draft") for g in generations) / rounds,
             target_idle_ms_per_round=sum(1e3 * g.seconds - _busy(g, "target", "verify") for g in generations)
             / rounds,
@@ -128,6 +135,14 @@ def draft_pass_ms(row: dict) -> float:
     """A draft pass of a serial-schedule or parallel row, ms, with the host's work around it: the
     draft's busy time per round over its passes per round."""
     return row["draft_ms_per_round"] * row["target_calls"] / row["draft_calls"]
+
+
+def _median_pass(generations: list) -> float | None:
+    """The target's pass on its GPU, ms (the median over every round; CUDA events around the graph):
+    verify_ms less this is the host's work in a verification. None off a GPU."""
+    passes = [e["gpu_ms"] for g in generations for e in g.events
+              if e["side"] == "target" and e["what"] == "verify" and e.get("gpu_ms") is not None]
+    return statistics.median(passes) if passes else None
 
 
 def _median_wait(generations: list) -> float:

@@ -22,19 +22,20 @@ RECV = "recv"  # what a worker yields to wait for its next message
 
 
 class Timeline:
-    """Stamps of each side's work: (side, what, round, start, end) with time.perf_counter."""
+    """Stamps of each side's work: (side, what, round, start, end) with time.perf_counter; a span's
+    body may add what it measured inside (the target's pass on the GPU: "gpu_ms")."""
 
     def __init__(self):
         self.events: list[dict] = []
 
     @contextlib.contextmanager
     def span(self, side: str, what: str, round_: int):
-        start = time.perf_counter()
+        event = {"side": side, "what": what, "round": round_, "start": time.perf_counter()}
         try:
-            yield
+            yield event
         finally:
-            self.events.append({"side": side, "what": what, "round": round_, "start": start,
-                                "end": time.perf_counter()})
+            event["end"] = time.perf_counter()
+            self.events.append(event)
 
 
 def draft_rounds(side: DraftSide, steps: int, schedule: str, clock: Timeline, critical: int = 0) -> Generator:
@@ -73,8 +74,9 @@ def target_rounds(side: TargetSide, max_new_tokens: int, eos: int | None, clock:
     accepted: list[int] = []
     while True:
         sub = yield RECV
-        with clock.span("target", "verify", sub.round):
+        with clock.span("target", "verify", sub.round) as event:
             path, nxt = side.verify(sub.parents, sub.tokens, sub.q)
+            event["gpu_ms"] = side.pass_ms
         accepted.append(len(path) - 1)
         _, done = finish(new, [sub.tokens[j] for j in path[1:]] + [nxt], max_new_tokens, eos)
         yield wire.Reply(wire.STOP if done else wire.ACCEPTED, sub.round, path, nxt)
