@@ -411,6 +411,8 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
                     for m in ("greedy", "sample")}  # the wide variant and its serial schedule
     assert all(0 <= r["target_wait_ms_median"] < r["median_ms"] for r in measured)
     assert all(0 < r["message_ms_median"] < r["median_ms"] for r in measured)
+    for r in measured:  # the target's pass timed on its GPU (CUDA events), within its verification
+        assert (0 < r["verify_gpu_ms"] < r["verify_ms"]) if runtime.on_gpu() else r["verify_gpu_ms"] is None
     decoders = [r for r in rows if r["name"] == "serial decoder"]
     assert len(decoders) == 2 and all(r["tree"] in ("fixed", "sequoia") for r in decoders)  # its best tree
     greedy = [r for r in rows if r["mode"] == "greedy" and r["name"] != "autoregressive"]
@@ -438,6 +440,21 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
     assert parallel_bench.load_committed(tmp_path)["gpus"] == 2
     speedup, met = parallel_bench.target_met(document)
     assert speedup == best["speedup_vs_serial_decoder"] and not met  # measured on no GPU at all
+
+
+def test_the_queued_rounds_figure_draws_a_line_per_way_of_driving_them():
+    import matplotlib.pyplot as plt
+
+    from course.capstone import parallel_figures
+
+    rows = [dict(mode=mode, critical_ms=c, wait_ms=c + extra, target_ms=0.5)
+            for mode, extra in (("queued", 0.02), ("synced", 0.08)) for c in (0.0, 0.1)]
+    ax = parallel_figures.queued_figure({"rows": rows})
+    waits = {line.get_label(): [float(y) for y in line.get_ydata()] for line in ax.lines}
+    assert waits == {"the draft's GPU work alone": [0.0, 0.1],
+                     "queued: the hosts only launch": pytest.approx([0.02, 0.12]),
+                     "each host awaits each message": pytest.approx([0.08, 0.18])}
+    plt.close(ax.figure)
 
 
 def test_the_sequence_diagram_draws_every_message_of_its_rounds():

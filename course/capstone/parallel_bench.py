@@ -79,7 +79,11 @@ WIDE = (16, (6, 8, 10), (0, 1, 2))
 # (`side_steps.PinnedRing`), where a pageable copy used to stop the host until the GPU had run every
 # pass queued before it. Predicted before the run: the sampling rows' wait falls from about 1.0 ms
 # toward the greedy rows' 0.5, and the best sampling row rises from 0.47x the serial decoder to
-# about 0.6x; the greedy rows do not change.
+# about 0.6x; the greedy rows do not change. Measured (run j): at w = 16, d = 6 and 1 step after the
+# re-root the sampling wait fell from 0.93 to 0.77 ms but the row rose only from 3,127 to 3,168
+# tokens/s (0.47x), so the prediction was wrong: most of sampling's extra time is elsewhere (its
+# verification spends 0.26 ms on the target's host, against 0.10 greedy: verify_ms - verify_gpu_ms).
+# The greedy rows moved within the runs' spread.
 REPEATS = 3
 TIMELINE_ROUNDS = 4
 TARGET_SPEEDUP = 1.3  # parallel over the serial decoder, B = 1, greedy (SwiftSpec's Table 6: 275 / 200)

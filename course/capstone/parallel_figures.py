@@ -176,6 +176,30 @@ def critical_sweep_figure(rows: list[dict], width: int, base: float | None = Non
     return fig
 
 
+def queued_figure(document: dict, ax=None, title: str | None = None):
+    """The target's wait between two verifications against the draft's GPU work between the verdict
+    and the next subtree, for rounds whose messages are device tensors through NCCL: every round
+    queued at once (the hosts only launch) and each message awaited by its host, with the GPU work
+    alone as a dotted line. document: tools/queued_rounds.py's queued_rounds.json."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.6, 3.4), layout="constrained")
+    rows = document["rows"]
+    most = max(r["critical_ms"] for r in rows)
+    ax.plot([0, most], [0, most], ":", color=GREY, linewidth=1.2, label="the draft's GPU work alone")
+    for mode, color, label in (("queued", GREEN, "queued: the hosts only launch"),
+                               ("synced", ORANGE, "each host awaits each message")):
+        line = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["critical_ms"])
+        ax.plot([r["critical_ms"] for r in line], [r["wait_ms"] for r in line], "o-", color=color,
+                label=label)
+    style_ax(ax, title or f"rounds through NCCL, the target's pass {rows[0]['target_ms']} ms", grid_axis="y")
+    ax.set_ylabel("the target's wait (ms)")
+    ax.set_xlabel("the draft's GPU work between the verdict and the next subtree (ms)")
+    ax.legend(frameon=False, fontsize=8.5)
+    return ax
+
+
 def rank_figure(ahead, size: int, ax=None, title: str | None = None):
     """The selection as a rank count: cell [i, j] is dark when row j is ahead of row i in the order
     (`DeviceTree.ahead`), so that row i's rank is the dark cells of its line, counted for every row

@@ -106,7 +106,8 @@ class NotMeasuredYet(LookupError):
 
 # A topic's suite is named after its room (`python -m course bench <room>` writes <room>.json); the
 # suites measured otherwise, by the command that writes each.
-MEASURED_BY = {"step_profile": "python -m course bench capstone step_profile"}
+MEASURED_BY = {"step_profile": "python -m course bench capstone step_profile",
+               "queued_rounds": "python3 tools/queued_rounds.py --out results/<device>x2"}
 
 
 def load_measured(suite: str) -> dict:
