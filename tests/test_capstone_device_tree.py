@@ -11,7 +11,7 @@ import torch
 
 import course  # noqa: F401  (first: chooses the simulator / interpreter)
 from course.capstone import decoder, parallel, weights
-from course.capstone.device_side import DeviceDraftSide, _Pass
+from course.capstone.device_side import DeviceDraftSide, UniformPool, _Pass
 from course.capstone.host_tree import dfs_times_of
 from course.capstone.protocol import Timeline, draft_rounds, run_lockstep, target_rounds
 from course.capstone.sides import DraftSide, TargetSide
@@ -63,6 +63,15 @@ def _generation(pair, side_class, mode, size, width, steps, schedule, growth, ne
 def test_the_device_tree_sends_the_host_trees_messages(pair, mode, size, width, steps, schedule, growth):
     host = _generation(pair, DraftSide, mode, size, width, steps, schedule, growth)
     device = _generation(pair, DeviceDraftSide, mode, size, width, steps, schedule, growth)
+    assert device == host
+
+
+def test_a_uniform_pool_that_refills_every_pass_changes_no_message(pair, monkeypatch):
+    """Sampling's uniforms reach the device many passes at a time (`UniformPool`); refilled before
+    almost every pass, the pool still hands each pass the host tree's rows."""
+    monkeypatch.setattr(UniformPool, "BYTES", 1)  # room for one pass of the largest size
+    host = _generation(pair, DraftSide, "sample", 8, 2, 3, "parallel", "likely")
+    device = _generation(pair, DeviceDraftSide, "sample", 8, 2, 3, "parallel", "likely")
     assert device == host
 
 

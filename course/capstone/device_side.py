@@ -10,8 +10,8 @@ growth taken while the target verifies is queued on the GPU at once and costs th
 The host waits twice a round: for the subtree it sends (`subtree`, one copy of 2 * tree_size ints)
 and after a re-root (four ints: the survivors' counts). Sampling draws its Gumbel uniforms on the
 host from the side's generator, in the same order as `DraftSide`, so both sides send the same
-subtrees for the same seed (the tests hold them equal); they go to the GPU through pinned memory
-(`side_steps.PinnedRing`), so that a sampling pass is queued without a wait, as a greedy one is.
+subtrees for the same seed (the tests hold them equal). They reach the GPU many passes at a time
+(`UniformPool`), so that launching a sampling pass costs the host no more than a greedy one.
 """
 
 from __future__ import annotations
@@ -21,9 +21,68 @@ import torch
 from . import decoder
 from .backends import TreeIndex
 from .device_tree import DeviceTree, Queries
-from .side_steps import PinnedRing, host_ints
+from .side_steps import host_ints
 from .sides import _fits, set_up_draft
 from .tree import gumbel_top_k
+
+
+class UniformPool:
+    """The Gumbel uniforms of many draft passes, drawn on the host in one go and copied to the GPU in
+    one transfer; each pass's graph takes its rows at a cursor on the device and moves it on.
+
+    Drawing a pass's few rows and copying them over costs the host about 50 us of CUDA calls (an
+    event, a copy), more than the pass's own launch: on the critical path, a sampling pass would
+    cost the host five times a greedy one. The host's generator yields the same numbers whether it
+    is asked for many rows at once or a few at a time, so drawing ahead leaves every pass with the
+    rows `sides.DraftSide` draws for it. `reserve(n)` (on the host, before launching a pass of n
+    rows) refills the pool when it is short: the rows drawn but not yet taken move to its front and
+    fresh ones fill the rest; the copy is queued after every pass launched before it, so none of
+    them reads a row it did not draw. BYTES bounds the pool (at least one pass of the largest size)."""
+
+    BYTES = 1 << 22
+
+    def __init__(self, most: int, vocab_size: int, generator: torch.Generator, device):
+        on_gpu = torch.device(device).type == "cuda"
+        self.rows = max(most, self.BYTES // (8 * vocab_size))
+        self.gen = generator
+        self.host = torch.zeros((self.rows, vocab_size), dtype=torch.float64, pin_memory=on_gpu)
+        self.pool = torch.zeros((self.rows, vocab_size), dtype=torch.float64, device=device)
+        self.cursor = torch.zeros((), dtype=torch.int64, device=device)
+        self.steps = torch.arange(most, device=device)
+        self.copied = torch.cuda.Event() if on_gpu else None
+        self.reserved = self.rows
+
+    def restart(self) -> None:
+        """After the generator was seeded again: every row drawn anew."""
+        self.reserved = self.rows
+        self._refill()
+
+    def reserve(self, n: int) -> None:
+        """Before launching a pass that takes n rows: refill first if fewer than n are left."""
+        if self.reserved + n > self.rows:
+            self._refill()
+        self.reserved += n
+
+    def _refill(self) -> None:
+        if self.copied is not None:
+            self.copied.synchronize()  # the last refill's copy has read the host buffer
+        left = self.rows - self.reserved
+        self.host[:left] = self.host[self.reserved:].clone()
+        torch.rand(self.host[left:].shape, generator=self.gen, dtype=torch.float64, out=self.host[left:])
+        self.pool.copy_(self.host, non_blocking=self.copied is not None)
+        self.cursor.zero_()
+        if self.copied is not None:
+            self.copied.record()
+        self.reserved = 0
+
+    def take(self, n: int, skip: int = 0) -> torch.Tensor:
+        """In a pass's graph: the next n rows, past `skip` rows drawn and left unused (the owed
+        token's: `sides.DraftSide` draws one for it too); the cursor moves past all of them."""
+        # Modulo the pool: `reserve` refills before a pass could run past its end, but a graph's
+        # capture runs its body with no reservation.
+        rows = (self.cursor + self.steps[:skip + n]) % self.rows
+        self.cursor.add_(skip + n)
+        return self.pool.index_select(0, rows[skip:])
 
 
 class _Pass:
@@ -67,10 +126,8 @@ class DeviceDraftSide:
         device, vocab = draft.device, draft.config.vocab_size
         self.tree = DeviceTree(1 + slots * cfg.branch, slots, cfg.branch, cfg.mode, vocab, device,
                                kernels=backend == "kernels")
-        self.uniforms = torch.zeros((cfg.tree_size + 1, vocab), dtype=torch.float64, device=device)
-        # Through pinned memory, so that sampling queues its passes as greedy does: a slot per pass
-        # of a round (the root, a top-up, the steps) and a few to spare.
-        self.staged_uniforms = PinnedRing(self.uniforms, steps + 8)
+        sampling = cfg.mode == "sample"
+        self.uniforms = UniformPool(cfg.tree_size + 1, vocab, self.gen, device) if sampling else None
         int32 = dict(dtype=torch.int32, device=device)
         self.moves = torch.zeros((3, slots), **int32)  # src, dst, and the count in [2, 0]
         self.compactor = self.ops.compactor(self.cache, self.moves[0:1], self.moves[1:2], self.moves[2, 0:1])
@@ -78,7 +135,7 @@ class DeviceDraftSide:
         self._graphs = graphs
         self.passes = {(w, owed): self._capture(_Pass(self, w, owed)) for w in range(1, cfg.tree_size + 1)
                        for owed in ((False, True) if w == 1 else (False,))}
-        self._select = self._capture(lambda: self.tree.select(cfg.tree_size))
+        self._select = self._capture(lambda: self._chosen(cfg.tree_size))
         reply = self.reply
         reply[0] = 1  # a one-node path, for the capture's warm-up
         tree = self.tree
@@ -87,6 +144,8 @@ class DeviceDraftSide:
         self.prefix, self.calls, self.sent = 0, 0, []
         self.n_rows = self.n_nodes = 0
         self.root_run = self.owed = False
+        if self.uniforms is not None:
+            self.uniforms.restart()  # the captures above moved the device's cursor
 
     def _capture(self, body):
         """body as a graph on a GPU (captured on a throwaway tree: start resets it), else itself."""
@@ -111,7 +170,7 @@ class DeviceDraftSide:
             logp, tokens = torch.topk(logq, min(branch, logq.shape[-1]), dim=-1)
             self.tree.add_children(rows, tokens, logp, top, None)
             return
-        tokens = gumbel_top_k(logq, self.uniforms[int(owed):int(owed) + rows.numel()], branch)
+        tokens = gumbel_top_k(logq, self.uniforms.take(rows.numel(), int(owed)), branch)
         self.tree.add_children(rows, tokens, logq.gather(1, tokens), top, logq.exp())
 
     # ------------------------------------------------------------------ DraftSide's interface
@@ -122,6 +181,8 @@ class DeviceDraftSide:
         _fits(prompt, self.max_prompt)
         if seed is not None:
             self.gen.manual_seed(seed)
+            if self.uniforms is not None:
+                self.uniforms.restart()
         self.prefix, self.sent, self.calls = len(prompt) - 1, [], 0
         self.tree.reset(prompt[-1], self.prefix)
         self.n_rows, self.n_nodes, self.root_run, self.owed = 1, 0, False, False
@@ -133,18 +194,14 @@ class DeviceDraftSide:
             raise ValueError(f"a pass of {width} nodes would overflow the draft tree's tables ("
                              f"{self.n_nodes} of {self.tree.slots} node slots, {self.n_rows} of "
                              f"{self.tree.rows} rows)")
-        if self.cfg.mode == "sample":
-            self.staged_uniforms.send(width + owed, self._draw)
+        if self.uniforms is not None:
+            self.uniforms.reserve(width + owed)
         self.tree.likely.fill_(1.0 if likely else 0.0)
         step = self.passes.get((width, owed)) or _Pass(self, width, owed)
         step()
         self.calls += 1
         self.n_nodes += width
         self.n_rows += width * self.cfg.branch
-
-    def _draw(self, buffer: torch.Tensor) -> None:
-        """A pass's Gumbel uniforms from the side's generator, in `DraftSide`'s order."""
-        torch.rand(buffer.shape, generator=self.gen, dtype=torch.float64, out=buffer)
 
     def grow(self, steps: int = 0, ahead: bool = False) -> int:
         """`DraftSide.grow`: run the root if it is new, top up until tree_size items can be sent, then
@@ -167,11 +224,16 @@ class DeviceDraftSide:
         """`DraftSide.subtree`: the best tree_size items, parents over the subtree's indices, tokens,
         and q (items, V) in sampling mode."""
         size = min(self.cfg.tree_size, self.n_rows)
-        message = (self._select() if size == self.cfg.tree_size else self.tree.select(size)).tolist()
+        message, q = self._select() if size == self.cfg.tree_size else self._chosen(size)
+        message = message.tolist()
         parents, tokens = message[:size], message[size:]
         self.sent = parents
-        q = self.tree.sent_q(size) if self.cfg.mode == "sample" else None
         return parents, tokens, q
+
+    def _chosen(self, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The selection's message and, sampling, its q: one graph on a GPU for the usual size."""
+        message = self.tree.select(size)
+        return message, self.tree.sent_q(size) if self.cfg.mode == "sample" else None
 
     def reroot(self, path: list[int], next_token: int) -> bool | None:
         """`DraftSide.reroot`: commit the path, keep the subtree of the next token if the draft ran

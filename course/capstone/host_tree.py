@@ -240,11 +240,22 @@ class HostTree:
 
 def dfs_times_of(parents: list[int]) -> tuple[list[int], list[int]]:
     """`pyspec_ref.trees.dfs_times` of a tree already checked to be rooted at 0 with parents before
-    children (the target's subtrees): the same times, without the specification's checks."""
-    kids: list[list[int]] = [[] for _ in parents]
-    for node in range(1, len(parents)):
-        kids[parents[node]].append(node)
-    return _times(kids)
+    children (the target's subtrees): the same times, without the specification's checks, and
+    without a walk. Parents come first, so one backward loop sums each subtree's size, and one
+    forward loop places each node right after its parent's earlier children's subtrees (children in
+    increasing id, the walk's order); a subtree ends size - 1 after it starts. Two loops of plain
+    arithmetic: the target's host computes these every round, on the critical path."""
+    n = len(parents)
+    size = [1] * n
+    for node in range(n - 1, 0, -1):
+        size[parents[node]] += size[node]
+    start, free = [0] * n, [1] * n  # free[v]: where v's next child starts
+    for node in range(1, n):
+        parent = parents[node]
+        start[node] = free[parent]
+        free[parent] += size[node]
+        free[node] = start[node] + 1
+    return start, [start[v] + size[v] - 1 for v in range(n)]
 
 
 def _times(kids: list[list[int]]) -> tuple[list[int], list[int]]:

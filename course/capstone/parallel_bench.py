@@ -75,15 +75,16 @@ CRITICAL = (2, 4)  # draft steps after the re-root measured at BEFORE_STEPS besi
 # draft's last passes. At w = 16 and d = 10 the draft's cache rows (max_nodes + tree_size) are near the
 # medium pair's 512 positions.
 WIDE = (16, (6, 8, 10), (0, 1, 2))
-# Sampling sends each draft pass's Gumbel uniforms to the GPU through pinned memory
-# (`side_steps.PinnedRing`), where a pageable copy used to stop the host until the GPU had run every
-# pass queued before it. Predicted before the run: the sampling rows' wait falls from about 1.0 ms
-# toward the greedy rows' 0.5, and the best sampling row rises from 0.47x the serial decoder to
-# about 0.6x; the greedy rows do not change. Measured (run j): at w = 16, d = 6 and 1 step after the
-# re-root the sampling wait fell from 0.93 to 0.77 ms but the row rose only from 3,127 to 3,168
-# tokens/s (0.47x), so the prediction was wrong: most of sampling's extra time is elsewhere (its
-# verification spends 0.26 ms on the target's host, against 0.10 greedy: verify_ms - verify_gpu_ms).
-# The greedy rows moved within the runs' spread.
+# Sampling's Gumbel uniforms: run j (results/h200x2/README.md) sent each pass's through a ring of
+# pinned buffers, predicting the sampling wait to fall from about 1.0 toward 0.5 ms and the best
+# sampling row to reach about 0.6x the serial decoder; it measured 0.93 -> 0.77 ms and 0.47x, wrong:
+# the ring's CUDA calls cost the host about 50 us a pass (a one-off profile, the small pair in one
+# process: a pass's launch took the host 87 us sampling, 16 greedy). Since then a pool
+# (`device_side.UniformPool`) holds many passes' rows, one copy per refill, the selection's graph
+# gathers q too, and the target times one pass in eight (`sides.TIMED_EVERY`) and finds its DFS
+# times in two loops. Predicted before run l: the sampling rows' wait falls by 0.1 to 0.2 ms and the
+# best sampling row rises to about 3,500 tokens/s (0.52x); the greedy rows gain a few percent (about
+# 0.02 ms a round of the target's host work).
 REPEATS = 3
 TIMELINE_ROUNDS = 4
 TARGET_SPEEDUP = 1.3  # parallel over the serial decoder, B = 1, greedy (SwiftSpec's Table 6: 275 / 200)
@@ -142,8 +143,9 @@ def draft_pass_ms(row: dict) -> float:
 
 
 def _median_pass(generations: list) -> float | None:
-    """The target's pass on its GPU, ms (the median over every round; CUDA events around the graph):
-    verify_ms less this is the host's work in a verification. None off a GPU."""
+    """The target's pass on its GPU, ms (the median over the rounds timed, one in
+    `sides.TIMED_EVERY`; CUDA events around the graph): verify_ms less this is the host's work in a
+    verification. None off a GPU."""
     passes = [e["gpu_ms"] for g in generations for e in g.events
               if e["side"] == "target" and e["what"] == "verify" and e.get("gpu_ms") is not None]
     return statistics.median(passes) if passes else None

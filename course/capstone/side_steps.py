@@ -124,38 +124,6 @@ class Steps:
         return self.built[width]
 
 
-class PinnedRing:
-    """Host-made inputs on their way to one device buffer (`target`) without stopping the host.
-
-    A copy to the GPU from ordinary (pageable) memory makes the host wait until the stream has run
-    everything queued before it (torch stages the bytes, then synchronizes), so a pass queued behind
-    five others waits for all five, and the host with it. From page-locked (pinned) memory the copy
-    is queued like a kernel. The host writes each copy's source into the next of `slots` pinned
-    buffers; a buffer is written again only once its last copy has run (its event), `slots` copies
-    later, so the host never overwrites bytes the GPU has yet to read. Off a GPU, one plain buffer."""
-
-    def __init__(self, target: torch.Tensor, slots: int):
-        on_gpu = target.device.type == "cuda"
-        self.target = target
-        self.buffers = [torch.empty(target.shape, dtype=target.dtype, pin_memory=on_gpu)
-                        for _ in range(slots if on_gpu else 1)]
-        self.copied = [torch.cuda.Event() if on_gpu else None for _ in self.buffers]
-        self.next = 0
-
-    def send(self, rows: int, fill: Callable[[torch.Tensor], object]) -> None:
-        """fill(buffer) writes the first `rows` rows on the host; they reach target[:rows] in stream
-        order, after every launch queued before this call and before every launch after it."""
-        k, self.next = self.next, (self.next + 1) % len(self.buffers)
-        copied = self.copied[k]
-        if copied is not None:
-            copied.synchronize()  # its last copy (slots copies ago) has read the buffer
-        buffer = self.buffers[k][:rows]
-        fill(buffer)
-        self.target[:rows].copy_(buffer, non_blocking=copied is not None)
-        if copied is not None:
-            copied.record()
-
-
 class MoveBuffers:
     """SwiftSpec's compaction (`swiftspec.compact`, notebook 18) of one cache with fixed buffers:
     up to `most` moves, written by the host in one copy, then one prepared launch."""

@@ -33,6 +33,7 @@ from .host_tree import HostTree, dfs_times_of
 from .side_steps import MoveBuffers, Steps, TreeStep
 from .tree import gumbel_top_k
 
+TIMED_EVERY = 8  # the target's passes timed on the GPU: one in this many
 GROWTHS = ("best", "likely")  # pyspec_ref.parallel_tree's rules for the steps taken during verification
 
 
@@ -288,11 +289,12 @@ class TargetSide:
         self.prefix = 0  # committed tokens whose KV is cached (all but the last one)
         self.last = -1  # the last committed token: the root the next subtree must have
         self.calls = 0
-        # On a GPU, the last pass's own time (CUDA events around the graph), apart from the host's
-        # work before and after it: what the bench subtracts to see the host's share of a round.
+        # On a GPU, the pass's own time (CUDA events around the graph) apart from the host's work
+        # before and after it, which the bench subtracts to see the host's share of a round. One
+        # verification in TIMED_EVERY: an event costs the host microseconds on the critical path.
         on_gpu = self.cache.data.device.type == "cuda"
         self._marks = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if on_gpu else None
-        self.pass_ms: float | None = None
+        self.pass_ms: float | None = None  # the last verification's, when it was timed
 
     def start(self, prompt: list[int], seed: int | None = None) -> None:
         """Prefill the prompt but its last token, the root the first subtree must have; seed: as
@@ -321,9 +323,9 @@ class TargetSide:
             raise ValueError(f"sampling needs q, the draft's distributions at the {n} nodes, of shape "
                              f"({n}, {vocab}); got {tuple(q.shape) if isinstance(q, torch.Tensor) else q!r}")
 
-    def _timed(self, launch):
-        """launch() between two CUDA events on a GPU (the pass's own time), else launch()."""
-        if not self._marks:
+    def _timed(self, launch, timed: bool):
+        """launch(), between two CUDA events if timed (the pass's own time)."""
+        if not timed:
             return launch()
         self._marks[0].record()
         out = launch()
@@ -347,9 +349,9 @@ class TargetSide:
             sample_u = torch.rand((1, n), generator=self.gen, dtype=torch.float64)
             verification.uniforms.copy_(torch.cat([accept_u, sample_u]))
         verification.step.load(P, dfs_times_of(parents), range(n), tokens, depth, extra=[*parents, *tokens])
-        result = self._timed(verification.step.run).tolist()  # the one wait for the GPU
-        if self._marks:
-            self.pass_ms = self._marks[0].elapsed_time(self._marks[1])
+        timed = bool(self._marks) and self.calls % TIMED_EVERY == 0
+        result = self._timed(verification.step.run, timed).tolist()  # the one wait for the GPU
+        self.pass_ms = self._marks[0].elapsed_time(self._marks[1]) if timed else None
         self.calls += 1
         path = [j for j in result[:n] if j >= 0]
         self.prefix, self.last = P + len(path), result[n]
