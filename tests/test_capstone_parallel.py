@@ -411,8 +411,7 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
                     for m in ("greedy", "sample")}  # the wide variant and its serial schedule
     assert all(0 <= r["target_wait_ms_median"] < r["median_ms"] for r in measured)
     assert all(0 < r["message_ms_median"] < r["median_ms"] for r in measured)
-    for r in measured:  # the target's pass timed on its GPU (CUDA events), within its verification
-        assert (0 < r["verify_gpu_ms"] < r["verify_ms"]) if runtime.on_gpu() else r["verify_gpu_ms"] is None
+    assert all(r["verify_gpu_ms"] is None for r in measured)  # timed on a GPU only; this bench ran on the CPU
     decoders = [r for r in rows if r["name"] == "serial decoder"]
     assert len(decoders) == 2 and all(r["tree"] in ("fixed", "sequoia") for r in decoders)  # its best tree
     greedy = [r for r in rows if r["mode"] == "greedy" and r["name"] != "autoregressive"]
