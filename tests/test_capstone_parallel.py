@@ -441,6 +441,31 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
     assert speedup == best["speedup_vs_serial_decoder"] and not met  # measured on no GPU at all
 
 
+def test_a_greedy_row_that_leaves_plain_decoding_names_where_and_by_what_gap():
+    """first_difference finds where two outputs part; logit_gaps measures the target's preference
+    there, with the reference causal pass: positive when plain decoding's token is the argmax."""
+    from course.capstone import parallel_bench
+
+    assert parallel_bench.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert parallel_bench.first_difference([1, 5, 3], [1, 2, 3]) == 1
+    assert parallel_bench.first_difference([1, 2], [1, 2, 3]) is None  # a shorter output: its length shows it
+    made = [decoder.Generation([tokens], 1.0, 0.0, 2, 0) for tokens in ([1, 2, 3], [4, 5, 6], [4, 9, 6])]
+    row = parallel_bench._row("serial decoder", "greedy", made[:2], [made[0], made[2]])
+    assert not row["identical"] and row["first_difference"] == [dict(prompt=1, token=1, plain=9, got=5)]
+    pair = weights.load_pair("tiny", device=runtime.torch_device(), dtype=torch.float32)
+    prompt = encode("The old ")
+    plain = decoder.autoregressive(pair.target, [prompt], 3, backend="reference")
+    first = plain.tokens[0]
+    with torch.no_grad():
+        logits = pair.target(torch.tensor([prompt + first[:1]], device=pair.target.device))[0, -1]
+    other = int(torch.topk(logits, 2).indices[1])
+    rows = [{"first_difference": [dict(prompt=0, token=1, plain=first[1], got=other)]}, {"identical": True}]
+    parallel_bench.logit_gaps(pair.target, [prompt], [plain], rows)
+    gap = rows[0]["first_difference"][0]["logit_gap"]
+    assert gap == pytest.approx(float(logits[first[1]] - logits[other])) and gap >= 0
+    assert rows[1] == {"identical": True}
+
+
 def test_the_queued_rounds_figure_draws_a_line_per_way_of_driving_them():
     import matplotlib.pyplot as plt
 

@@ -34,7 +34,9 @@ parallel draft's tree lives: "device", `device_side`, at every d, and "host", `s
 at BEFORE_STEPS), critical (the parallel draft's steps after each re-root, on the critical path:
 0 at every d, CRITICAL at BEFORE_STEPS), width (the nodes per draft step: SHAPE's w, and WIDE's for
 the wide variants, each of WIDE's steps after the re-root at each of its d, and the serial schedule
-at the same w and d), identical (greedy: equal to autoregressive),
+at the same w and d), identical (greedy: equal to autoregressive; where not, first_difference: per
+prompt that differs, the first token that does, both tokens and the target's logit gap between
+them after the common prefix, `logit_gaps`),
 speedup_vs_serial_decoder, and timeline (the first prompt's median run, rounds
 1 to TIMELINE_ROUNDS: each side's spans, ms from the run's start).
 
@@ -119,6 +121,11 @@ def _row(name: str, mode: str, generations: list, plain: list | None, **extra) -
         wrong = sum(sum(a != b for a, b in zip(_tokens(g), _tokens(p), strict=False))
                     + abs(len(_tokens(g)) - len(_tokens(p))) for g, p in zip(generations, plain, strict=True))
         row.update(max_abs_err=wrong / max(sum(len(_tokens(p)) for p in plain), 1), identical=wrong == 0)
+        if wrong:
+            row["first_difference"] = [
+                dict(prompt=i, token=k, plain=_tokens(p)[k], got=_tokens(g)[k])
+                for i, (g, p) in enumerate(zip(generations, plain, strict=True))
+                if (k := first_difference(_tokens(g), _tokens(p))) is not None]
     else:
         row.update(max_abs_err=0.0)
     if isinstance(generations[0], parallel.ParallelGeneration):
@@ -179,6 +186,25 @@ def _median_message(generations: list) -> float:
             if sent is not None and wait["start"] <= sent["end"]:
                 gaps.append(1e3 * (wait["end"] - sent["end"]))
     return statistics.median(gaps) if gaps else 0.0
+
+
+def first_difference(got: list[int], plain: list[int]) -> int | None:
+    """The index of the first token where `got` leaves `plain` (both cut to the shorter), or None."""
+    return next((k for k, (a, b) in enumerate(zip(got, plain, strict=False)) if a != b), None)
+
+
+def logit_gaps(target, texts: list[list[int]], plain: list, rows: list[dict]) -> None:
+    """For each greedy row that left plain decoding, the target's logit of plain decoding's token
+    less that of the row's, after the prefix where they parted (the reference causal pass,
+    `TinyLM.forward`), into its first_difference entries as logit_gap. A gap near zero against the
+    logits' rounding is a near-tie, which a tree pass's other order of summation can tip: the rows
+    then differ by rounding, not by the protocol."""
+    for row in rows:
+        for entry in row.get("first_difference", ()):
+            prefix = texts[entry["prompt"]] + _tokens(plain[entry["prompt"]])[:entry["token"]]
+            with torch.no_grad():
+                logits = target(torch.tensor([prefix], device=target.device))[0, -1]
+            entry["logit_gap"] = float(logits[entry["plain"]] - logits[entry["got"]])
 
 
 def _tokens(generation) -> list[int]:
@@ -375,6 +401,9 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
     for row in rows:
         if row["name"] != "autoregressive":
             row["speedup_vs_serial_decoder"] = row["tokens_per_s"] / baselines[row["mode"]][1]
+    if any("first_difference" in row for row in rows):
+        target = weights.load_pair(pair, device=device, dtype=_DTYPES[gpus > 0]).target
+        logit_gaps(target, texts, baselines["greedy"][0], rows)
     return rows
 
 
