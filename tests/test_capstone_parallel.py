@@ -423,7 +423,13 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
                 "gpus": 0, "rows": rows}
     results.validate(document)
     figure = parallel_figures.measured_figure(document)
-    assert len(figure.axes) == 5  # three timelines (parallel, both growths; serial), greedy and sampling bars
+    # Which parallel row is fastest on a loaded CPU varies, and its setup decides what the figure can
+    # set beside it: timelines of the fastest run, of the same setup with another growth or tree where
+    # measured, of the serial schedule at its d and w; then the greedy and the sampling bars.
+    setup = (best["steps"], best["width"])
+    others = [r for r in measured if r["mode"] == "greedy" and (r["steps"], r["width"]) == setup
+              and (r["growth"], r["draft_tree"]) != (best["growth"], best["draft_tree"])]
+    assert len(figure.axes) == 1 + min(len(others), 1) + 1 + 2
     plt.close(figure)
     figure = parallel_figures.critical_sweep_figure(rows, 3, base=decoders[0]["tokens_per_s"])
     assert [len(ax.lines) for ax in figure.axes] == [1, 1, 2]  # a line per steps after the re-root; the base

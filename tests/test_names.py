@@ -17,9 +17,11 @@ from course.registry import EXERCISES
 ROOT = Path(__file__).resolve().parent.parent
 TOPICS = topics.names()
 DECLARED = {topic: topics.declared(topic) for topic in TOPICS}
-# The results files that are not a topic's: the capstone's (notebooks 19-21) and the simulator's
-# times of the checks (`python -m course.check_times`).
-SUITES_OUTSIDE_TOPICS = {capstone_bench.SUITE, step_profile.SUITE, parallel_bench.SUITE, "check_times"}
+# The results files that are not a topic's: the capstone's (notebooks 19-21, with notebook 20's
+# rounds whose hosts only launch, `tools/queued_rounds.py`) and the simulator's times of the checks
+# (`python -m course.check_times`).
+SUITES_OUTSIDE_TOPICS = {capstone_bench.SUITE, step_profile.SUITE, parallel_bench.SUITE, "queued_rounds",
+                         "check_times"}
 
 
 def _stems(folder: str, suffix: str) -> set[str]:
