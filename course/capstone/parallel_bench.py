@@ -289,11 +289,17 @@ def _one_gpu_rows(pair: str, texts: list, max_new: int, steps, repeats: int, mod
     return baselines
 
 
+def _before(steps) -> list[int]:
+    """The d at which the other growth rule, the other draft tree and the steps after the re-root are
+    measured too: BEFORE_STEPS if measured, else the first d."""
+    return [d for d in steps if d == BEFORE_STEPS] or list(steps[:1])
+
+
 def _serial_schedules(steps, width: int, wide: tuple | None) -> list[tuple[str, int, int]]:
     """(draft tree, d, w) of the serial schedule's rows: the default tree at every d, the other at
     BEFORE_STEPS (the same tree, pass for pass: only the time differs), and the default tree at the
     wide variants' w and d."""
-    before = [d for d in steps if d == BEFORE_STEPS] or list(steps[:1])
+    before = _before(steps)
     default = parallel.DEFAULT_DRAFT_TREE
     others = [tree for tree in parallel.DRAFT_TREES if tree != default]
     out = [(default, d, width) for d in steps] + [(tree, d, width) for tree in others for d in before]
@@ -375,7 +381,7 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
                   width=width, branch=branch, impl=course_impl.bench_impl(), backend=backend)
     # Every variant through shared memory (the default transport), the other transports at one d:
     # they change the messages' cost, nothing else.
-    before = [d for d in steps if d == BEFORE_STEPS] or list(steps[:1])
+    before = _before(steps)
     tree, growth = parallel.DEFAULT_DRAFT_TREE, parallel.DEFAULT_GROWTH
     variants = [(tree, growth, 0, steps, width)]
     variants += [(tree, other, 0, before, width) for other in GROWTHS if other != growth]

@@ -1,8 +1,10 @@
 """Notebook 20's figures: the protocol as a sequence diagram (from `pyspec_ref.parallel_tree`'s
 message log), the timeline of both workers (simulated or measured), tokens per target call against
 the draft's steps per round, serial against parallel as measured (parallel.json;
-`course.capstone.parallel_bench` writes parallel.png beside it with `measured_figure`), and the
-measured sweep of d and of the steps after the re-root at one width (`critical_sweep_figure`)."""
+`course.capstone.parallel_bench` writes parallel.png beside it with `measured_figure`), the
+measured sweep of d and of the steps after the re-root at one width (`critical_sweep_figure`), the
+selection as a rank count (`rank_figure`) and the rounds whose hosts only launch
+(`queued_figure`, from tools/queued_rounds.py's measurements)."""
 
 from __future__ import annotations
 
@@ -181,10 +183,7 @@ def queued_figure(document: dict, ax=None, title: str | None = None):
     and the next subtree, for rounds whose messages are device tensors through NCCL: every round
     queued at once (the hosts only launch) and each message awaited by its host, with the GPU work
     alone as a dotted line. document: tools/queued_rounds.py's queued_rounds.json."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5.6, 3.4), layout="constrained")
+    ax = new_ax(ax, (5.6, 3.4))
     rows = document["rows"]
     most = max(r["critical_ms"] for r in rows)
     ax.plot([0, most], [0, most], ":", color=GREY, linewidth=1.2, label="the draft's GPU work alone")
