@@ -1,6 +1,6 @@
 """The staging of notebook 20's passes: a pass's ints reach torch unchanged
 (`course.capstone.side_steps`), and the parallel draft's pool of Gumbel uniforms
-(`course.capstone.device_side.UniformPool`) hands each pass the rows the host's generator yields for
+(`course.capstone.side_steps.UniformPool`) hands each pass the rows the host's generator yields for
 it one pass at a time, across refills, however far the host runs ahead of the GPU."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import course  # noqa: F401  (first: chooses the simulator / interpreter)
-from course.capstone.device_side import UniformPool
-from course.capstone.side_steps import host_ints
+from course.capstone.side_steps import UniformPool, host_ints
 from course.core import runtime
 
 VOCAB = 5

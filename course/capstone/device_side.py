@@ -7,82 +7,48 @@ its queries, computes the tree's DFS times, runs the draft model and writes the 
 tables: the host only launches. What the host must still choose, the width of the next pass, it
 computes from a mirror of the counts (each pass adds `branch` candidates per node it runs), so the
 growth taken while the target verifies is queued on the GPU at once and costs the host nothing.
-The host waits twice a round: for the subtree it sends (`subtree`, one copy of 2 * tree_size ints)
-and after a re-root (four ints: the survivors' counts). Sampling draws its Gumbel uniforms on the
-host from the side's generator, in the same order as `DraftSide`, so both sides send the same
-subtrees for the same seed (the tests hold them equal). They reach the GPU many passes at a time
-(`UniformPool`), so that launching a sampling pass costs the host no more than a greedy one.
+The host waits once a round on the critical path: for the subtree it sends (`subtree`, one copy of
+the message). After a re-root it needs the survivors' counts to size the top-up; rather than wait
+for the re-root to run and read them, it computes them (`reroot_counts`) from a copy of the tables
+it read while the target verified, and queues the re-root and the top-up at once. The device's own
+counts come back with the next message, and a difference stops the side.
+
+Sampling draws its Gumbel uniforms on the host from the side's generator, in the same order as
+`DraftSide`, so both sides send the same subtrees for the same seed (the tests hold them equal).
+They reach the GPU many passes at a time (`UniformPool`), so that launching a sampling pass costs
+the host no more than a greedy one.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import decoder
 from .backends import TreeIndex
 from .device_tree import DeviceTree, Queries
-from .side_steps import host_ints
+from .side_steps import UniformPool, host_ints
 from .sides import _fits, set_up_draft
 from .tree import gumbel_top_k
 
 
-class UniformPool:
-    """The Gumbel uniforms of many draft passes, drawn on the host in one go and copied to the GPU in
-    one transfer; each pass's graph takes its rows at a cursor on the device and moves it on.
-
-    Drawing a pass's few rows and copying them over costs the host about 50 us of CUDA calls (an
-    event, a copy), more than the pass's own launch: on the critical path, a sampling pass would
-    cost the host five times a greedy one. The host's generator yields the same numbers whether it
-    is asked for many rows at once or a few at a time, so drawing ahead leaves every pass with the
-    rows `sides.DraftSide` draws for it. `reserve(n)` (on the host, before launching a pass of n
-    rows) refills the pool when it is short: the rows drawn but not yet taken move to its front and
-    fresh ones fill the rest; the copy is queued after every pass launched before it, so none of
-    them reads a row it did not draw. BYTES bounds the pool (at least one pass of the largest size)."""
-
-    BYTES = 1 << 22
-
-    def __init__(self, most: int, vocab_size: int, generator: torch.Generator, device):
-        on_gpu = torch.device(device).type == "cuda"
-        self.rows = max(most, self.BYTES // (8 * vocab_size))
-        self.gen = generator
-        self.host = torch.zeros((self.rows, vocab_size), dtype=torch.float64, pin_memory=on_gpu)
-        self.pool = torch.zeros((self.rows, vocab_size), dtype=torch.float64, device=device)
-        self.cursor = torch.zeros((), dtype=torch.int64, device=device)
-        self.steps = torch.arange(most, device=device)
-        self.copied = torch.cuda.Event() if on_gpu else None
-        self.reserved = self.rows
-
-    def restart(self) -> None:
-        """After the generator was seeded again: every row drawn anew."""
-        self.reserved = self.rows
-        self._refill()
-
-    def reserve(self, n: int) -> None:
-        """Before launching a pass that takes n rows: refill first if fewer than n are left."""
-        if self.reserved + n > self.rows:
-            self._refill()
-        self.reserved += n
-
-    def _refill(self) -> None:
-        if self.copied is not None:
-            self.copied.synchronize()  # the last refill's copy has read the host buffer
-        left = self.rows - self.reserved
-        self.host[:left] = self.host[self.reserved:].clone()
-        torch.rand(self.host[left:].shape, generator=self.gen, dtype=torch.float64, out=self.host[left:])
-        self.pool.copy_(self.host, non_blocking=self.copied is not None)
-        self.cursor.zero_()
-        if self.copied is not None:
-            self.copied.record()
-        self.reserved = 0
-
-    def take(self, n: int, skip: int = 0) -> torch.Tensor:
-        """In a pass's graph: the next n rows, past `skip` rows drawn and left unused (the owed
-        token's: `sides.DraftSide` draws one for it too); the cursor moves past all of them."""
-        # Modulo the pool: `reserve` refills before a pass could run past its end, but a graph's
-        # capture runs its body with no reservation.
-        rows = (self.cursor + self.steps[:skip + n]) % self.rows
-        self.cursor.add_(skip + n)
-        return self.pool.index_select(0, rows[skip:])
+def reroot_counts(table: np.ndarray, sent_rows: np.ndarray, path: list[int], next_token: int
+                  ) -> tuple[int, int, bool, bool]:
+    """What `DeviceTree.reroot` will return for the host's mirror ([live rows, nodes, owed, kept a
+    subtree]), computed on the host from `table`, the live rows' (parent, token, run, start, end),
+    and `sent_rows`, the rows of the last subtree sent in message order. The path's last node is
+    `sent_rows[path[-1]]`; the new root is its run child holding next_token, the lowest such row;
+    the rows that survive are those whose DFS start lies in the new root's interval."""
+    parent, token, run, start, end = table
+    last = sent_rows[path[-1]]
+    if not run[last]:
+        return 1, 0, True, False  # a leaf never run: its KV is owed and nothing below it was grown
+    match = np.flatnonzero((parent == last) & (token == next_token) & (run != 0))
+    if not match.size:
+        return 1, 0, False, False
+    root = match[0]
+    keep = (start >= start[root]) & (start <= end[root])
+    return int(keep.sum()), int(np.count_nonzero(keep & (run != 0))), False, True
 
 
 class _Pass:
@@ -144,6 +110,11 @@ class DeviceDraftSide:
         self.prefix, self.calls, self.sent = 0, 0, []
         self.n_rows = self.n_nodes = 0
         self.root_run = self.owed = False
+        self.table: np.ndarray | None = None  # the host's copy of the tree for `reroot_counts`
+        self.sent_rows: np.ndarray | None = None
+        self.predicted: list[int] | None = None  # the last re-root's counts, until the device's are read
+        self.likely = False  # the host's mirror of tree.likely
+        self.tree.likely.zero_()
         if self.uniforms is not None:
             self.uniforms.restart()  # the captures above moved the device's cursor
 
@@ -186,6 +157,7 @@ class DeviceDraftSide:
         self.prefix, self.sent, self.calls = len(prompt) - 1, [], 0
         self.tree.reset(prompt[-1], self.prefix)
         self.n_rows, self.n_nodes, self.root_run, self.owed = 1, 0, False, False
+        self.table = self.sent_rows = self.predicted = None
         decoder.prefill(self.ops, self.model, self.cache, [prompt])
 
     def _run(self, width: int, owed: bool = False, likely: bool = False) -> None:
@@ -196,9 +168,12 @@ class DeviceDraftSide:
                              f"{self.tree.rows} rows)")
         if self.uniforms is not None:
             self.uniforms.reserve(width + owed)
-        self.tree.likely.fill_(1.0 if likely else 0.0)
+        if likely != self.likely:  # a fill is a kernel launch: 8-13 us of the host on a critical pass
+            self.tree.likely.fill_(1.0 if likely else 0.0)
+            self.likely = likely
         step = self.passes.get((width, owed)) or _Pass(self, width, owed)
         step()
+        self.table = None
         self.calls += 1
         self.n_nodes += width
         self.n_rows += width * self.cfg.branch
@@ -218,7 +193,16 @@ class DeviceDraftSide:
             if self.n_rows == self.n_nodes:
                 break
             self._run(min(width, self.n_rows - self.n_nodes), likely=likely)
+        if ahead:  # the target is verifying: the wait for these passes is off the critical path
+            self._read_table()
         return self.calls - calls
+
+    def _read_table(self) -> None:
+        """The host's copy of the live rows' (parent, token, run, start, end), for `reroot_counts`:
+        one copy, after every pass queued so far has run."""
+        tree, n = self.tree, self.n_rows
+        columns = (tree.parent, tree.token, tree.run.long(), tree.start, tree.end)
+        self.table = torch.stack([c[:n] for c in columns]).cpu().numpy()
 
     def subtree(self) -> tuple[list[int], list[int], torch.Tensor | None]:
         """`DraftSide.subtree`: the best tree_size items, parents over the subtree's indices, tokens,
@@ -226,14 +210,21 @@ class DeviceDraftSide:
         size = min(self.cfg.tree_size, self.n_rows)
         message, q = self._select() if size == self.cfg.tree_size else self._chosen(size)
         message = message.tolist()
-        parents, tokens = message[:size], message[size:]
-        self.sent = parents
+        counts, rows = message[2 * size:2 * size + 4], message[2 * size + 4:]
+        if self.predicted is not None and counts != self.predicted:
+            raise RuntimeError(f"the host predicted the re-root's counts {self.predicted} (live rows, nodes, "
+                               f"owed, kept), the device's tables hold {counts}")
+        self.predicted = None
+        parents, tokens = message[:size], message[size:2 * size]
+        self.sent, self.sent_rows = parents, np.array(rows)
         return parents, tokens, q
 
     def _chosen(self, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The selection's message and, sampling, its q: one graph on a GPU for the usual size."""
-        message = self.tree.select(size)
-        return message, self.tree.sent_q(size) if self.cfg.mode == "sample" else None
+        """The selection's message, followed by the last re-root's counts and the rows sent, and,
+        sampling, its q: one graph on a GPU for the usual size."""
+        tree = self.tree
+        message = torch.cat([tree.select(size), tree.info, tree.msg_rows[:size]])
+        return message, tree.sent_q(size) if self.cfg.mode == "sample" else None
 
     def reroot(self, path: list[int], next_token: int) -> bool | None:
         """`DraftSide.reroot`: commit the path, keep the subtree of the next token if the draft ran
@@ -246,9 +237,14 @@ class DeviceDraftSide:
         if not 0 <= next_token < self.model.config.vocab_size:
             raise ValueError(f"next_token = {next_token} is not a token id of the draft's vocabulary")
         pad = [0] * (self.cfg.tree_size - len(path))
+        if self.table is None:  # no growth while the target verified (the serial schedule): read it now
+            self._read_table()
+        rows, nodes, owed, found = reroot_counts(self.table, self.sent_rows, path, next_token)
         self.reply.copy_(host_ints([len(path), next_token, *path, *pad]))
-        rows, nodes, owed, found = self._reroot().tolist()
-        self.n_rows, self.n_nodes, self.owed, self.root_run = rows, nodes, bool(owed), bool(found)
+        self._reroot()  # queued: the mirror's counts come from the host's copy, so nothing waits here
+        self.predicted = [rows, nodes, int(owed), int(found)]
+        self.n_rows, self.n_nodes, self.owed, self.root_run = rows, nodes, owed, found
+        self.table = None
         self.prefix += len(path)
         # As DraftSide counts it: a root the draft had already run, or ran with the owed token (adopt).
         return True if found or owed else None

@@ -36,6 +36,67 @@ def host_ints(values: Sequence[int], dtype: torch.dtype = torch.int64) -> torch.
     return torch.frombuffer(array.array(_TYPECODES[dtype], values), dtype=dtype)
 
 
+class UniformPool:
+    """The Gumbel uniforms of many draft passes, drawn on the host in one go and copied to the GPU in
+    one transfer; each pass's graph takes its rows at a cursor on the device and moves it on.
+
+    Drawing a pass's few rows and copying them over costs the host about 50 us of CUDA calls (an
+    event, a copy), more than the pass's own launch: on the critical path, a sampling pass would
+    cost the host five times a greedy one. The host's generator yields the same numbers whether it
+    is asked for many rows at once or a few at a time, so drawing ahead leaves every pass with the
+    rows `sides.DraftSide` draws for it. `reserve(n)` (on the host, before launching a pass of n
+    rows) refills the pool when it is short: the rows drawn but not yet taken move to its front and
+    fresh ones fill the rest; the copy is queued after every pass launched before it, so none of
+    them reads a row it did not draw. BYTES bounds the pool (at least one pass of the largest size);
+    `rows`, when given, sets it (a pool of short rows, the target's, needs far fewer than BYTES holds)."""
+
+    BYTES = 1 << 22
+
+    def __init__(self, most: int, vocab_size: int, generator: torch.Generator, device,
+                 rows: int | None = None):
+        on_gpu = torch.device(device).type == "cuda"
+        self.rows = max(most, rows if rows is not None else self.BYTES // (8 * vocab_size))
+        self.gen = generator
+        self.host = torch.zeros((self.rows, vocab_size), dtype=torch.float64, pin_memory=on_gpu)
+        self.pool = torch.zeros((self.rows, vocab_size), dtype=torch.float64, device=device)
+        self.cursor = torch.zeros((), dtype=torch.int64, device=device)
+        self.steps = torch.arange(most, device=device)
+        self.copied = torch.cuda.Event() if on_gpu else None
+        self.reserved = self.rows
+
+    def restart(self) -> None:
+        """After the generator was seeded again: every row drawn anew."""
+        self.reserved = self.rows
+        self._refill()
+
+    def reserve(self, n: int) -> None:
+        """Before launching a pass that takes n rows: refill first if fewer than n are left."""
+        if self.reserved + n > self.rows:
+            self._refill()
+        self.reserved += n
+
+    def _refill(self) -> None:
+        if self.copied is not None:
+            self.copied.synchronize()  # the last refill's copy has read the host buffer
+        left = self.rows - self.reserved
+        self.host[:left] = self.host[self.reserved:].clone()
+        torch.rand(self.host[left:].shape, generator=self.gen, dtype=torch.float64, out=self.host[left:])
+        self.pool.copy_(self.host, non_blocking=self.copied is not None)
+        self.cursor.zero_()
+        if self.copied is not None:
+            self.copied.record()
+        self.reserved = 0
+
+    def take(self, n: int, skip: int = 0) -> torch.Tensor:
+        """In a pass's graph: the next n rows, past `skip` rows drawn and left unused (the owed
+        token's: `sides.DraftSide` draws one for it too); the cursor moves past all of them."""
+        # Modulo the pool: `reserve` refills before a pass could run past its end, but a graph's
+        # capture runs its body with no reservation.
+        rows = (self.cursor + self.steps[:skip + n]) % self.rows
+        self.cursor.add_(skip + n)
+        return self.pool.index_select(0, rows[skip:])
+
+
 class TreeStep:
     """One tree-attention pass of exactly `width` queries over a [prefix | tree] cache whose tree has
     at most `tree_rows` rows (`swiftspec.tree_cache_attention`, notebook 18), then `finish`.

@@ -30,10 +30,11 @@ import torch
 from . import decoder
 from .backends import make_backend
 from .host_tree import HostTree, dfs_times_of
-from .side_steps import MoveBuffers, Steps, TreeStep
+from .side_steps import MoveBuffers, Steps, TreeStep, UniformPool
 from .tree import gumbel_top_k
 
 TIMED_EVERY = 8  # the target's passes timed on the GPU: one in this many
+POOLED = 64  # the target's verifications whose sampling uniforms are drawn at once
 GROWTHS = ("best", "likely")  # pyspec_ref.parallel_tree's rules for the steps taken during verification
 
 
@@ -241,6 +242,7 @@ class _Verification:
             self.q = torch.full((1, n, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
             self.p = torch.full((1, n, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
             self.uniforms = torch.zeros((2, n), dtype=torch.float64, device=device)  # accept, sample
+            self.pool = side.uniforms
             # The draft draws a node's siblings without replacement (`host_tree`): Sequoia's rule.
             self.verifier = ops.sampling_verifier(self.parents, self.tokens, self.q, self.p,
                                                   self.uniforms[0:1], self.uniforms[1:2], replacement=False)
@@ -261,6 +263,7 @@ class _Verification:
             self.best[0].copy_(logits.argmax(dim=-1))
         else:
             self.p[0].copy_(torch.softmax(logits.float(), dim=-1))
+            self.uniforms.copy_(self.pool.take(2)[:, :n])
         path, nxt = self.verifier()
         self.src.copy_(prefix + path.clamp(min=0))
         self.dst[0].copy_(prefix + self.slots)
@@ -283,6 +286,10 @@ class TargetSide:
         self.cache = target.new_cache(1, rows)
         self.ops = make_backend(backend, impl)
         self.gen = torch.Generator().manual_seed(seed)
+        # Sampling: each verification's uniforms (accept, sample: two rows of tree_size), drawn on
+        # the host many verifications at a time, for the reason `UniformPool` gives.
+        self.uniforms = (UniformPool(2, cfg.tree_size, self.gen, self.cache.data.device, rows=2 * POOLED)
+                         if cfg.mode == "sample" else None)
         graphs = decoder._check_graphs(graphs, backend, target.device)
         self.passes = Steps(lambda n, graphed: _Verification(self, n, graphed),
                             (cfg.tree_size,) if graphs else (), graphs)
@@ -295,6 +302,8 @@ class TargetSide:
         on_gpu = self.cache.data.device.type == "cuda"
         self._marks = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if on_gpu else None
         self.pass_ms: float | None = None  # the last verification's, when it was timed
+        if self.uniforms is not None:
+            self.uniforms.restart()  # the capture above moved the device's cursor
 
     def start(self, prompt: list[int], seed: int | None = None) -> None:
         """Prefill the prompt but its last token, the root the first subtree must have; seed: as
@@ -302,6 +311,8 @@ class TargetSide:
         _fits(prompt, self.max_prompt)
         if seed is not None:
             self.gen.manual_seed(seed)
+            if self.uniforms is not None:
+                self.uniforms.restart()
         decoder.prefill(self.ops, self.model, self.cache, [prompt])
         self.prefix, self.last, self.calls = len(prompt) - 1, prompt[-1], 0
 
@@ -345,9 +356,7 @@ class TargetSide:
         verification = self.passes[n]
         if self.cfg.mode == "sample":
             verification.q[0].copy_(q)
-            accept_u = torch.rand((1, n), generator=self.gen, dtype=torch.float64)
-            sample_u = torch.rand((1, n), generator=self.gen, dtype=torch.float64)
-            verification.uniforms.copy_(torch.cat([accept_u, sample_u]))
+            self.uniforms.reserve(2)
         verification.step.load(P, dfs_times_of(parents), range(n), tokens, depth, extra=[*parents, *tokens])
         timed = bool(self._marks) and self.calls % TIMED_EVERY == 0
         result = self._timed(verification.step.run, timed).tolist()  # the one wait for the GPU
