@@ -581,8 +581,8 @@ def test_the_mailbox_reads_no_message_before_its_checksum_matches(tmp_path):
 
 
 def test_the_mailbox_reads_no_q_that_is_part_old_part_new(tmp_path):
-    """q is folded into the checksum: a slot that shows the new number and ints over rows of q that
-    are still the last message's, in part, is not read until they change."""
+    """The checksum covers q too: a slot that shows the new number and ints over rows of q that are
+    still the last message's, in part, is not read until they change."""
     target, draft = _mailboxes(tmp_path)
     old = torch.rand((4, 80), generator=torch.Generator().manual_seed(0))
     draft.send(wire.Subtree(0, [-1, 0, 0, 1], [5, 6, 7, 8], old))
