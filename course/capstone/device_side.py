@@ -7,21 +7,15 @@ its queries, computes the tree's DFS times, runs the draft model and writes the 
 tables: the host only launches. What the host must still choose, the width of the next pass, it
 computes from a mirror of the counts (each pass adds `branch` candidates per node it runs), so the
 growth taken while the target verifies is queued on the GPU at once and costs the host nothing.
-The host waits once a round on the critical path: for the subtree it sends (`subtree`, one copy of
-the message). After a re-root it needs the survivors' counts to size the top-up; rather than wait
-for the re-root to run and read them, it computes them (`reroot_counts`) from a copy of the tables
-it read while the target verified, and queues the re-root and the top-up at once. The device's own
-counts come back with the next message, and a difference stops the side.
-
-Sampling draws its Gumbel uniforms on the host from the side's generator, in the same order as
-`DraftSide`, so both sides send the same subtrees for the same seed (the tests hold them equal).
-They reach the GPU many passes at a time (`UniformPool`), so that launching a sampling pass costs
-the host no more than a greedy one.
+The host waits twice a round: for the subtree it sends (`subtree`, one copy of 2 * tree_size ints)
+and after a re-root (four ints: the survivors' counts). Sampling draws its Gumbel uniforms on the
+host from the side's generator, in the same order as `DraftSide`, so both sides send the same
+subtrees for the same seed (the tests hold them equal). They reach the GPU many passes at a time
+(`UniformPool`), so that launching a sampling pass costs the host no more than a greedy one.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from . import decoder
@@ -30,25 +24,6 @@ from .device_tree import DeviceTree, Queries
 from .side_steps import UniformPool, host_ints
 from .sides import _fits, set_up_draft
 from .tree import gumbel_top_k
-
-
-def reroot_counts(table: np.ndarray, sent_rows: np.ndarray, path: list[int], next_token: int
-                  ) -> tuple[int, int, bool, bool]:
-    """What `DeviceTree.reroot` will return for the host's mirror ([live rows, nodes, owed, kept a
-    subtree]), computed on the host from `table`, the live rows' (parent, token, run, start, end),
-    and `sent_rows`, the rows of the last subtree sent in message order. The path's last node is
-    `sent_rows[path[-1]]`; the new root is its run child holding next_token, the lowest such row;
-    the rows that survive are those whose DFS start lies in the new root's interval."""
-    parent, token, run, start, end = table
-    last = sent_rows[path[-1]]
-    if not run[last]:
-        return 1, 0, True, False  # a leaf never run: its KV is owed and nothing below it was grown
-    match = np.flatnonzero((parent == last) & (token == next_token) & (run != 0))
-    if not match.size:
-        return 1, 0, False, False
-    root = match[0]
-    keep = (start >= start[root]) & (start <= end[root])
-    return int(keep.sum()), int(np.count_nonzero(keep & (run != 0))), False, True
 
 
 class _Pass:
@@ -110,9 +85,6 @@ class DeviceDraftSide:
         self.prefix, self.calls, self.sent = 0, 0, []
         self.n_rows = self.n_nodes = 0
         self.root_run = self.owed = False
-        self.table: np.ndarray | None = None  # the host's copy of the tree for `reroot_counts`
-        self.sent_rows: np.ndarray | None = None
-        self.predicted: list[int] | None = None  # the last re-root's counts, until the device's are read
         self.likely = False  # the host's mirror of tree.likely
         self.tree.likely.zero_()
         if self.uniforms is not None:
@@ -157,7 +129,6 @@ class DeviceDraftSide:
         self.prefix, self.sent, self.calls = len(prompt) - 1, [], 0
         self.tree.reset(prompt[-1], self.prefix)
         self.n_rows, self.n_nodes, self.root_run, self.owed = 1, 0, False, False
-        self.table = self.sent_rows = self.predicted = None
         decoder.prefill(self.ops, self.model, self.cache, [prompt])
 
     def _run(self, width: int, owed: bool = False, likely: bool = False) -> None:
@@ -173,7 +144,6 @@ class DeviceDraftSide:
             self.likely = likely
         step = self.passes.get((width, owed)) or _Pass(self, width, owed)
         step()
-        self.table = None
         self.calls += 1
         self.n_nodes += width
         self.n_rows += width * self.cfg.branch
@@ -193,16 +163,7 @@ class DeviceDraftSide:
             if self.n_rows == self.n_nodes:
                 break
             self._run(min(width, self.n_rows - self.n_nodes), likely=likely)
-        if ahead:  # the target is verifying: the wait for these passes is off the critical path
-            self._read_table()
         return self.calls - calls
-
-    def _read_table(self) -> None:
-        """The host's copy of the live rows' (parent, token, run, start, end), for `reroot_counts`:
-        one copy, after every pass queued so far has run."""
-        tree, n = self.tree, self.n_rows
-        columns = (tree.parent, tree.token, tree.run.long(), tree.start, tree.end)
-        self.table = torch.stack([c[:n] for c in columns]).cpu().numpy()
 
     def subtree(self) -> tuple[list[int], list[int], torch.Tensor | None]:
         """`DraftSide.subtree`: the best tree_size items, parents over the subtree's indices, tokens,
@@ -210,21 +171,14 @@ class DeviceDraftSide:
         size = min(self.cfg.tree_size, self.n_rows)
         message, q = self._select() if size == self.cfg.tree_size else self._chosen(size)
         message = message.tolist()
-        counts, rows = message[2 * size:2 * size + 4], message[2 * size + 4:]
-        if self.predicted is not None and counts != self.predicted:
-            raise RuntimeError(f"the host predicted the re-root's counts {self.predicted} (live rows, nodes, "
-                               f"owed, kept), the device's tables hold {counts}")
-        self.predicted = None
-        parents, tokens = message[:size], message[size:2 * size]
-        self.sent, self.sent_rows = parents, np.array(rows)
+        parents, tokens = message[:size], message[size:]
+        self.sent = parents
         return parents, tokens, q
 
     def _chosen(self, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The selection's message, followed by the last re-root's counts and the rows sent, and,
-        sampling, its q: one graph on a GPU for the usual size."""
-        tree = self.tree
-        message = torch.cat([tree.select(size), tree.info, tree.msg_rows[:size]])
-        return message, tree.sent_q(size) if self.cfg.mode == "sample" else None
+        """The selection's message and, sampling, its q: one graph on a GPU for the usual size."""
+        message = self.tree.select(size)
+        return message, self.tree.sent_q(size) if self.cfg.mode == "sample" else None
 
     def reroot(self, path: list[int], next_token: int) -> bool | None:
         """`DraftSide.reroot`: commit the path, keep the subtree of the next token if the draft ran
@@ -237,14 +191,9 @@ class DeviceDraftSide:
         if not 0 <= next_token < self.model.config.vocab_size:
             raise ValueError(f"next_token = {next_token} is not a token id of the draft's vocabulary")
         pad = [0] * (self.cfg.tree_size - len(path))
-        if self.table is None:  # no growth while the target verified (the serial schedule): read it now
-            self._read_table()
-        rows, nodes, owed, found = reroot_counts(self.table, self.sent_rows, path, next_token)
         self.reply.copy_(host_ints([len(path), next_token, *path, *pad]))
-        self._reroot()  # queued: the mirror's counts come from the host's copy, so nothing waits here
-        self.predicted = [rows, nodes, int(owed), int(found)]
-        self.n_rows, self.n_nodes, self.owed, self.root_run = rows, nodes, owed, found
-        self.table = None
+        rows, nodes, owed, found = self._reroot().tolist()
+        self.n_rows, self.n_nodes, self.owed, self.root_run = rows, nodes, bool(owed), bool(found)
         self.prefix += len(path)
         # As DraftSide counts it: a root the draft had already run, or ran with the owed token (adopt).
         return True if found or owed else None

@@ -27,9 +27,7 @@ row's keys and values at cache row P + slot, so only nodes take cache rows, as o
 
 Every method that changes the tree reads and writes only device tensors and never waits for the
 host, so a GPU replays it as a graph; the host keeps a mirror of the counts it needs to choose the
-next pass (`DeviceDraftSide`), which depend only on the pass widths, except after a re-root: those
-the host computes from a copy of the tables read while the target verifies (`reroot_counts`), and
-checks against `info` when it reads the next subtree.
+next pass (`DeviceDraftSide`), which depend only on the pass widths, except after a re-root (one read).
 Row `rows` (the last) is a trash row that no live index reaches: scatters of padding land there.
 """
 
@@ -95,7 +93,7 @@ class DeviceTree:
         self.message = torch.zeros(2 * slots, **i64)  # the kernels' message: parents, then tokens
         self.q_source = torch.zeros(slots + 1, **i64)  # the kernels' re-root: each new slot's old one
         self.scratch = torch.zeros(n, **i64)  # the re-root kernel's working row
-        self.info = torch.zeros(4, **i64)  # the last re-root's counts, read with the next subtree sent
+        self.info = torch.zeros(4, **i64)  # the re-root's counts for the host
         self.ids = torch.arange(n, **i64)
         self.slot_ids = torch.arange(slots + 1, **i64)
 
@@ -325,8 +323,7 @@ class DeviceTree:
         self.count.copy_(count)
         self.prefix += k1
         self.sent.zero_()
-        self.info.copy_(torch.cat([count, self.used, self.owed.long(), found.long().reshape(1)]))
-        return self.info
+        return torch.cat([count, self.used, self.owed.long(), found.long().reshape(1)])
 
     def _gather(self, source, new_row, new_root, new_slot, found, next_token) -> None:
         """The tables after a re-root: row r takes old row source[r] (see `reroot`), or, when no
