@@ -124,6 +124,24 @@ def test_the_kernels_equal_the_pytorch_form(pair, mode, size, width, steps, bran
         assert torch.equal(kernel_form.cache.data[:, :, :committed], torch_form.cache.data[:, :, :committed])
 
 
+@pytest.mark.parametrize("branch", [1, 3, 4])
+def test_the_greedy_children_kernel_picks_what_the_stable_sort_picks(branch):
+    """`device_tree_kernels.best_children` against `tree.top_children`: the same tokens in the same
+    order, ties (frequent in float16 logits) to the lower token id, and the same values."""
+    from course.capstone import device_tree_kernels
+    from course.capstone.tree import top_children
+
+    gen = torch.Generator().manual_seed(branch)
+    logits = torch.randint(-6, 3, (7, 20), generator=gen).float()  # few distinct values: many ties
+    logits[3] = 1.0  # a row of equals
+    logq = torch.log_softmax(logits, -1).to(runtime.torch_device())
+    want = top_children(logq, branch)
+    got = device_tree_kernels.best_children(logq, branch)
+    for name, a, b in zip(("tokens", "log-probabilities", "top"), got, want, strict=True):
+        assert torch.equal(a, b), name
+    assert want[0][3].tolist() == list(range(branch))
+
+
 def test_dfs_times_stay_exact_through_growth_and_re_roots(pair):
     side = _side(pair, "greedy", 12, 3, 3, 3, kernels=False)
     rng = random.Random(0)

@@ -108,11 +108,10 @@ class DeviceDraftSide:
         tables (`DraftSide._finish`'s rule)."""
         branch = self.cfg.branch
         logq = torch.log_softmax(logits.float(), -1)
-        top = logq.max(dim=-1).values.double()
         if self.cfg.mode == "greedy":
-            logp, tokens = torch.topk(logq, min(branch, logq.shape[-1]), dim=-1)
-            self.tree.add_children(rows, tokens, logp, top, None)
+            self.tree.add_children(rows, *self.tree.best_children(logq), None)
             return
+        top = logq.max(dim=-1).values.double()
         tokens = gumbel_top_k(logq, self.uniforms.take(rows.numel(), int(owed)), branch)
         self.tree.add_children(rows, tokens, logq.gather(1, tokens), top, logq.exp())
 

@@ -39,7 +39,7 @@ import torch
 
 from . import device_tree_kernels
 from .device_tree_kernels import DEAD_END, DEAD_START
-from .tree import MODES
+from .tree import MODES, top_children
 
 
 @dataclass
@@ -165,6 +165,14 @@ class DeviceTree:
             index.q_end[0, :1].fill_(DEAD_START)
         index.prefix.copy_(prefix)
         index.tree_len.fill_(self.slots)
+
+    def best_children(self, logq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Greedy: each run row's candidate children from its log-probabilities logq (n, V) float32
+        (`tree.top_children`: tokens, their log-probabilities, the row's largest), for
+        `add_children`."""
+        if self.kernels:
+            return device_tree_kernels.best_children(logq, self.branch)
+        return top_children(logq, self.branch)
 
     def add_children(self, rows: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor, top: torch.Tensor,
                      q: torch.Tensor | None) -> None:

@@ -8,9 +8,10 @@ microsecond each inside a CUDA graph, take longer than the model step itself (re
 has the profile). A table of a few hundred rows fits one program's registers, so each step here is
 one kernel:
 
-* `pop_kernel`: the `width` best candidates, one `argmax` each (ties to the lower row, as the
-  queue's order), become nodes; it writes the pass's queries (tokens, positions, cache rows, DFS
-  times) and every node's DFS times at its cache row, which is all the attention reads.
+* `pop_rank_kernel` and `pop_kernel`: the `width` best candidates (ties to the lower row, as the
+  queue's order), ranked by a grid of programs as the selection ranks its rows (below), become
+  nodes; the second writes the pass's queries (tokens, positions, cache rows, DFS times) and every
+  node's DFS times at its cache row, which is all the attention reads.
 * `children_kernel`: the new nodes' candidate children, and the DFS times moved to make room.
 * `rank_kernel` and `select_kernel`: the `size` best rows in message order, with the parents'
   indices in the message. Each row's rank in the selection's order is the number of live rows ahead
@@ -32,6 +33,7 @@ second each before its first token.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -46,13 +48,17 @@ def _block(n: int) -> int:
 
 
 def pop(tree, width: int, owed: bool, queries, index) -> None:
-    """`DeviceTree.pop_queries` in one launch."""
-    pop_kernel[(1,)](tree.parent, tree.key, tree.top, tree.run, tree.sent, tree.slot, tree.token, tree.depth,
-                     tree.start, tree.end, tree.count, tree.used, tree.prefix, tree.likely, tree.owed_token,
-                     queries.rows, queries.tokens, queries.positions, queries.cache_rows, index.q_start,
-                     index.q_end, index.kv_start, index.kv_end, index.prefix, index.tree_len, tree.slots,
-                     width, OWED=bool(owed), BLOCK=_block(tree.rows + 1), SLOT_BLOCK=_block(tree.slots),
-                     W_BLOCK=_block(width))
+    """`DeviceTree.pop_queries` in two launches: each candidate's rank in the growth's order, then
+    the `width` ranked first become nodes and the pass's queries."""
+    block = _block(tree.rows + 1)
+    pop_rank_kernel[(triton.cdiv(block, RANK_TILE),)](tree.key, tree.top, tree.run, tree.sent, tree.parent,
+                                                      tree.likely, tree.count, tree.scratch, TILE=RANK_TILE,
+                                                      BLOCK=block, num_warps=8)
+    pop_kernel[(1,)](tree.run, tree.slot, tree.token, tree.depth, tree.start, tree.end, tree.count,
+                     tree.used, tree.prefix, tree.owed_token, tree.scratch, queries.rows, queries.tokens,
+                     queries.positions, queries.cache_rows, index.q_start, index.q_end, index.kv_start,
+                     index.kv_end, index.prefix, index.tree_len, tree.slots, width, OWED=bool(owed),
+                     BLOCK=block, SLOT_BLOCK=_block(tree.slots), W_BLOCK=_block(width))
 
 
 def add_children(tree, rows, tokens, logp, top) -> None:
@@ -63,6 +69,19 @@ def add_children(tree, rows, tokens, logp, top) -> None:
                           logp.contiguous(), top.contiguous(), width, BRANCH=branch,
                           GREEDY=tree.mode == "greedy", BLOCK=_block(tree.rows + 1), W_BLOCK=_block(width),
                           B_BLOCK=_block(branch))
+
+
+def best_children(logq, branch: int):
+    """`tree.top_children` in one launch, a program per row: (tokens (n, branch) int64, their
+    log-probabilities float32, each row's largest float64)."""
+    n, vocab = logq.shape
+    branch = min(branch, vocab)
+    tokens = torch.empty((n, branch), dtype=torch.int64, device=logq.device)
+    logp = torch.empty((n, branch), dtype=torch.float32, device=logq.device)
+    top = torch.empty(n, dtype=torch.float64, device=logq.device)
+    best_children_kernel[(n,)](logq.contiguous(), tokens, logp, top, vocab, BRANCH=branch,
+                               V_BLOCK=_block(vocab), B_BLOCK=_block(branch))
+    return tokens, logp, top
 
 
 def select(tree, size: int):
@@ -78,32 +97,58 @@ def select(tree, size: int):
     return out
 
 
-@triton.jit(do_not_specialize=["n_slots", "width"])
-def pop_kernel(parent, key, top, run, sent, slot, token, depth, start, end, count, used, prefix, likely,
-               owed_token, q_rows, q_tokens, q_positions, q_cache_rows, q_start, q_end, kv_start, kv_end,
-               index_prefix, index_tree_len, n_slots, width, OWED: tl.constexpr, BLOCK: tl.constexpr,
-               SLOT_BLOCK: tl.constexpr, W_BLOCK: tl.constexpr):
-    ids = tl.arange(0, BLOCK)
-    n = tl.load(count)
-    live = ids < n
+@triton.jit
+def _growth_order(key, top, run, sent, parent, likely, ids, live):
+    """A row's score in the growth's order (growth "likely": a row sent as a leaf ranks by its key
+    plus the log of its parent's top draft probability; else by its key), and whether it is a
+    candidate (live, not run)."""
     is_run = tl.load(run + ids, mask=live, other=0) != 0
     up = tl.maximum(tl.load(parent + ids, mask=live, other=0), 0)
     is_sent = tl.load(sent + ids, mask=live, other=0) != 0
     bonus = tl.where(is_sent, tl.load(top + up, mask=live, other=0.0), 0.0) * tl.load(likely)
-    score = tl.where(live & ~is_run, tl.load(key + ids, mask=live, other=0.0) + bonus, float("-inf"))
+    return tl.load(key + ids, mask=live, other=0.0) + bonus, live & ~is_run
+
+
+@triton.jit
+def pop_rank_kernel(key, top, run, sent, parent, likely, count, rank, TILE: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    # Each program ranks TILE rows against every row at once: a candidate's rank is the number of
+    # candidates ahead of it (a higher score, or the same and a lower row: the queue's order); any
+    # other row ranks BIG. Picking the best `width` one argmax at a time would be `width` dependent
+    # reductions over the table in one program, the longest kernel of a pass.
+    n = tl.load(count)
+    mine = tl.program_id(0) * TILE + tl.arange(0, TILE).to(tl.int64)
+    every = tl.arange(0, BLOCK).to(tl.int64)
+    s_i, c_i = _growth_order(key, top, run, sent, parent, likely, mine, mine < n)
+    s_j, c_j = _growth_order(key, top, run, sent, parent, likely, every, every < n)
+    ahead = c_j[None, :] & ((s_j[None, :] > s_i[:, None])
+                            | ((s_j[None, :] == s_i[:, None]) & (every[None, :] < mine[:, None])))
+    row_rank = tl.where(c_i, tl.sum(ahead.to(tl.int64), axis=1), BIG)
+    tl.store(rank + mine, row_rank, mask=mine < n)
+
+
+@triton.jit(do_not_specialize=["n_slots", "width"])
+def pop_kernel(run, slot, token, depth, start, end, count, used, prefix, owed_token, rank, q_rows, q_tokens,
+               q_positions, q_cache_rows, q_start, q_end, kv_start, kv_end, index_prefix, index_tree_len,
+               n_slots, width, OWED: tl.constexpr, BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr,
+               W_BLOCK: tl.constexpr):
+    ids = tl.arange(0, BLOCK)
+    n = tl.load(count)
+    live = ids < n
+    is_run = tl.load(run + ids, mask=live, other=0) != 0
     slots = tl.load(slot + ids, mask=live, other=-1)
     first = tl.load(used)
     P = tl.load(prefix)
     w = tl.arange(0, W_BLOCK)
-    picked = tl.zeros([W_BLOCK], dtype=tl.int64)
-    for i in range(width):  # in registers only: the loads that depend on the picks come after
-        r = tl.argmax(score, axis=0)  # the lowest row among the best: the queue's order
-        score = tl.where(ids == r, float("-inf"), score)
-        is_run = is_run | (ids == r)
-        slots = tl.where(ids == r, first + i, slots)
-        picked = tl.where(w == i, r, picked)
+    # The candidates ranked 0 .. width - 1 (`pop_rank_kernel`), in rank order, through q_rows.
+    row_rank = tl.load(rank + ids, mask=live, other=BIG)
+    chosen = live & (row_rank < width)
+    tl.store(q_rows + row_rank, ids.to(tl.int64), mask=chosen)
+    tl.debug_barrier()
+    picked = tl.load(q_rows + w, mask=w < width, other=0)
+    is_run = is_run | chosen
+    slots = tl.where(chosen, first + row_rank, slots)
     real = w < width
-    tl.store(q_rows + w, picked, mask=real)
     tl.store(q_tokens + OWED + w, tl.load(token + picked, mask=real, other=0), mask=real)
     tl.store(q_positions + OWED + w, P + tl.load(depth + picked, mask=real, other=0), mask=real)
     tl.store(q_cache_rows + OWED + w, P + first + w, mask=real)
@@ -184,6 +229,28 @@ def children_kernel(parent, token, depth, cum, key, top, run, sent, slot, start,
     tl.store(start + new, times, mask=both)
     tl.store(end + new, times, mask=both)
     tl.store(count, n + width * BRANCH)
+
+
+@triton.jit(do_not_specialize=["vocab"])
+def best_children_kernel(logq, tokens, logp, top, vocab, BRANCH: tl.constexpr, V_BLOCK: tl.constexpr,
+                         B_BLOCK: tl.constexpr):
+    # One row: BRANCH argmaxes over its V log-probabilities, each taking the lowest token id among
+    # equals (as a stable sort does), in registers. Where torch.topk and its sort took two kernels
+    # and a max a third, this is one short launch.
+    row = tl.program_id(0).to(tl.int64)
+    v = tl.arange(0, V_BLOCK)
+    x = tl.load(logq + row * vocab + v, mask=v < vocab, other=float("-inf"))
+    k = tl.arange(0, B_BLOCK)
+    picked = tl.zeros([B_BLOCK], dtype=tl.int64)
+    values = tl.zeros([B_BLOCK], dtype=tl.float32)
+    for b in tl.static_range(BRANCH):
+        best = tl.argmax(x, axis=0, tie_break_left=True)
+        picked = tl.where(k == b, best, picked)
+        values = tl.where(k == b, tl.max(x, axis=0), values)
+        x = tl.where(v == best, float("-inf"), x)
+    tl.store(tokens + row * BRANCH + k, picked, mask=k < BRANCH)
+    tl.store(logp + row * BRANCH + k, values, mask=k < BRANCH)
+    tl.store(top + row, tl.max(tl.where(k == 0, values, float("-inf")), axis=0).to(tl.float64))
 
 
 @triton.jit

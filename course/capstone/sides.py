@@ -31,7 +31,7 @@ from . import decoder
 from .backends import make_backend
 from .host_tree import HostTree, dfs_times_of
 from .side_steps import MoveBuffers, Steps, TreeStep, UniformPool
-from .tree import gumbel_top_k
+from .tree import gumbel_top_k, top_children
 
 TIMED_EVERY = 8  # the target's passes timed on the GPU: one in this many
 POOLED = 64  # the target's verifications whose sampling uniforms are drawn at once
@@ -121,7 +121,7 @@ class DraftSide:
         logq = torch.log_softmax(logits.float(), -1)
         top = logq.max(dim=-1, keepdim=True).values.double()
         if self.cfg.mode == "greedy":
-            values, picks = torch.topk(logq, min(self.cfg.branch, logq.shape[-1]), dim=-1)
+            picks, values, _ = top_children(logq, self.cfg.branch)
             return torch.cat([values.double(), picks.double(), top], dim=1)
         probs = logq.exp()
         picks = gumbel_top_k(logq, self.uniforms[:logits.shape[0]], self.cfg.branch)

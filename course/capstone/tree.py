@@ -93,6 +93,16 @@ def gumbel_top_k(logq: Tensor, uniforms: Tensor, k: int) -> Tensor:
     return torch.topk(logq.double() + gumbel, k, dim=-1).indices
 
 
+def top_children(logq: Tensor, branch: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Greedy growth's candidates at each row of logq (rows, V): the `branch` likeliest tokens,
+    likeliest first and ties to the lower token id (a stable sort: `torch.topk` leaves the order
+    of ties open, and the parallel draft's kernels must pick what this picks); their
+    log-probabilities; and each row's largest log-probability (float64)."""
+    logp, tokens = torch.sort(logq, dim=-1, descending=True, stable=True)
+    branch = min(branch, logq.shape[-1])
+    return tokens[:, :branch], logp[:, :branch], logp[:, 0].double()
+
+
 def check_bias(bias, steps: int, branch: int) -> Tensor:
     """A (steps, branch) table of log acceptance rates: finite or -inf, never NaN, never above 0."""
     bias = torch.as_tensor(bias, dtype=torch.float64)
