@@ -1,5 +1,6 @@
 """Triton kernels for the draft tree on the device (`device_tree.DeviceTree`): each of its
-bookkeeping steps as one launch (the selection: two) over every row of the table.
+bookkeeping steps as one launch (the pop and the selection: two each) over the live rows of the
+table.
 
 The tree's methods written with PyTorch (`DeviceTree.pop`, `add_children`, `select`) are the
 readable form, and the tests hold these kernels equal to them. They cost what they launch: a draft
@@ -12,13 +13,20 @@ one kernel:
   queue's order), ranked by a grid of programs as the selection ranks its rows (below), become
   nodes; the second writes the pass's queries (tokens, positions, cache rows, DFS times) and every
   node's DFS times at its cache row, which is all the attention reads.
-* `children_kernel`: the new nodes' candidate children, and the DFS times moved to make room.
+* `best_children_kernel` (greedy): each new node's `branch` likeliest tokens, `tree.top_children`'s
+  rule, in one launch where `torch.topk`, its sort and a max took three.
+* `children_kernel`: the new nodes' candidate children, and the DFS times moved to make room: a
+  chunk of rows against every new node at once.
 * `rank_kernel` and `select_kernel`: the `size` best rows in message order, with the parents'
   indices in the message. Each row's rank in the selection's order is the number of live rows ahead
-  of it, counted by a grid of programs at once (a tile of rows against every row): no row waits for
-  another, where picking the best row `size` times over is `size` dependent reductions in a row.
-  The rows ranked below `size` are the subtree (a child's key is never above its parent's, and ties
-  go to the shallower row, so the best rows hold every ancestor of each).
+  of it, counted by a grid of programs at once (a tile of rows against every live row): no row
+  waits for another, where picking the best row `size` times over is `size` dependent reductions in
+  a row. The rows ranked below `size` are the subtree (a child's key is never above its parent's,
+  and ties go to the shallower row, so the best rows hold every ancestor of each).
+
+The table's capacity is set for the largest tree a side can hold, but most passes see a fraction of
+it live, so the loops over rows stop at the live count (`RANK_CHUNK` rows a turn), and the programs
+of a ranking whose tile lies past it return at once.
 
 Inside a kernel, what is on the critical path is the chain of dependent steps, not the work: a
 load whose address comes from another load waits for it, a trip to memory each. So the loads that
@@ -40,7 +48,8 @@ import triton.language as tl
 DEAD_START, DEAD_END = 2 ** 31 - 1, -1  # an interval that contains no query: a row no query sees
 _DEAD_START, _DEAD_END = tl.constexpr(DEAD_START), tl.constexpr(DEAD_END)
 BIG = tl.constexpr(2 ** 62)  # above every row, slot, depth and DFS time
-RANK_TILE = 8  # rows a program of the selection's ranking ranks, against every row of the table
+RANK_TILE = 8  # rows a program of a ranking (the growth's, the selection's) ranks against the others
+RANK_CHUNK = 256  # rows a loop over the live rows takes at a time (the rankings, the children's move)
 
 
 def _block(n: int) -> int:
@@ -53,7 +62,7 @@ def pop(tree, width: int, owed: bool, queries, index) -> None:
     block = _block(tree.rows + 1)
     pop_rank_kernel[(triton.cdiv(block, RANK_TILE),)](tree.key, tree.top, tree.run, tree.sent, tree.parent,
                                                       tree.likely, tree.count, tree.scratch, TILE=RANK_TILE,
-                                                      BLOCK=block, num_warps=8)
+                                                      CHUNK=RANK_CHUNK)
     pop_kernel[(1,)](tree.run, tree.slot, tree.token, tree.depth, tree.start, tree.end, tree.count,
                      tree.used, tree.prefix, tree.owed_token, tree.scratch, queries.rows, queries.tokens,
                      queries.positions, queries.cache_rows, index.q_start, index.q_end, index.kv_start,
@@ -67,7 +76,7 @@ def add_children(tree, rows, tokens, logp, top) -> None:
     children_kernel[(1,)](tree.parent, tree.token, tree.depth, tree.cum, tree.key, tree.top, tree.run,
                           tree.sent, tree.slot, tree.start, tree.end, tree.count, rows, tokens.contiguous(),
                           logp.contiguous(), top.contiguous(), width, BRANCH=branch,
-                          GREEDY=tree.mode == "greedy", BLOCK=_block(tree.rows + 1), W_BLOCK=_block(width),
+                          GREEDY=tree.mode == "greedy", CHUNK=RANK_CHUNK, W_BLOCK=_block(width),
                           B_BLOCK=_block(branch))
 
 
@@ -90,8 +99,7 @@ def select(tree, size: int):
     out = tree.message[:2 * size]
     block = _block(tree.rows + 1)
     rank_kernel[(triton.cdiv(block, RANK_TILE),)](tree.key, tree.depth, tree.run, tree.slot, tree.count,
-                                                  tree.scratch, tree.rows, TILE=RANK_TILE, BLOCK=block,
-                                                  num_warps=8)
+                                                  tree.scratch, tree.rows, TILE=RANK_TILE, CHUNK=RANK_CHUNK)
     select_kernel[(1,)](tree.parent, tree.token, tree.key, tree.run, tree.sent, tree.slot, tree.count,
                         tree.scratch, tree.msg_rows, out, tree.rows, size, BLOCK=block, S_BLOCK=_block(size))
     return out
@@ -111,20 +119,25 @@ def _growth_order(key, top, run, sent, parent, likely, ids, live):
 
 @triton.jit
 def pop_rank_kernel(key, top, run, sent, parent, likely, count, rank, TILE: tl.constexpr,
-                    BLOCK: tl.constexpr):
-    # Each program ranks TILE rows against every row at once: a candidate's rank is the number of
-    # candidates ahead of it (a higher score, or the same and a lower row: the queue's order); any
-    # other row ranks BIG. Picking the best `width` one argmax at a time would be `width` dependent
-    # reductions over the table in one program, the longest kernel of a pass.
+                    CHUNK: tl.constexpr):
+    # Each program ranks TILE rows against every live row, CHUNK at a time: a candidate's rank is the
+    # number of candidates ahead of it (a higher score, or the same and a lower row: the queue's
+    # order); any other row ranks BIG. Picking the best `width` one argmax at a time would be `width`
+    # dependent reductions over the table in one program, the longest kernel of a pass; and the
+    # loop stops at the live rows, a fraction of the table's capacity in most passes.
     n = tl.load(count)
-    mine = tl.program_id(0) * TILE + tl.arange(0, TILE).to(tl.int64)
-    every = tl.arange(0, BLOCK).to(tl.int64)
-    s_i, c_i = _growth_order(key, top, run, sent, parent, likely, mine, mine < n)
-    s_j, c_j = _growth_order(key, top, run, sent, parent, likely, every, every < n)
-    ahead = c_j[None, :] & ((s_j[None, :] > s_i[:, None])
-                            | ((s_j[None, :] == s_i[:, None]) & (every[None, :] < mine[:, None])))
-    row_rank = tl.where(c_i, tl.sum(ahead.to(tl.int64), axis=1), BIG)
-    tl.store(rank + mine, row_rank, mask=mine < n)
+    first = tl.program_id(0) * TILE
+    if first < n:
+        mine = first + tl.arange(0, TILE).to(tl.int64)
+        s_i, c_i = _growth_order(key, top, run, sent, parent, likely, mine, mine < n)
+        ahead = tl.zeros([TILE], dtype=tl.int64)
+        for base in range(0, n, CHUNK):
+            every = base + tl.arange(0, CHUNK).to(tl.int64)
+            s_j, c_j = _growth_order(key, top, run, sent, parent, likely, every, every < n)
+            is_ahead = c_j[None, :] & ((s_j[None, :] > s_i[:, None])
+                                       | ((s_j[None, :] == s_i[:, None]) & (every[None, :] < mine[:, None])))
+            ahead += tl.sum(is_ahead.to(tl.int64), axis=1)
+        tl.store(rank + mine, tl.where(c_i, ahead, BIG), mask=mine < n)
 
 
 @triton.jit(do_not_specialize=["n_slots", "width"])
@@ -177,13 +190,9 @@ def pop_kernel(run, slot, token, depth, start, end, count, used, prefix, owed_to
 
 @triton.jit(do_not_specialize=["width"])
 def children_kernel(parent, token, depth, cum, key, top, run, sent, slot, start, end, count, q_rows, picks,
-                    logp, q_top, width, BRANCH: tl.constexpr, GREEDY: tl.constexpr, BLOCK: tl.constexpr,
+                    logp, q_top, width, BRANCH: tl.constexpr, GREEDY: tl.constexpr, CHUNK: tl.constexpr,
                     W_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr):
-    ids = tl.arange(0, BLOCK)
     n = tl.load(count)
-    live = ids < n
-    row_start = tl.load(start + ids, mask=live, other=0)
-    row_end = tl.load(end + ids, mask=live, other=0)
     w = tl.arange(0, W_BLOCK)
     real = w < width
     rows = tl.load(q_rows + w, mask=real, other=0)
@@ -192,21 +201,27 @@ def children_kernel(parent, token, depth, cum, key, top, run, sent, slot, start,
     p_cum = tl.load(cum + rows, mask=real, other=0.0)
     # A row moves right by BRANCH for each group placed before it (its start), or inside its subtree
     # or before it (its end); a group goes right after its parent's subtree.
-    before_start = tl.zeros([BLOCK], dtype=tl.int64)
-    inside_or_before = tl.zeros([BLOCK], dtype=tl.int64)
-    for j in range(width):  # a [row, node] table would be rows x width: too large for one program
-        r = tl.load(q_rows + j)
-        s_j = tl.load(start + r)
-        e_j = tl.load(end + r)
-        before_start += (e_j < row_start).to(tl.int64)
-        inside_or_before += ((e_j <= row_end) & ((s_j >= row_start) | (e_j < row_start))).to(tl.int64)
+    p_start = tl.load(start + rows, mask=real, other=BIG)
     # Groups ending at the same place: the deeper node's group first.
     ahead = ((p_end[None, :] < p_end[:, None]) | ((p_end[None, :] == p_end[:, None])
                                                   & (p_depth[None, :] > p_depth[:, None]))) & real[None, :]
     group_start = p_end + 1 + BRANCH * tl.sum(ahead.to(tl.int64), axis=1)
-    tl.debug_barrier()  # every read of the old times is done: now move them
-    tl.store(start + ids, row_start + BRANCH * before_start, mask=live)
-    tl.store(end + ids, row_end + BRANCH * inside_or_before, mask=live)
+    tl.debug_barrier()  # every read of the nodes' old times is done: now move the rows'
+    # CHUNK live rows at a time against every node at once ([row, node] tables of CHUNK x W_BLOCK): a
+    # row's new times depend only on its own old ones and the nodes', so each chunk is read, moved
+    # and written before the next, with no chain of dependent loads as a loop over nodes has.
+    for base in range(0, n, CHUNK):
+        ids = base + tl.arange(0, CHUNK)
+        live = ids < n
+        row_start = tl.load(start + ids, mask=live, other=0)[:, None]
+        row_end = tl.load(end + ids, mask=live, other=0)[:, None]
+        e_j, s_j = p_end[None, :], p_start[None, :]
+        before_start = tl.sum(((e_j < row_start) & real[None, :]).to(tl.int64), axis=1)
+        inside_or_before = tl.sum(((e_j <= row_end) & ((s_j >= row_start) | (e_j < row_start))
+                                   & real[None, :]).to(tl.int64), axis=1)
+        tl.debug_barrier()  # the chunk's old times are all read
+        tl.store(start + ids, tl.reshape(row_start, [CHUNK]) + BRANCH * before_start, mask=live)
+        tl.store(end + ids, tl.reshape(row_end, [CHUNK]) + BRANCH * inside_or_before, mask=live)
     tl.store(top + rows, tl.load(q_top + w, mask=real, other=0.0), mask=real)
     k = tl.arange(0, B_BLOCK)
     both = real[:, None] & (k < BRANCH)[None, :]
@@ -266,18 +281,23 @@ def _selection_order(key, depth, run, slot, ids, live, rows):
 
 
 @triton.jit(do_not_specialize=["rows"])
-def rank_kernel(key, depth, run, slot, count, rank, rows, TILE: tl.constexpr, BLOCK: tl.constexpr):
-    # Each program ranks TILE rows against every live row at once: rank = the rows ahead of it.
+def rank_kernel(key, depth, run, slot, count, rank, rows, TILE: tl.constexpr, CHUNK: tl.constexpr):
+    # Each program ranks TILE rows against every live row, CHUNK at a time: rank = the rows ahead of it.
     n = tl.load(count)
-    mine = tl.program_id(0) * TILE + tl.arange(0, TILE).to(tl.int64)
-    every = tl.arange(0, BLOCK).to(tl.int64)
-    mine_live, every_live = mine < n, every < n
-    k_i, d_i, t_i = _selection_order(key, depth, run, slot, mine, mine_live, rows)
-    k_j, d_j, t_j = _selection_order(key, depth, run, slot, every, every_live, rows)
-    k_i, d_i, t_i = k_i[:, None], d_i[:, None], t_i[:, None]
-    k_j, d_j, t_j = k_j[None, :], d_j[None, :], t_j[None, :]
-    ahead = (k_j > k_i) | ((k_j == k_i) & ((d_j < d_i) | ((d_j == d_i) & (t_j < t_i))))
-    tl.store(rank + mine, tl.sum((ahead & every_live[None, :]).to(tl.int64), axis=1), mask=mine_live)
+    first = tl.program_id(0) * TILE
+    if first < n:
+        mine = first + tl.arange(0, TILE).to(tl.int64)
+        k_i, d_i, t_i = _selection_order(key, depth, run, slot, mine, mine < n, rows)
+        k_i, d_i, t_i = k_i[:, None], d_i[:, None], t_i[:, None]
+        ahead = tl.zeros([TILE], dtype=tl.int64)
+        for base in range(0, n, CHUNK):
+            every = base + tl.arange(0, CHUNK).to(tl.int64)
+            every_live = every < n
+            k_j, d_j, t_j = _selection_order(key, depth, run, slot, every, every_live, rows)
+            k_j, d_j, t_j = k_j[None, :], d_j[None, :], t_j[None, :]
+            is_ahead = (k_j > k_i) | ((k_j == k_i) & ((d_j < d_i) | ((d_j == d_i) & (t_j < t_i))))
+            ahead += tl.sum((is_ahead & every_live[None, :]).to(tl.int64), axis=1)
+        tl.store(rank + mine, ahead, mask=mine < n)
 
 
 @triton.jit(do_not_specialize=["rows", "size"])
