@@ -94,7 +94,7 @@ class UniformPool:
         # capture runs its body with no reservation.
         rows = (self.cursor + self.steps[:skip + n]) % self.rows
         self.cursor.add_(skip + n)
-        return self.pool.index_select(0, rows[skip:])
+        return self.pool[rows[skip:]]  # indexing, not index_select: see `TinyLM.step`
 
 
 class TreeStep:
