@@ -12,6 +12,7 @@ import torch
 import course  # noqa: F401  (first: chooses the simulator / interpreter)
 from course.capstone import decoder, parallel, weights
 from course.capstone.device_side import DeviceDraftSide, _Pass
+from course.capstone.device_tree import DeviceTree
 from course.capstone.host_tree import dfs_times_of
 from course.capstone.protocol import Timeline, draft_rounds, run_lockstep, target_rounds
 from course.capstone.side_steps import UniformPool
@@ -146,6 +147,26 @@ def test_the_greedy_children_kernel_picks_what_the_stable_sort_picks(branch):
     for name, a, b in zip(("tokens", "log-probabilities", "top"), got, want, strict=True):
         assert torch.equal(a, b), name
     assert want[0][3].tolist() == list(range(branch))
+
+
+@pytest.mark.parametrize("branch", [1, 4])
+def test_the_sampled_children_kernel_draws_what_gumbel_top_k_draws(branch):
+    """`device_tree_kernels.best_children` with uniforms against the PyTorch form
+    (`tree.gumbel_top_k`, the picks' log-probabilities, each row's largest), uniforms of exactly 0
+    included (clamped, as the PyTorch form clamps them)."""
+    from course.capstone import device_tree_kernels
+
+    device = runtime.torch_device()
+    gen = torch.Generator().manual_seed(branch)
+    logq = torch.log_softmax(torch.randn((9, 20), generator=gen), -1).to(device)
+    uniforms = torch.rand((9, 20), generator=gen, dtype=torch.float64)
+    uniforms[2, 5] = 0.0
+    uniforms = uniforms.to(device)
+    tree = DeviceTree(8, 4, branch, "sample", 20, device)  # the PyTorch form
+    want = tree.best_children(logq, uniforms)
+    got = device_tree_kernels.best_children(logq, branch, uniforms)
+    for name, a, b in zip(("tokens", "log-probabilities", "top"), got, want, strict=True):
+        assert torch.equal(a, b), name
 
 
 def test_dfs_times_stay_exact_through_growth_and_re_roots(pair):

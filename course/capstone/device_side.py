@@ -23,7 +23,6 @@ from .backends import TreeIndex
 from .device_tree import DeviceTree, Queries
 from .side_steps import UniformPool, host_ints
 from .sides import _fits, set_up_draft
-from .tree import gumbel_top_k
 
 
 class _Pass:
@@ -106,14 +105,12 @@ class DeviceDraftSide:
         """After the pass, in its graph: each node's candidates (greedy: the draft's top-`branch`
         tokens; sample: `branch` draws without replacement by Gumbel top-k, in draw order) into the
         tables (`DraftSide._finish`'s rule)."""
-        branch = self.cfg.branch
         logq = torch.log_softmax(logits.float(), -1)
         if self.cfg.mode == "greedy":
             self.tree.add_children(rows, *self.tree.best_children(logq), None)
             return
-        top = logq.max(dim=-1).values.double()
-        tokens = gumbel_top_k(logq, self.uniforms.take(rows.numel(), int(owed)), branch)
-        self.tree.add_children(rows, tokens, logq.gather(1, tokens), top, logq.exp())
+        uniforms = self.uniforms.take(rows.numel(), int(owed))
+        self.tree.add_children(rows, *self.tree.best_children(logq, uniforms), logq.exp())
 
     # ------------------------------------------------------------------ DraftSide's interface
 

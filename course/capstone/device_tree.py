@@ -39,7 +39,7 @@ import torch
 
 from . import device_tree_kernels
 from .device_tree_kernels import DEAD_END, DEAD_START
-from .tree import MODES, top_children
+from .tree import MODES, gumbel_top_k, top_children
 
 
 @dataclass
@@ -166,13 +166,18 @@ class DeviceTree:
         index.prefix.copy_(prefix)
         index.tree_len.fill_(self.slots)
 
-    def best_children(self, logq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Greedy: each run row's candidate children from its log-probabilities logq (n, V) float32
-        (`tree.top_children`: tokens, their log-probabilities, the row's largest), for
-        `add_children`."""
+    def best_children(self, logq: torch.Tensor, uniforms: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each run row's candidate children from its log-probabilities logq (n, V) float32, for
+        `add_children`: tokens, their log-probabilities and the row's largest. Greedy: the
+        likeliest (`tree.top_children`); sampling (uniforms (n, V) float64): `branch` draws without
+        replacement by Gumbel top-k (`tree.gumbel_top_k`), in draw order."""
         if self.kernels:
-            return device_tree_kernels.best_children(logq, self.branch)
-        return top_children(logq, self.branch)
+            return device_tree_kernels.best_children(logq, self.branch, uniforms)
+        if uniforms is None:
+            return top_children(logq, self.branch)
+        tokens = gumbel_top_k(logq, uniforms, self.branch)
+        return tokens, logq.gather(1, tokens), logq.max(dim=-1).values.double()
 
     def add_children(self, rows: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor, top: torch.Tensor,
                      q: torch.Tensor | None) -> None:

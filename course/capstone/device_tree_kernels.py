@@ -13,8 +13,9 @@ one kernel:
   queue's order), ranked by a grid of programs as the selection ranks its rows (below), become
   nodes; the second writes the pass's queries (tokens, positions, cache rows, DFS times) and every
   node's DFS times at its cache row, which is all the attention reads.
-* `best_children_kernel` (greedy): each new node's `branch` likeliest tokens, `tree.top_children`'s
-  rule, in one launch where `torch.topk`, its sort and a max took three.
+* `best_children_kernel`: each new node's `branch` candidates (greedy: the likeliest tokens,
+  `tree.top_children`'s rule; sampling: Gumbel top-k draws) in one launch where PyTorch took three
+  (greedy) or eight (sampling).
 * `children_kernel`: the new nodes' candidate children, and the DFS times moved to make room: a
   chunk of rows against every new node at once.
 * `rank_kernel` and `select_kernel`: the `size` best rows in message order, with the parents'
@@ -44,6 +45,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .tree import TINY
 
 DEAD_START, DEAD_END = 2 ** 31 - 1, -1  # an interval that contains no query: a row no query sees
 _DEAD_START, _DEAD_END = tl.constexpr(DEAD_START), tl.constexpr(DEAD_END)
@@ -80,16 +83,19 @@ def add_children(tree, rows, tokens, logp, top) -> None:
                           B_BLOCK=_block(branch))
 
 
-def best_children(logq, branch: int):
-    """`tree.top_children` in one launch, a program per row: (tokens (n, branch) int64, their
-    log-probabilities float32, each row's largest float64)."""
+def best_children(logq, branch: int, uniforms=None):
+    """In one launch, a program per row: greedy, `tree.top_children`; sampling (uniforms (n, V)
+    float64 given), `tree.gumbel_top_k`'s draws with their log-probabilities and each row's largest:
+    (tokens (n, branch) int64, their log-probabilities float32, each row's largest float64)."""
     n, vocab = logq.shape
     branch = min(branch, vocab)
     tokens = torch.empty((n, branch), dtype=torch.int64, device=logq.device)
     logp = torch.empty((n, branch), dtype=torch.float32, device=logq.device)
     top = torch.empty(n, dtype=torch.float64, device=logq.device)
-    best_children_kernel[(n,)](logq.contiguous(), tokens, logp, top, vocab, BRANCH=branch,
-                               V_BLOCK=_block(vocab), B_BLOCK=_block(branch))
+    gumbel = uniforms is not None
+    keys = uniforms.contiguous() if gumbel else logq  # greedy: not read
+    best_children_kernel[(n,)](logq.contiguous(), keys, tokens, logp, top, vocab, TINY, BRANCH=branch,
+                               GUMBEL=gumbel, V_BLOCK=_block(vocab), B_BLOCK=_block(branch))
     return tokens, logp, top
 
 
@@ -247,25 +253,32 @@ def children_kernel(parent, token, depth, cum, key, top, run, sent, slot, start,
 
 
 @triton.jit(do_not_specialize=["vocab"])
-def best_children_kernel(logq, tokens, logp, top, vocab, BRANCH: tl.constexpr, V_BLOCK: tl.constexpr,
-                         B_BLOCK: tl.constexpr):
-    # One row: BRANCH argmaxes over its V log-probabilities, each taking the lowest token id among
-    # equals (as a stable sort does), in registers. Where torch.topk and its sort took two kernels
-    # and a max a third, this is one short launch.
+def best_children_kernel(logq, uniforms, tokens, logp, top, vocab, tiny, BRANCH: tl.constexpr,
+                         GUMBEL: tl.constexpr, V_BLOCK: tl.constexpr, B_BLOCK: tl.constexpr):
+    # One row: BRANCH argmaxes over its V keys, in registers, each taking the lowest token id among
+    # equals (as a stable sort does). Greedy, the keys are the log-probabilities; sampling, the
+    # log-probabilities plus a Gumbel key each (float64, as `tree.gumbel_top_k` adds them). Where
+    # torch.topk and its sort took two kernels, a max a third, and the Gumbel keys and the gather of
+    # the picks' log-probabilities five more, this is one short launch.
     row = tl.program_id(0).to(tl.int64)
     v = tl.arange(0, V_BLOCK)
     x = tl.load(logq + row * vocab + v, mask=v < vocab, other=float("-inf"))
+    if GUMBEL:
+        u = tl.maximum(tl.load(uniforms + row * vocab + v, mask=v < vocab, other=0.5), tiny)
+        keys = x.to(tl.float64) - tl.log(-tl.log(u))
+    else:
+        keys = x
     k = tl.arange(0, B_BLOCK)
     picked = tl.zeros([B_BLOCK], dtype=tl.int64)
     values = tl.zeros([B_BLOCK], dtype=tl.float32)
     for b in tl.static_range(BRANCH):
-        best = tl.argmax(x, axis=0, tie_break_left=True)
+        best = tl.argmax(keys, axis=0, tie_break_left=True)
         picked = tl.where(k == b, best, picked)
-        values = tl.where(k == b, tl.max(x, axis=0), values)
-        x = tl.where(v == best, float("-inf"), x)
+        values = tl.where(k == b, tl.sum(tl.where(v == best, x, 0.0), axis=0), values)
+        keys = tl.where(v == best, float("-inf"), keys)
     tl.store(tokens + row * BRANCH + k, picked, mask=k < BRANCH)
     tl.store(logp + row * BRANCH + k, values, mask=k < BRANCH)
-    tl.store(top + row, tl.max(tl.where(k == 0, values, float("-inf")), axis=0).to(tl.float64))
+    tl.store(top + row, tl.max(x, axis=0).to(tl.float64))
 
 
 @triton.jit
