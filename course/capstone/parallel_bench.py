@@ -82,11 +82,16 @@ WIDE = (16, (6, 8, 10), (0, 1, 2))
 # sampling row to reach about 0.6x the serial decoder; it measured 0.93 -> 0.77 ms and 0.47x, wrong:
 # the ring's CUDA calls cost the host about 50 us a pass (a one-off profile, the small pair in one
 # process: a pass's launch took the host 87 us sampling, 16 greedy). Since then a pool
-# (`device_side.UniformPool`) holds many passes' rows, one copy per refill, the selection's graph
+# (`side_steps.UniformPool`) holds many passes' rows, one copy per refill, the selection's graph
 # gathers q too, and the target times one pass in eight (`sides.TIMED_EVERY`) and finds its DFS
 # times in two loops. Predicted before run l: the sampling rows' wait falls by 0.1 to 0.2 ms and the
 # best sampling row rises to about 3,500 tokens/s (0.52x); the greedy rows gain a few percent (about
-# 0.02 ms a round of the target's host work).
+# 0.02 ms a round of the target's host work). Measured in run l: sampling 3,803 (0.56x), greedy
+# unchanged (0.74x). Since then a draft pass at w = 16 went from 94.6 to 64.9 us on the GPU
+# (results/h200/README.md: a ranked pop, one kernel for the children, loops over the live rows,
+# gathers by indexing): eight of the old passes (0.76 ms) outlasted a verification (0.60). Predicted
+# for the next run: at w = 16, d = 8 the re-root stops waiting for queued passes and the target's
+# wait falls by about 0.1 ms, a round of about 0.95 ms, greedy about 0.83x; larger d may now pay.
 REPEATS = 3
 TIMELINE_ROUNDS = 4
 TARGET_SPEEDUP = 1.3  # parallel over the serial decoder, B = 1, greedy (SwiftSpec's Table 6: 275 / 200)
