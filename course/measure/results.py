@@ -107,7 +107,8 @@ class NotMeasuredYet(LookupError):
 # A topic's suite is named after its room (`python -m course bench <room>` writes <room>.json); the
 # suites measured otherwise, by the command that writes each.
 MEASURED_BY = {"step_profile": "python -m course bench capstone step_profile",
-               "queued_rounds": "python3 tools/queued_rounds.py --out results/<device>x2"}
+               "queued_rounds": "python3 tools/queued_rounds.py --out results/<device>x2",
+               "side_spans": "python3 tools/side_spans.py --out results/<device>"}
 
 
 def load_measured(suite: str) -> dict:
