@@ -21,7 +21,7 @@ DECLARED = {topic: topics.declared(topic) for topic in TOPICS}
 # rounds whose hosts only launch, `tools/queued_rounds.py`) and the simulator's times of the checks
 # (`python -m course.check_times`).
 SUITES_OUTSIDE_TOPICS = {capstone_bench.SUITE, step_profile.SUITE, parallel_bench.SUITE, "queued_rounds",
-                         "check_times"}
+                         "side_spans", "check_times"}  # the last three: tools/*.py and course.check_times
 
 
 def _stems(folder: str, suffix: str) -> set[str]:
