@@ -8,13 +8,13 @@ messages. Then each side is replayed alone and answered with the recorded messag
           passed (a verification's length; the host waits it out, so the draft's GPU works alone,
           as on its own GPU). The span from ACCEPTED's arrival to the next SUBTREE out is the
           draft's critical path: the re-root, the passes after it, the selection (and the growth
-          ahead, where it outlasts the verification). Its subtrees must equal
-          the recording's, and the passes between each re-root and the next subtree are counted.
+          ahead, where it outlasts the verification). Its subtrees must equal the recording's,
+          and the passes between each re-root and the next subtree are counted.
   target  each recorded SUBTREE in: the span to ACCEPTED out, and the pass's own time on the GPU
           (CUDA events, one verification in `sides.TIMED_EVERY`); the difference is the host's.
 
 On two GPUs a round lasts about the target's span, plus the draft's critical path, plus two
-messages (run k: 0.018 ms a round with NCCL and the hosts only launching).
+messages (about 0.05 ms each through shared memory in run l, results/h200x2/README.md).
 
     python3 tools/side_spans.py [--pair small] [--verify-ms 0.60] [--out results/h200]
 
