@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import statistics
 import time
@@ -57,7 +58,7 @@ def record(draft, target, prompt: list[int], seed: int) -> tuple[list, list]:
     next(verifying)
     while True:
         if subtree.q is not None:  # q is a view of a buffer the next selection overwrites
-            subtree = type(subtree)(subtree.round, subtree.parents, subtree.tokens, subtree.q.clone())
+            subtree = dataclasses.replace(subtree, q=subtree.q.clone())
         subtrees.append(subtree)
         drafting.send(None)  # the growth ahead
         reply = verifying.send(subtree)
