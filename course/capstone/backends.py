@@ -41,9 +41,19 @@ import torch
 import torch.nn.functional as F
 
 from course.core import impl as course_impl
+from course.core import runtime
 from course.topics.kvcache import launch as kvcache_launch
+from course.topics.kvcache.tuning import AttentionConfig
 
 BACKENDS = ("kernels", "reference")
+# The tree attention's tiles on a GPU: 16 packed (query head, query) rows a program, 64 cache rows a
+# step. The launcher's rule puts all of a KV head's rows in one program of up to 64 (notebook 18's
+# long caches are streams of bytes, best read once per KV head); a capstone call reads a few hundred
+# cache rows of one sample, so its time is the chain of dependent block steps inside a program, and
+# four shorter programs finish sooner than one long one. On an H200, graphed, one call: the draft's
+# at w = 16 (80 prefix and 100 tree rows) from 14.9 to 11.8 us, the medium target's at w = 48 (80
+# and 48) from 11.6 to 9.4 us a layer (results/h200/README.md). The interpreter keeps its own tiles.
+TREE_TILES = runtime.pick(sim=None, gpu=AttentionConfig(block_m=16, block_n=64, num_warps=4, num_stages=2))
 
 
 @dataclass(frozen=True)
@@ -266,7 +276,8 @@ class KernelBackend:
         launches = [kvcache_launch.prepare_tree_attention(q, cache.k(layer), cache.v(layer), index.q_start,
                                                           index.q_end, index.kv_start, index.kv_end,
                                                           index.prefix, index.tree_len,
-                                                          query_counts=index.counts, impl=self.impl)
+                                                          query_counts=index.counts, config=TREE_TILES,
+                                                          impl=self.impl)
                     for layer in range(model.config.n_layers)]
 
         def attend(layer, q_now, k, v):
