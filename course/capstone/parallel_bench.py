@@ -92,6 +92,9 @@ WIDE = (16, (6, 8, 10), (0, 1, 2))
 # gathers by indexing): eight of the old passes (0.76 ms) outlasted a verification (0.60). Predicted
 # for the next run: at w = 16, d = 8 the re-root stops waiting for queued passes and the target's
 # wait falls by about 0.1 ms, a round of about 0.95 ms, greedy about 0.83x; larger d may now pay.
+# Later, the capstone's tree attention took smaller tiles (`backends.TREE_TILES`): a pass at w = 16
+# 61 us, and every verification, the serial decoder's too, about 4 us a layer shorter; with the
+# draft's span measured alone (`tools/side_spans.py`, notebook 20) the round is about 0.97 ms, 0.81x.
 REPEATS = 3
 TIMELINE_ROUNDS = 4
 TARGET_SPEEDUP = 1.3  # parallel over the serial decoder, B = 1, greedy (SwiftSpec's Table 6: 275 / 200)
