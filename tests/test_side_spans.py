@@ -35,11 +35,14 @@ def pair():
 
 @pytest.mark.parametrize("mode", ["greedy", "sample"])
 def test_each_side_alone_replays_its_lockstep_messages(tool, pair, mode):
-    row = tool.measure(pair, mode, verify_ms=0.0, backend="reference")
-    # One counted replay (REPEATS - 1): a count of passes for every reply but the last (STOP).
-    assert sum(row["passes_after_reroot"].values()) == row["rounds"] - tool.PROMPTS
-    assert row["rounds"] >= 2 and row["draft_critical_ms"] > 0 and row["target_span_ms"] > 0
-    assert row["tokens_per_round"] == tool.NEW_TOKENS / row["rounds"]
+    rows = tool.measure(pair, mode, tool.STEPS, (0.0, 0.01), backend="reference")
+    assert [(r["steps"], r["verify_ms_emulated"]) for r in rows] == [(tool.STEPS, 0.0), (tool.STEPS, 0.01)]
+    for row in rows:  # one recording, replayed at each verification length
+        # One counted replay (REPEATS - 1): a count of passes for every reply but the last (STOP).
+        assert sum(row["passes_after_reroot"].values()) == row["rounds"] - tool.PROMPTS
+        assert row["rounds"] >= 2 and row["draft_critical_ms"] > 0 and row["target_span_ms"] > 0
+        assert row["tokens_per_round"] == tool.NEW_TOKENS / row["rounds"]
+    assert rows[0]["passes_after_reroot"] == rows[1]["passes_after_reroot"]  # the same subtrees
 
 
 def test_a_replay_that_sends_other_subtrees_is_refused(tool, pair, monkeypatch):
@@ -53,4 +56,4 @@ def test_a_replay_that_sends_other_subtrees_is_refused(tool, pair, monkeypatch):
 
     monkeypatch.setattr(tool, "record", another_first_reply)
     with pytest.raises(RuntimeError, match="other subtrees than in lockstep"):
-        tool.measure(pair, "greedy", verify_ms=0.0, backend="reference")
+        tool.measure(pair, "greedy", tool.STEPS, (0.0,), backend="reference")

@@ -16,7 +16,8 @@ messages. Then each side is replayed alone and answered with the recorded messag
 On two GPUs a round lasts about the target's span, plus the draft's critical path, plus two
 messages (about 0.05 ms each through shared memory in run l, results/h200x2/README.md).
 
-    python3 tools/side_spans.py [--pair small] [--verify-ms 0.60] [--out results/h200]
+    python3 tools/side_spans.py [--pair small] [--modes greedy sample] [--steps 8 ...]
+                                [--verify-ms 0.60 ...] [--out results/h200]
 
 The small pair's draft has the medium pair's configuration (one layer, d_model 128), so its draft
 side is the one the two-GPU bench runs; its target is smaller than the medium one (4 layers, not
@@ -24,7 +25,14 @@ side is the one the two-GPU bench runs; its target is smaller than the medium on
 measurements made while this tool was written: greedy, a draft critical path of about 0.18 ms with a
 draft pass after three re-roots in four (what survives a re-root is mostly fewer than tree_size
 rows), and a target host share of about 0.065 ms. Writes side_spans.json (the results schema) with
---out.
+--out: a row per mode, d and verification length.
+
+Several d and verification lengths show when the growth ahead outlasts the verification: the
+re-root then waits for the passes still queued, and the draft's critical path grows by the excess.
+Predicted before the first such sweep, greedy at w = 16 with a draft pass of about 65 us: at a
+verification of 0.47 ms (the medium target's pass on its GPU, results/h200x2/parallel.json) the
+growth of d = 6 (about 0.39 ms) fits, d = 8 (0.52 ms) outlasts it by a few hundredths of a
+millisecond and d = 10 (0.65 ms) by about 0.18 ms; at 1.0 ms all three fit.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ import torch
 SUITE = "side_spans"
 TREE_SIZE, WIDTH, STEPS, BRANCH = 48, 16, 8, 4  # the bench's wide draft (parallel_bench.WIDE)
 NEW_TOKENS, PROMPTS, REPEATS = 128, 4, 3
+VERIFY_MS = 0.60  # the verification the draft waits out by default (the spans of notebook 20's cell)
 
 
 def record(draft, target, prompt: list[int], seed: int) -> tuple[list, list]:
@@ -130,8 +139,10 @@ def target_alone(target, prompt: list[int], seed: int, subtrees: list) -> tuple[
     return spans, gpu
 
 
-def measure(pair, mode: str, verify_ms: float, backend: str = "kernels") -> dict:
-    """One mode: the medians over REPEATS - 1 replays (the first warms up) of PROMPTS prompts."""
+def measure(pair, mode: str, steps: int, verify_ms: tuple[float, ...], backend: str = "kernels"
+            ) -> list[dict]:
+    """One mode and d: a row per verification length, each the medians over REPEATS - 1 replays (the
+    first warms up) of PROMPTS prompts, all against one recording."""
     from course.capstone import parallel
     from course.capstone.bench import prompts
     from course.capstone.text import encode
@@ -139,9 +150,14 @@ def measure(pair, mode: str, verify_ms: float, backend: str = "kernels") -> dict
     texts = [encode(text) for text in prompts(PROMPTS)]
     draft, target = parallel.build_sides(pair.target, pair.draft, max_prompt=max(map(len, texts)),
                                          max_new_tokens=NEW_TOKENS, tree_size=TREE_SIZE, width=WIDTH,
-                                         steps=STEPS, branch=BRANCH, mode=mode, draft_tree="device",
+                                         steps=steps, branch=BRANCH, mode=mode, draft_tree="device",
                                          backend=backend)
     recorded = [record(draft, target, text, seed) for seed, text in enumerate(texts)]
+    return [_replayed(draft, target, texts, recorded, mode, steps, verify) for verify in verify_ms]
+
+
+def _replayed(draft, target, texts: list, recorded: list, mode: str, steps: int, verify_ms: float) -> dict:
+    """Both sides replayed alone against the recording, the reply verify_ms after each SUBTREE."""
     spans, passes, target_spans, gpu, parts, same = [], [], [], [], collections.defaultdict(list), True
     for repeat in range(REPEATS):
         for seed, text in enumerate(texts):
@@ -168,7 +184,7 @@ def measure(pair, mode: str, verify_ms: float, backend: str = "kernels") -> dict
                 target_host_ms=None if gpu_ms is None else median(target_spans) - gpu_ms,
                 verify_ms_emulated=verify_ms,
                 tokens_per_round=PROMPTS * NEW_TOKENS / rounds, rounds=rounds, tree_size=TREE_SIZE,
-                width=WIDTH, steps=STEPS, branch=BRANCH, new_tokens=NEW_TOKENS, prompts=PROMPTS,
+                width=WIDTH, steps=steps, branch=BRANCH, new_tokens=NEW_TOKENS, prompts=PROMPTS,
                 statistic="medians of each side's spans, replayed alone",
                 note="median_ms: the target's span plus the draft's critical path, a round without the two "
                      "messages")
@@ -177,7 +193,9 @@ def measure(pair, mode: str, verify_ms: float, backend: str = "kernels") -> dict
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="small")
-    parser.add_argument("--verify-ms", type=float, default=0.60)
+    parser.add_argument("--verify-ms", type=float, nargs="+", default=[VERIFY_MS])
+    parser.add_argument("--steps", type=int, nargs="+", default=[STEPS], help="d, the steps ahead")
+    parser.add_argument("--modes", nargs="+", default=["greedy", "sample"], choices=["greedy", "sample"])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -187,10 +205,11 @@ def main(argv: list[str] | None = None) -> None:
 
     pair = weights.load_pair(args.pair, device="cuda", dtype=torch.float16)
     rows = []
-    for mode in ("greedy", "sample"):
-        row = measure(pair, mode, args.verify_ms)
-        rows.append(dict(row, pair=args.pair))
-        print(json.dumps(rows[-1]), flush=True)
+    for mode in args.modes:
+        for steps in args.steps:
+            for row in measure(pair, mode, steps, tuple(args.verify_ms)):
+                rows.append(dict(row, pair=args.pair))
+                print(json.dumps(rows[-1]), flush=True)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / f"{SUITE}.json"
