@@ -447,6 +447,43 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
     assert speedup == best["speedup_vs_serial_decoder"] and not met  # measured on no GPU at all
 
 
+def test_the_queued_projection_takes_the_longer_of_the_two_loops():
+    """With the hosts only launching, a round lasts the target's loop (its pass, the draft's passes
+    between verdict and subtree, the messages) or the draft's (all its passes), whichever is longer."""
+    from course.capstone import parallel_bench
+
+    setup = dict(mode="greedy", width=16, growth="likely", draft_tree="device", transport="shm")
+    # The serial schedule's pass: 1.0 ms of draft work a round over 5 passes a round = 0.2 ms.
+    serial = [dict(setup, name="serial", steps=d, draft_ms_per_round=1.0, draft_calls=50, target_calls=10)
+              for d in (2, 8)]
+    decoder_row = dict(setup, name="serial decoder", tokens_per_s=1000.0)
+    short = dict(setup, name="parallel", steps=2, critical=0, draft_calls=30, target_calls=10,
+                 verify_gpu_ms=1.0, tokens_per_call=3.0, speedup_vs_serial_decoder=0.5)
+    long_ = dict(short, steps=8, draft_calls=90)
+    other = dict(short, width=4)  # another setup: left out
+    unmatched = dict(short, steps=4)  # no serial schedule at d = 4: left out
+    projected = parallel_bench.queued_projection([*serial, decoder_row, short, long_, other, unmatched],
+                                                 0.1, short)
+    assert [(p["steps"], p["critical"]) for p in projected] == [(2, 0), (8, 0)]
+    by_d = {p["steps"]: p for p in projected}
+    # d = 2: 3 passes a round, 1 on the path: the target's loop 1.0 + 0.2 + 0.1, the draft's 0.6 + 0.1.
+    assert by_d[2]["target_loop_ms"] == pytest.approx(1.3) and by_d[2]["draft_loop_ms"] == pytest.approx(0.7)
+    assert by_d[2]["round_ms"] == pytest.approx(1.3) and by_d[2]["speedup"] == pytest.approx(3.0 / 1.3)
+    # d = 8: 9 passes a round, 1 on the path: the draft's loop, 1.8 + 0.1, is the longer.
+    assert by_d[8]["target_loop_ms"] == pytest.approx(1.3) and by_d[8]["round_ms"] == pytest.approx(1.9)
+    assert by_d[8]["tokens_per_s"] == pytest.approx(3e3 / 1.9) and by_d[8]["measured_speedup"] == 0.5
+    import matplotlib.pyplot as plt
+
+    from course.capstone import parallel_figures
+
+    ax = parallel_figures.loops_figure(projected)
+    assert [list(line.get_ydata()) for line in ax.lines] == [
+        [p[key] for p in projected] for key in ("target_loop_ms", "draft_loop_ms", "round_ms")]
+    plt.close(ax.figure)
+    with pytest.raises(ValueError, match="no step after the re-root"):
+        parallel_figures.loops_figure([dict(p, critical=1) for p in projected])
+
+
 def test_a_greedy_row_that_leaves_plain_decoding_names_where_and_by_what_gap():
     """first_difference finds where two outputs part; logit_gaps measures the target's preference
     there, with the reference causal pass: positive when plain decoding's token is the argmax."""

@@ -159,6 +159,46 @@ def draft_pass_ms(row: dict) -> float:
     return row["draft_ms_per_round"] * row["target_calls"] / row["draft_calls"]
 
 
+def queued_projection(rows: list[dict], floor_ms: float, like: dict) -> list[dict]:
+    """What each greedy parallel row of `like`'s setup (w, growth, draft tree, transport) would take
+    if its hosts only launched and each round cost the GPUs' work plus `floor_ms` (the queued
+    rounds' overhead, `tools/queued_rounds.py`). A round is then the longer of two loops:
+
+      target's loop  its pass on its GPU, then the draft's passes between the verdict and the next
+                     subtree (top-ups, steps after the re-root), then the messages;
+      draft's loop   every pass of the draft's round, the d steps ahead included, on its own GPU:
+                     when they outlast the target's loop the re-root waits for them.
+
+    A draft pass counts at the serial schedule's measured cost at the same d and w
+    (`draft_pass_ms`). Rows whose serial schedule was not measured are left out. Each result:
+    steps, critical, on_path (passes a round on the critical path), passes (a round, all),
+    target_loop_ms, draft_loop_ms, round_ms, tokens_per_s, speedup (over the serial decoder, when
+    the run has one) and measured_speedup."""
+    def same_setup(r: dict) -> bool:
+        return all(r.get(key) == like.get(key) for key in ("width", "growth", "draft_tree", "transport"))
+
+    serial = {r["steps"]: r for r in rows if r["name"] == "serial" and r["mode"] == "greedy"
+              and r["width"] == like["width"] and r.get("draft_tree") == like.get("draft_tree")}
+    decoder = next((r for r in rows if r["name"] == "serial decoder" and r["mode"] == "greedy"), None)
+    projected = []
+    for r in rows:
+        if r["name"] != "parallel" or r["mode"] != "greedy" or not same_setup(r) or r["steps"] not in serial:
+            continue
+        draft_pass = draft_pass_ms(serial[r["steps"]])
+        passes = r["draft_calls"] / r["target_calls"]
+        on_path = passes - r["steps"]
+        target_loop = r["verify_gpu_ms"] + on_path * draft_pass + floor_ms
+        draft_loop = passes * draft_pass + floor_ms
+        round_ms = max(target_loop, draft_loop)
+        speed = 1e3 * r["tokens_per_call"] / round_ms
+        projected.append(dict(steps=r["steps"], critical=r.get("critical") or 0, on_path=on_path,
+                              passes=passes, target_loop_ms=target_loop, draft_loop_ms=draft_loop,
+                              round_ms=round_ms, tokens_per_s=speed,
+                              speedup=None if decoder is None else speed / decoder["tokens_per_s"],
+                              measured_speedup=r.get("speedup_vs_serial_decoder")))
+    return sorted(projected, key=lambda p: (p["steps"], p["critical"]))
+
+
 def _median_pass(generations: list) -> float | None:
     """The target's pass on its GPU, ms (the median over the rounds timed, one in
     `sides.TIMED_EVERY`; CUDA events around the graph): verify_ms less this is the host's work in a

@@ -4,7 +4,8 @@ the draft's steps per round, serial against parallel as measured (parallel.json;
 `course.capstone.parallel_bench` writes parallel.png beside it with `measured_figure`), the
 measured sweep of d and of the steps after the re-root at one width (`critical_sweep_figure`), the
 selection as a rank count (`rank_figure`) and the rounds whose hosts only launch
-(`queued_figure`, from tools/queued_rounds.py's measurements)."""
+(`queued_figure`, from tools/queued_rounds.py's measurements; `loops_figure`, the two loops that
+bound such a round, from `parallel_bench.queued_projection`)."""
 
 from __future__ import annotations
 
@@ -195,6 +196,30 @@ def queued_figure(document: dict, ax=None, title: str | None = None):
     style_ax(ax, title or f"rounds through NCCL, the target's pass {rows[0]['target_ms']} ms", grid_axis="y")
     ax.set_ylabel("the target's wait (ms)")
     ax.set_xlabel("the draft's GPU work between the verdict and the next subtree (ms)")
+    ax.legend(frameon=False, fontsize=8.5)
+    return ax
+
+
+def loops_figure(projected: list[dict], ax=None, title: str | None = None):
+    """The two loops of a round whose hosts only launch, against d, for the rows with no step after
+    the re-root (`parallel_bench.queued_projection`): the target's (its pass, the draft's passes
+    between verdict and subtree, the messages) and the draft's (every pass of its round). The round
+    is the longer of the two; the fastest d sits near where they cross."""
+    line = sorted((p for p in projected if p["critical"] == 0), key=lambda p: p["steps"])
+    if not line:
+        raise ValueError("no projected row with no step after the re-root")
+    ax = new_ax(ax, (5.6, 3.4))
+    steps = [p["steps"] for p in line]
+    ax.plot(steps, [p["target_loop_ms"] for p in line], "o-", color=BLUE,
+            label="the target's loop: its pass, the passes after the verdict")
+    ax.plot(steps, [p["draft_loop_ms"] for p in line], "o-", color=ORANGE,
+            label="the draft's loop: every pass of its round")
+    ax.plot(steps, [p["round_ms"] for p in line], ":", color=INK, linewidth=2.2,
+            label="the round: the longer of the two")
+    style_ax(ax, title or "a round whose hosts only launch (projected)", grid_axis="y")
+    ax.set_xticks(steps)
+    ax.set_xlabel("d, the draft's steps during a verification")
+    ax.set_ylabel("ms")
     ax.legend(frameon=False, fontsize=8.5)
     return ax
 
