@@ -56,6 +56,17 @@ schedule follow the re-root as well (on the critical path, where the next root i
 next SUBTREE: a few such steps win back much of the serial schedule's tokens per call for a
 fraction of its draft time between two target calls.
 
+The queued schedule (``schedule="queued"``) takes the draft's passes off the critical path
+altogether: after re-rooting, the draft sends SUBTREE(r + 1) at once, chosen from whatever the re-
+root left (only the new root when no subtree survived: it is sent unrun, and the target verifies
+that one node), and runs the new root and the top-up at the start of its growth during the next
+verification. An accepted leaf still queued is committed unrun too: its KV entry is owed, and that
+first pass computes it before the new root (the device tree's way, `_Draft._owe`). Between two
+verifications the draft then does only bookkeeping (the re-root and the selection), which a GPU can
+run without its host: a round whose hosts only launch (the messages as device tensors) lasts the
+target's pass and that bookkeeping. The price: a subtree smaller than ``bs`` whenever the survivors
+are fewer, so fewer tokens per call again.
+
 Growth ahead (``growth``). While the target verifies, the draft does not know where the next
 root will be. Growth "best" pops the best keys, as every other step does; the best queued
 candidates are then the leaves just sent, which leave the tree at the re-root whatever the verdict
@@ -131,7 +142,7 @@ __all__ = [  # Message (the protocol's record) stays in this module's namespace
 
 SUBTREE, ACCEPTED, STOP = "subtree", "accepted", "stop"
 KINDS = (SUBTREE, ACCEPTED, STOP)
-SCHEDULES = ("parallel", "serial")
+SCHEDULES = ("parallel", "serial", "queued")
 GROWTHS = ("best", "likely")
 MODES = ("greedy", "sample")
 
@@ -192,6 +203,7 @@ class _Draft:
     steps: int = 0  # draft passes (one per step of w nodes, one per fresh root)
     sent: list = field(default_factory=list)  # the last SUBTREE: node ids and candidates' queue entries
     popped: dict = field(default_factory=dict)  # since then: a sent candidate's queue order -> its node
+    owed: tuple | None = None  # the queued schedule: the KV entry of the last committed token, not run yet
 
     def path_of(self, v: int) -> tuple[int, ...]:
         """The tokens from the root to v (root first)."""
@@ -227,6 +239,9 @@ class _Draft:
         mode, `branch` draws from q without replacement in sampling mode)."""
         self.steps += 1
         P = len(self.prefix)
+        if self.owed is not None:  # the pass runs the owed committed token first (its row P - 1)
+            self._write(P - 1, self.owed)
+            self.owed = None
         for v in nodes:
             full = tuple(self.prefix) + self.path_of(v)
             self._write(P + v, (self.birth[v], full))
@@ -307,7 +322,7 @@ class _Draft:
         q = ()
         if self.mode == "sample":
             leaf = tuple([1.0 / self.vocab] * self.vocab)
-            q = tuple(tuple(self.q[v]) if v < n else leaf for v in chosen)
+            q = tuple(tuple(self.q[v]) if v < n and self.run[v] else leaf for v in chosen)  # unrun: a leaf
         return Message(SUBTREE, -1, tuple(-1 if parents[v] < 0 else local[parents[v]] for v in chosen),
                        tokens, q)
 
@@ -324,13 +339,27 @@ class _Draft:
         self._run([leaf, root])
         return leaf
 
-    def reroot(self, path: Sequence[int], next_token: int) -> dict:
+    def _owe(self, entry: tuple, next_token: int) -> int:
+        """The queued schedule's way with an accepted leaf still queued: it becomes a node that is
+        committed unrun, its KV entry owed to the next pass (which runs it first, `_run`), and the
+        next token becomes a fresh root: no draft pass between the verdict and the next SUBTREE."""
+        self.heap.remove(entry)
+        heapq.heapify(self.heap)
+        neg, _, parent, token, cum = entry
+        leaf = self._add(parent, token, cum, -neg)
+        self.owed = (self.birth[leaf], tuple(self.prefix) + self.path_of(leaf))
+        return leaf
+
+    def reroot(self, path: Sequence[int], next_token: int, owe: bool = False) -> dict:
         """SwiftSpec §3.2: commit the accepted path, keep the subtree of the child of its last node
-        that holds the next token (if any), and move their KV rows left. Returns what happened."""
+        that holds the next token (if any), and move their KV rows left. owe: a last node still
+        queued is committed unrun (`_owe`), not run at once with the next token (`_adopt`).
+        Returns what happened."""
         committed = [self.sent[j] for j in path]
         if isinstance(committed[-1], tuple):  # only a path's last node can be a leaf
             order = committed[-1][1]  # grown while the target verified it, or still queued
-            committed[-1] = self.popped.get(order) or self._adopt(committed[-1], next_token)  # ids > 0
+            unrun = self._owe if owe else self._adopt
+            committed[-1] = self.popped.get(order) or unrun(committed[-1], next_token)  # ids > 0
         last = committed[-1]
         new_root = next((c for c in range(last + 1, len(self.parents))
                          if self.parents[c] == last and self.tokens[c] == next_token), None)
@@ -537,7 +566,7 @@ def _check_options(prompt, max_new_tokens, tree_size, width, steps, branch, mode
     c = as_int(critical, "critical")
     if c < 0 or (c and schedule != "parallel"):
         raise ValueError(f"critical must be >= 0, and 0 unless schedule is 'parallel' (the serial schedule's "
-                         f"steps all follow the re-root), got {c}")
+                         f"steps all follow the re-root, the queued schedule's none), got {c}")
     if eos is not None:
         as_int(eos, "eos")
     return prompt, n, bs, w, d, k
@@ -554,7 +583,8 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
     produce exactly these tokens and messages.
 
     tree_size: bs, nodes per SUBTREE; width: w, nodes per draft step; steps: d, draft steps per
-    round (during verification for schedule "parallel", after re-rooting for "serial"); growth:
+    round (during verification for schedules "parallel" and "queued", after re-rooting for
+    "serial"; "queued" sends each SUBTREE right after the re-root, see the module docstring); growth:
     how those steps ahead pick their candidates, "best" (the best keys, as every other step) or
     "likely" (the likeliest to outlive the re-root, `_Draft.survival`: a leaf of the subtree
     under verification leaves the tree whatever the verdict, and is worth running early only for
@@ -635,8 +665,10 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         sent = clock["draft"]
         wait_until("target", r, sent)
         times.append((sent, clock["target"]))
-        if schedule == "parallel":
+        if schedule != "serial":
             grow("grow ahead", r, d)  # drafting during verification: off the critical path
+        if check and schedule == "queued":  # here, once the new root's pass has run any owed token
+            check_draft_cache(dr.prefix, dr.parents, dr.tokens, dr.run, dr.birth, dr.cache)
         path, nxt = tg.verify(sub, last)
         work("target", "verify", r, target_cost)
         if check:
@@ -652,13 +684,15 @@ def simulate_parallel_tree(target: Model, draft: Model, prompt: Sequence[int], m
         if finished:
             break
         before = dr.steps
-        done = dr.reroot(path, nxt)  # one draft pass when the path ends at a leaf never run
+        # one draft pass when the path ends at a leaf never run (queued: none, the leaf's KV is owed)
+        done = dr.reroot(path, nxt, owe=schedule == "queued")
         work("draft", "re-root", r, (dr.steps - before) * step_cost)
         info.update(reused=done["new_root"] is not None, kept=done["kept"])
-        if check:
+        if check and schedule != "queued":
             check_draft_cache(dr.prefix, dr.parents, dr.tokens, dr.run, dr.birth, dr.cache)
         r += 1
-        grow("grow", r, after)  # serial: all the drafting happens here; parallel: `critical` steps
+        if schedule != "queued":  # serial: all the drafting happens here; parallel: `critical` steps
+            grow("grow", r, after)
     if check:
         check_message_log(messages, bs)
     tokens = tg.emitted[:n]

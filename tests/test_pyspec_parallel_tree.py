@@ -98,6 +98,30 @@ def test_the_schedules_differ_only_in_when_the_draft_works():
     assert any(r["reused"] and r["kept"] > 1 for r in par["rounds"])  # grown-ahead subtrees survive
 
 
+def test_the_queued_schedule_sends_each_subtree_right_after_the_reroot(monkeypatch):
+    """Between a verdict and the next SUBTREE the queued draft runs no pass: not the new root's, not a
+    top-up, not an accepted leaf's (its KV is owed to the next pass, and the cache check after the
+    growth finds it written)."""
+    owed = []
+    real_owe = pt._Draft._owe
+    monkeypatch.setattr(pt._Draft, "_owe", lambda self, *a: owed.append(1) or real_owe(self, *a))
+    target = toy_model(1, 6)
+    draft = noisy_draft(target, toy_model(2, 6), 0.3)
+    rounds = []
+    for seed, mode in ((0, "greedy"), (1, "sample")):
+        out = pt.simulate_parallel_tree(target, draft, [1, 2, 3], 60, tree_size=5, width=2, steps=2, branch=2,
+                                        mode=mode, schedule="queued", growth="likely", seed=seed, check=True)
+        after_verdict = [e for e in out["events"]
+                         if e["side"] == "draft" and e["what"] in ("grow", "re-root")]
+        assert [e["round"] for e in after_verdict] == [0]  # only the first tree, before any verdict
+        rounds += out["rounds"][:-1]
+        if mode == "greedy":
+            assert out["tokens"] == pt.greedy_decode(target, [1, 2, 3], 60)
+    assert any(not r["reused"] for r in rounds)  # a re-root that kept no subtree: a fresh root,
+    assert any(r["sent"] == 1 for r in rounds)  # sent alone
+    assert owed  # an accepted leaf was committed unrun
+
+
 def test_likely_growth_runs_the_leaves_sent_only_for_their_children():
     """Ahead of a verdict, growth "likely" ranks a leaf under verification below an unsent
     candidate of the same key (the leaf leaves the tree at the re-root whatever the verdict), by
@@ -242,8 +266,9 @@ def _joint(model, prompt, n):
     return out
 
 
-@pytest.mark.parametrize("growth, critical", [(growth, 0) for growth in pt.GROWTHS] + [("likely", 1)])
-def test_sampled_tokens_follow_the_target_joint_distribution(growth, critical):
+@pytest.mark.parametrize("growth, critical, schedule", [(growth, 0, "parallel") for growth in pt.GROWTHS]
+                         + [("likely", 1, "parallel"), ("likely", 0, "queued")])
+def test_sampled_tokens_follow_the_target_joint_distribution(growth, critical, schedule):
     """The first three tokens of many seeded runs against the target's exact joint distribution:
     the second and third tokens come from rounds whose trees reuse subtrees grown ahead (and, with
     `critical`, grown again after the re-root)."""
@@ -255,8 +280,8 @@ def test_sampled_tokens_follow_the_target_joint_distribution(growth, critical):
     reused = accepted = 0
     for seed in range(runs):
         out = pt.simulate_parallel_tree(target, draft, [0, 1], n, tree_size=3, width=2, steps=2, branch=2,
-                                        mode="sample", growth=growth, critical=critical, seed=1000 * seed,
-                                        check=False)
+                                        mode="sample", growth=growth, critical=critical, schedule=schedule,
+                                        seed=1000 * seed, check=False)
         counts[tuple(out["tokens"])] += 1
         reused += sum(r["kept"] > 1 for r in out["rounds"])
         accepted += sum(r["accepted"] for r in out["rounds"])
