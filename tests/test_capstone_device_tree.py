@@ -131,6 +131,36 @@ def test_the_kernels_equal_the_pytorch_form(pair, mode, size, width, steps, bran
         assert torch.equal(kernel_form.cache.data[:, :, :committed], torch_form.cache.data[:, :, :committed])
 
 
+def test_a_selection_larger_than_the_tree_is_padded_in_both_forms(pair):
+    """The queued rounds select tree_size items whatever the tree holds (`DeviceTree.packet`): past
+    the live rows, padding that no query sees; the live part is what a selection of the live rows
+    sends, parents, tokens, depths and DFS times."""
+    from course.capstone.device_tree import DEAD_END, DEAD_START
+
+    size = 8
+    for kernels in (False, True):
+        side = _side(pair, "greedy", size, 2, 2, 2, kernels=kernels)
+        tree = side.tree
+        tree.select(size)
+        root = PROMPT[-1]
+        pads = size - 1
+        assert tree.packet(size).tolist() == ([-1] * size + [root] + [0] * pads + [0] * size
+                                              + [0] + [DEAD_START] * pads + [0] + [DEAD_END] * pads)
+        side._run(1)  # the root's pass alone (as the growth's first pass): three rows, short of size
+        live = int(tree.count)
+        assert live == 3
+        exact = tree.select(live).tolist()
+        times = [getattr(tree, name)[tree.msg_rows[:live]].tolist() for name in ("depth", "start", "end")]
+        packet = tree.packet(size)
+        tree.select(size)
+        padded = tree.packet(size).view(5, size).tolist()
+        assert padded[0] == exact[:live] + [-1] * (size - live)
+        assert padded[1] == exact[live:] + [0] * (size - live)
+        assert [part[:live] for part in padded[2:]] == times
+        assert [part[live:] for part in padded[2:]] == [[0] * 5, [DEAD_START] * 5, [DEAD_END] * 5]
+        assert packet.data_ptr() == tree.message.data_ptr()
+
+
 @pytest.mark.parametrize("branch", [1, 3, 4])
 def test_the_greedy_children_kernel_picks_what_the_stable_sort_picks(branch):
     """`device_tree_kernels.best_children` against `tree.top_children`: the same tokens in the same

@@ -38,17 +38,27 @@ def plain(pair):
 
 
 @pytest.mark.parametrize("schedule, growth",
-                         [("serial", "best"), ("parallel", "best"), ("parallel", "likely")])
+                         [("serial", "best"), ("parallel", "best"), ("parallel", "likely"),
+                          ("queued", "likely")])
 @pytest.mark.parametrize("tree_size, width, steps", [(4, 2, 0), (4, 2, 2), (6, 3, 1), (3, 1, 4)])
 def test_greedy_equals_plain_decoding(pair, plain, schedule, growth, tree_size, width, steps):
     got = parallel.generate(pair.target, pair.draft, PROMPT, 24, tree_size=tree_size, width=width,
                             steps=steps, schedule=schedule, growth=growth, backend="reference")
     assert got.tokens == plain
+    if schedule == "queued" and not steps:  # no growth ahead: after the first tree, every root sent alone
+        assert not any(got.reused)
+        return
     assert got.target_calls < 24 and got.tokens_per_call > 1.5  # the draft does get tokens accepted
-    if schedule == "parallel" and steps >= 2:
+    if schedule != "serial" and steps >= 2:
         # subtrees grown during verification survive re-rooting (the first step ahead runs the leaves
         # just sent; a node below them, which a new root must be, needs a second)
         assert any(got.reused)
+
+
+def test_the_queued_schedule_needs_the_device_tree(pair):
+    with pytest.raises(ValueError, match="queued schedule needs the draft's tree on the device"):
+        parallel.generate(pair.target, pair.draft, PROMPT, 4, tree_size=4, width=2, steps=1,
+                          schedule="queued", backend="reference", draft_tree="host")
 
 
 def test_greedy_with_the_kernels(pair, plain):

@@ -176,10 +176,12 @@ class DeviceDraftSide:
         message = self.tree.select(size)
         return message, self.tree.sent_q(size) if self.cfg.mode == "sample" else None
 
-    def reroot(self, path: list[int], next_token: int) -> bool | None:
+    def reroot(self, path: list[int], next_token: int, owe: bool = False) -> bool | None:
         """`DraftSide.reroot`: commit the path, keep the subtree of the next token if the draft ran
         that child, move the KV rows. Returns True when the new root is a node the draft ran (or runs
-        at once with the owed token, as DraftSide's adopt), else None."""
+        at once with the owed token, as DraftSide's adopt), else None. owe (the queued schedule): the
+        owed token waits for the growth during the next verification, so the new root is sent unrun
+        and alone, and counts as no subtree kept (`pyspec_ref.parallel_tree`'s `_owe`)."""
         sent = self.sent
         if (not path or path[0] != 0 or max(path) >= len(sent) or min(path) < 0
                 or any(sent[path[i]] != path[i - 1] for i in range(1, len(path)))):
@@ -192,5 +194,5 @@ class DeviceDraftSide:
         self.n_rows, self.n_nodes, self.owed, self.root_run = rows, nodes, bool(owed), bool(found)
         self.prefix += len(path)
         # As DraftSide counts it: a root the draft had already run, or ran with the owed token (adopt).
-        return True if found or owed else None
+        return True if found or (owed and not owe) else None
 

@@ -90,7 +90,7 @@ class DeviceTree:
         self.owed_token = torch.zeros(1, **i64)
         self.likely = torch.zeros(1, dtype=torch.float64, device=device)  # 1.0: growth "likely" now
         self.msg_rows = torch.zeros(rows, **i64)  # the rows of the last subtree sent, in message order
-        self.message = torch.zeros(2 * slots, **i64)  # the kernels' message: parents, then tokens
+        self.message = torch.zeros(5 * slots, **i64)  # the last selection's packet (`packet`)
         self.q_source = torch.zeros(slots + 1, **i64)  # the kernels' re-root: each new slot's old one
         self.scratch = torch.zeros(n, **i64)  # the re-root kernel's working row
         self.info = torch.zeros(4, **i64)  # the re-root's counts for the host
@@ -247,9 +247,18 @@ class DeviceTree:
         `device_tree_kernels.rank_kernel` counts; the rows ranked below size are the subtree sent)."""
         return self.ahead().sum(dim=1)
 
+    def packet(self, size: int) -> torch.Tensor:
+        """The last `select(size)`'s subtree as the target's pass needs it, (5 * size,): parents over the
+        subtree's indices, tokens, depths and DFS times (start, end; the tree's own, whose intervals
+        nest as the subtree's do), in message order. When the tree held fewer than `size` rows, the
+        rest is padding: parent -1, token 0, depth 0, the interval (DEAD_START, DEAD_END) that no
+        query sees. What the queued rounds send instead of the message (`course.capstone.queued`)."""
+        return self.message[:5 * size]
+
     def select(self, size: int) -> torch.Tensor:
         """The `size` best rows (a subtree holding the root), in message order; marks the candidates
-        among them as sent. Returns [parents over the subtree's indices, tokens] (2 * size,)."""
+        among them as sent. Returns [parents over the subtree's indices, tokens] (2 * size,), the
+        first two parts of `packet(size)` (with its padding, when fewer than size rows are live)."""
         if self.kernels:
             return device_tree_kernels.select(self, size)
         run, ids = self.run, self.ids
@@ -260,14 +269,20 @@ class DeviceTree:
         later = torch.where(run[chosen], self.slot[chosen].double(), -self.key[chosen])
         chosen = chosen[torch.sort(later, stable=True).indices]
         rows = chosen[torch.sort((~run[chosen]).to(torch.uint8), stable=True).indices]
-        self.msg_rows[:size].copy_(rows)
+        real = ids[:rows.numel()] < self.count  # past the live rows (ranked last): padding
+        rows = torch.where(real, rows, self.rows)
+        self.msg_rows[:rows.numel()].copy_(rows)
         local = torch.full_like(ids, -1)
-        local[rows] = ids[:size]
+        local[rows] = ids[:rows.numel()]
         parent = self.parent[rows]
-        parents = torch.where(parent >= 0, local[parent.clamp(min=0)], -1)
+        parents = torch.where(real & (parent >= 0), local[parent.clamp(min=0)], -1)
         self.sent.zero_()
-        self.sent[rows] = ~run[rows]
-        return torch.cat([parents, self.token[rows]])
+        self.sent[rows] = ~run[rows] & real
+        parts = [(parents, -1), (self.token[rows], 0), (self.depth[rows], 0), (self.start[rows], DEAD_START),
+                 (self.end[rows], DEAD_END)]
+        packet = torch.cat([torch.where(real, part, pad) for part, pad in parts])
+        self.message[:packet.numel()].copy_(packet)
+        return packet[:2 * rows.numel()]
 
     def sent_q(self, size: int) -> torch.Tensor:
         """The draft distributions of the `size` rows sent last (sample mode); a candidate's is never

@@ -101,14 +101,15 @@ def best_children(logq, branch: int, uniforms=None):
 
 def select(tree, size: int):
     """`DeviceTree.select` in two launches (each row's rank, then the message); returns the message
-    [parents, tokens] (2 * size,)."""
-    out = tree.message[:2 * size]
+    [parents, tokens] (2 * size,), the first two parts of `DeviceTree.packet(size)`."""
+    out = tree.message[:5 * size]
     block = _block(tree.rows + 1)
     rank_kernel[(triton.cdiv(block, RANK_TILE),)](tree.key, tree.depth, tree.run, tree.slot, tree.count,
                                                   tree.scratch, tree.rows, TILE=RANK_TILE, CHUNK=RANK_CHUNK)
-    select_kernel[(1,)](tree.parent, tree.token, tree.key, tree.run, tree.sent, tree.slot, tree.count,
-                        tree.scratch, tree.msg_rows, out, tree.rows, size, BLOCK=block, S_BLOCK=_block(size))
-    return out
+    select_kernel[(1,)](tree.parent, tree.token, tree.key, tree.run, tree.sent, tree.slot, tree.depth,
+                        tree.start, tree.end, tree.count, tree.scratch, tree.msg_rows, out, tree.rows, size,
+                        BLOCK=block, S_BLOCK=_block(size))
+    return out[:2 * size]
 
 
 @triton.jit
@@ -314,13 +315,14 @@ def rank_kernel(key, depth, run, slot, count, rank, rows, TILE: tl.constexpr, CH
 
 
 @triton.jit(do_not_specialize=["rows", "size"])
-def select_kernel(parent, token, key, run, sent, slot, count, rank, msg_rows, out, rows, size,
-                  BLOCK: tl.constexpr, S_BLOCK: tl.constexpr):
+def select_kernel(parent, token, key, run, sent, slot, depth, start, end, count, rank, msg_rows, out, rows,
+                  size, BLOCK: tl.constexpr, S_BLOCK: tl.constexpr):
     ids = tl.arange(0, BLOCK).to(tl.int64)
     n = tl.load(count)
     live = ids < n
     s = tl.arange(0, S_BLOCK)
-    real = s < size
+    real = s < tl.minimum(size, n)  # fewer live rows than size: the rest of the message is padding
+    pad = (s < size) & ~real
     # The rows ranked 0 .. size - 1, by rank (past the live rows, as in a graph capture's warm-up on a
     # one-row tree: the trash row); msg_rows is the scratch here, and the message's rows at the end.
     row_rank = tl.load(rank + ids, mask=live, other=BIG)
@@ -348,6 +350,16 @@ def select_kernel(parent, token, key, run, sent, slot, count, rank, msg_rows, ou
     tl.store(msg_rows + place, chosen, mask=real)
     tl.store(out + place, parent_place, mask=real)
     tl.store(out + size + place, tl.load(token + chosen, mask=real, other=0), mask=real)
+    tl.store(out + 2 * size + place, tl.load(depth + chosen, mask=real, other=0), mask=real)
+    tl.store(out + 3 * size + place, tl.load(start + chosen, mask=real, other=0), mask=real)
+    tl.store(out + 4 * size + place, tl.load(end + chosen, mask=real, other=0), mask=real)
+    # Padding (`DeviceTree.packet`): no parent, token 0, an interval no query sees.
+    zeros = tl.zeros([S_BLOCK], dtype=tl.int64)
+    tl.store(out + s, zeros - 1, mask=pad)
+    tl.store(out + size + s, zeros, mask=pad)
+    tl.store(out + 2 * size + s, zeros, mask=pad)
+    tl.store(out + 3 * size + s, tl.full([S_BLOCK], _DEAD_START, tl.int64), mask=pad)
+    tl.store(out + 4 * size + s, tl.full([S_BLOCK], _DEAD_END, tl.int64), mask=pad)
     tl.store(sent + ids, (0 * ids).to(tl.int1), mask=live)
     tl.debug_barrier()
     tl.store(sent + chosen, ~c_run, mask=real)

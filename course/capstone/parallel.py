@@ -23,7 +23,7 @@ from .device_side import DeviceDraftSide
 from .protocol import Timeline, draft_rounds, run_lockstep, target_rounds
 from .sides import DraftSide, TargetSide
 
-SCHEDULES = ("parallel", "serial")
+SCHEDULES = ("parallel", "serial", "queued")  # pyspec_ref.parallel_tree's
 DEFAULT_STEPS = 2  # SwiftSpec's d: draft steps per round during verification
 DEFAULT_GROWTH = "likely"  # how those steps pick their candidates (sides.GROWTHS)
 # Where the draft keeps its tree: the same tree, pass for pass (the tests hold them equal). On the
@@ -143,6 +143,8 @@ def run_sides(sides: tuple[DraftSide, TargetSide], prompt, *, schedule: str = "p
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     check_critical(critical, schedule)
     d_side, t_side = sides
+    if schedule == "queued" and not isinstance(d_side, DeviceDraftSide):
+        raise ValueError("the queued schedule needs the draft's tree on the device (draft_tree='device')")
     prompt = check_prompt(prompt, t_side.model.config.vocab_size)
     d_side.start(prompt, seed)
     t_side.start(prompt, seed + 1)

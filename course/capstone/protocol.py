@@ -40,10 +40,11 @@ class Timeline:
 
 def draft_rounds(side: DraftSide, steps: int, schedule: str, clock: Timeline, critical: int = 0) -> Generator:
     """The draft worker of SwiftSpec's Algorithm 1 (§3.1) on a started side: send SUBTREE(r), grow
-    `steps` steps while the target verifies (parallel) and wait; on ACCEPTED re-root, grow until
-    tree_size items can be sent and then take `critical` steps (serial: `steps`), now on the critical
-    path, send SUBTREE(r + 1); on STOP return. Records per round whether the next token's subtree
-    was reused (`pyspec_ref.parallel_tree.simulate_parallel_tree`'s rounds)."""
+    `steps` steps while the target verifies (parallel, queued) and wait; on ACCEPTED re-root, grow
+    until tree_size items can be sent and then take `critical` steps (serial: `steps`), now on the
+    critical path, send SUBTREE(r + 1); on STOP return. The queued schedule sends SUBTREE(r + 1)
+    right after the re-root, with no pass (`pyspec_ref.parallel_tree`'s module docstring). Records
+    per round whether the next token's subtree was reused (`simulate_parallel_tree`'s rounds)."""
     after_reroot = steps if schedule == "serial" else critical
     reused: list[bool] = []
     with clock.span("draft", "grow", 0):
@@ -53,17 +54,18 @@ def draft_rounds(side: DraftSide, steps: int, schedule: str, clock: Timeline, cr
         with clock.span("draft", "select", r):
             parents, tokens, q = side.subtree()
         yield wire.Subtree(r, parents, tokens, q)
-        if schedule == "parallel":
+        if schedule != "serial":
             with clock.span("draft", "grow ahead", r):  # off the critical path: the target is verifying
                 side.grow(steps, ahead=True)
         reply = yield RECV
         if reply.kind == wire.STOP:
             return reused
         with clock.span("draft", "re-root", r):
-            reused.append(side.reroot(reply.path, reply.next_token) is not None)
+            reused.append(side.reroot(reply.path, reply.next_token, owe=schedule == "queued") is not None)
         r += 1
-        with clock.span("draft", "grow", r):
-            side.grow(after_reroot)
+        if schedule != "queued":
+            with clock.span("draft", "grow", r):
+                side.grow(after_reroot)
 
 
 def target_rounds(side: TargetSide, max_new_tokens: int, eos: int | None, clock: Timeline) -> Generator:

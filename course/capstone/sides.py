@@ -197,10 +197,15 @@ class DraftSide:
             q = torch.stack([tree.q[v] if isinstance(v, int) else leaf for v in chosen]).float()
         return parents, tokens, q
 
-    def reroot(self, path: list[int], next_token: int) -> int | None:
+    def reroot(self, path: list[int], next_token: int, owe: bool = False) -> int | None:
         """SwiftSpec §3.2 after ACCEPTED(path, next_token) for the last subtree: the path joins the
         prefix, the subtree of the last node's child holding next_token survives (if the tree has
-        one), and the KV cache's rows move left to match. Returns the new root's old id, or None."""
+        one), and the KV cache's rows move left to match. Returns the new root's old id, or None.
+        owe (the queued schedule: an accepted leaf still queued committed unrun) is the device
+        tree's alone: this tree runs such a leaf at once with the next token."""
+        if owe:
+            raise ValueError("the queued schedule needs the draft's tree on the device "
+                             "(draft_tree='device'): the host tree runs an accepted leaf at once")
         tree = self.tree
         if not path or path[0] != 0 or max(path) >= len(self.sent):
             raise ValueError(f"path {path} is not a path of the {len(self.sent)}-node subtree sent last")
