@@ -191,8 +191,13 @@ class DeviceDraftSide:
         pad = [0] * (self.cfg.tree_size - len(path))
         self.reply.copy_(host_ints([len(path), next_token, *path, *pad]))
         rows, nodes, owed, found = self._reroot().tolist()
-        self.n_rows, self.n_nodes, self.owed, self.root_run = rows, nodes, bool(owed), bool(found)
-        self.prefix += len(path)
+        self.rerooted(rows, nodes, owed, found, len(path))
         # As DraftSide counts it: a root the draft had already run, or ran with the owed token (adopt).
         return True if found or (owed and not owe) else None
+
+    def rerooted(self, rows: int, nodes: int, owed: int, found: int, committed: int) -> None:
+        """The host's mirror after a re-root of `committed` tokens whose counts it has read back (the
+        re-root's graph returns them: [live rows, nodes, owed, kept a subtree])."""
+        self.n_rows, self.n_nodes, self.owed, self.root_run = rows, nodes, bool(owed), bool(found)
+        self.prefix += committed
 

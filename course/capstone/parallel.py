@@ -105,16 +105,21 @@ def check_pair(target_config, draft_config, target_dtype, draft_dtype) -> None:
 def build_sides(target, draft, *, max_prompt: int, max_new_tokens: int, tree_size: int = 8, width: int = 2,
                 steps: int = DEFAULT_STEPS, branch: int | None = None, mode: str = "greedy",
                 backend: str = "kernels", impl: str | None = None, graphs: bool | None = None,
-                growth: str = DEFAULT_GROWTH, draft_tree: str = DEFAULT_DRAFT_TREE
-                ) -> tuple[DraftSide | DeviceDraftSide, TargetSide]:
+                growth: str = DEFAULT_GROWTH, draft_tree: str = DEFAULT_DRAFT_TREE, only: str | None = None
+                ) -> tuple[DraftSide | DeviceDraftSide | None, TargetSide | None]:
     """Both sides for prompts of up to max_prompt tokens (checked: the pair, the settings); on a GPU
-    their CUDA graphs are captured here, so build them once and `run_sides` many times."""
+    their CUDA graphs are captured here, so build them once and `run_sides` many times. only:
+    "draft" or "target" builds that side alone (None in the other's place), for sides on two GPUs
+    of one process, each built under its own device (`queued.build`)."""
+    if only not in (None, "draft", "target"):
+        raise ValueError(f"only must be None, 'draft' or 'target', got {only!r}")
     cfg = decoder.settings(tree_size, width, branch, mode=mode)
     decoder._positive_int(max_new_tokens, "max_new_tokens")
     check_pair(target.config, draft.config, target.dtype, draft.dtype)
     sizes = dict(max_prompt=max_prompt, max_new_tokens=max_new_tokens, backend=backend, impl=impl,
                  graphs=graphs)
-    return draft_side(draft_tree)(draft, cfg, steps, growth=growth, **sizes), TargetSide(target, cfg, **sizes)
+    drafting = draft_side(draft_tree)(draft, cfg, steps, growth=growth, **sizes) if only != "target" else None
+    return drafting, TargetSide(target, cfg, **sizes) if only != "draft" else None
 
 
 def draft_side(draft_tree: str):

@@ -295,9 +295,9 @@ class TargetSide:
         # the host many verifications at a time, for the reason `UniformPool` gives.
         self.uniforms = (UniformPool(2, cfg.tree_size, self.gen, self.cache.data.device, rows=2 * POOLED)
                          if cfg.mode == "sample" else None)
-        graphs = decoder._check_graphs(graphs, backend, target.device)
+        self.graphs = decoder._check_graphs(graphs, backend, target.device)
         self.passes = Steps(lambda n, graphed: _Verification(self, n, graphed),
-                            (cfg.tree_size,) if graphs else (), graphs)
+                            (cfg.tree_size,) if self.graphs else (), self.graphs)
         self.prefix = 0  # committed tokens whose KV is cached (all but the last one)
         self.last = -1  # the last committed token: the root the next subtree must have
         self.calls = 0

@@ -1,0 +1,252 @@
+"""Parallel tree generation whose hosts only launch (notebook 20, §8): the queued schedule of
+`pyspec_ref.parallel_tree`, its messages kept as device tensors.
+
+In the other runs of the two workers (`protocol`, lockstep or one process per side) every message
+goes through a host: the target's host reads the verdict before it replies, the draft's host reads
+the re-root's counts before it can top the tree up, then the subtree before it can send it. Each
+read waits for a GPU, and the next launch then waits for the host. Here each side works on a CUDA
+stream of its own (both on one GPU, or one GPU each in this one process) and a round is:
+
+  draft   ... its growth ahead | waits for ACCEPTED | the re-root (a graph) | the selection of
+          tree_size items, padded when the tree holds fewer (a graph) | the packet copied into the
+          target's inbox: SUBTREE sent
+  target  waits for SUBTREE | one graph: the pass's inputs from the packet (`DeviceTree.packet`:
+          tokens, depths, DFS times), the pass, greedy verification, the accepted rows' compaction,
+          the reply and the commit | the reply copied into the draft's inbox: ACCEPTED sent
+
+A send is a device-to-device copy followed by a CUDA event, and a receive is a stream waiting on that
+event: the GPUs order the rounds by themselves, and the target's loop has no host in it. The queued
+schedule is what makes that possible: between the verdict and the next SUBTREE the draft runs no
+pass, so nothing there depends on a number only the host could choose. The draft's host still
+reads four counts a round, after the SUBTREE is on its way: the widths of the passes it then queues
+for the growth ahead (its mirror of the counts, as in `device_side`) and the tokens committed so far.
+So it sits in the draft's loop only, where the growth ahead hides it.
+
+The host learns that max_new_tokens are out one round late: by then it has queued one more
+verification, whose tokens are dropped (its time is not counted). So the target's side needs room
+for tree_size more tokens than a run asks for (`QueuedSides.run` checks). Greedy only: sampling
+would also send each node's draft distribution, and draw the target's uniforms ahead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from . import parallel
+from .device_side import DeviceDraftSide
+from .side_steps import HEAD
+from .sides import TargetSide, _Verification
+
+
+class _Link:
+    """The two streams and the events that order them: on the CPU, no streams, and every call runs
+    at once in program order, which is the order the events impose."""
+
+    def __init__(self, draft_device: torch.device, target_device: torch.device):
+        self.gpu = draft_device.type == "cuda"
+        if self.gpu:
+            self.streams = {"draft": torch.cuda.Stream(draft_device),
+                            "target": torch.cuda.Stream(target_device)}
+            self.events = {name: torch.cuda.Event() for name in ("subtree", "accepted", "read")}
+
+    def on(self, side: str):
+        return torch.cuda.stream(self.streams[side]) if self.gpu else contextlib.nullcontext()
+
+    def send(self, what: str, side: str) -> None:
+        """Mark the message just copied, on the sender's stream."""
+        if self.gpu:
+            self.events[what].record(self.streams[side])
+
+    def receive(self, what: str, side: str) -> None:
+        """The receiver's stream waits for the message (queued on the device: the host goes on)."""
+        if self.gpu:
+            self.streams[side].wait_event(self.events[what])
+
+    def wait(self, what: str) -> None:
+        """The host waits for an event (the draft's read)."""
+        if self.gpu:
+            self.events[what].synchronize()
+
+    def drain(self) -> None:
+        if self.gpu:
+            for stream in self.streams.values():
+                stream.synchronize()
+
+
+class QueuedTarget:
+    """The target's round as one graph (see the module docstring): inbox (5 * tree_size,), the
+    packet; reply (2 + tree_size,), [accepted path length, next token, path], the layout of
+    `DeviceDraftSide.reply`; the committed prefix and the emitted tokens stay on the device."""
+
+    def __init__(self, side: TargetSide, graphs: bool):
+        n = side.cfg.tree_size
+        device = side.cache.data.device
+        i64 = dict(dtype=torch.int64, device=device)
+        self.side, self.n = side, n
+        self.inbox = torch.zeros(5 * n, **i64)
+        self.inbox.copy_(chain_packet(n))  # valid contents for the capture's warm-up
+        self.prefix = torch.zeros(1, **i64)
+        self.reply = torch.zeros(2 + n, **i64)
+        self.out = torch.zeros(side.max_new_tokens + 2 * n + 1, **i64)  # the last slot: trash
+        self.count = torch.zeros(1, **i64)
+        self.slots = torch.arange(n, **i64)
+        self.verification = _Verification(side, n, graphed=False)
+        # The packed vector's parts that never change: the tree's length and the queries' tree rows.
+        packed = self.verification.step.packed
+        packed[1] = n
+        packed[HEAD + 2 * n:HEAD + 3 * n].copy_(self.slots)
+        self.round = _graphed(self._body) if graphs else self._body
+
+    def start(self, prompt: list[int], seed: int) -> None:
+        self.side.start(prompt, seed)
+        self.prefix.fill_(self.side.prefix)
+        self.count.zero_()
+
+    def _body(self) -> None:
+        """The packet into the pass's packed vector (`side_steps.TreeStep`'s layout, W = T = n), the
+        pass and the verification (`sides._Verification`), then the reply and the commit."""
+        n, packed, inbox = self.n, self.verification.step.packed, self.inbox
+        parents, tokens = inbox[:n], inbox[n:2 * n]
+        times = inbox[3 * n:]  # start, end: the queries' intervals, and the same for their rows
+        packed[0:1].copy_(self.prefix)
+        packed[HEAD:HEAD + 2 * n].copy_(inbox[n:3 * n])  # tokens, depths
+        packed[HEAD + 3 * n:HEAD + 5 * n].copy_(times)
+        packed[HEAD + 5 * n:HEAD + 7 * n].copy_(times)
+        packed[HEAD + 7 * n:HEAD + 8 * n].copy_(parents)
+        # The verifier's tokens: padding (no parent, not the root) gets a token no argmax equals.
+        real = (parents >= 0) | (self.slots == 0)
+        packed[HEAD + 8 * n:].copy_(torch.where(real, tokens, -1))
+        result = self.verification.step._body()
+        path, nxt = result[:n], result[n:]
+        accepted = (path >= 0).sum().reshape(1)
+        self.reply[0:1].copy_(accepted)
+        self.reply[1:2].copy_(nxt)
+        self.reply[2:].copy_(path)
+        # Emitted: the accepted nodes' tokens after the root, then the next token.
+        after_root = torch.cat([path[1:], path[:1] * 0 - 1])
+        emitted = torch.where(after_root >= 0, tokens.gather(0, after_root.clamp(min=0)), nxt)
+        at = torch.where(self.slots < accepted, self.count + self.slots, self.out.numel() - 1)
+        self.out.scatter_(0, at, emitted)
+        self.count += accepted
+        self.prefix += accepted
+
+
+def chain_packet(n: int) -> torch.Tensor:
+    """A valid packet of n items (a chain of token 0): the capture's warm-up runs on it."""
+    ids = list(range(n))
+    return torch.tensor([-1, *ids[:-1], *[0] * n, *ids, *ids, *[n - 1] * n], dtype=torch.int64)
+
+
+def _graphed(body):
+    from course.measure.timing import graphed
+
+    return graphed(body)
+
+
+def on_device(device: torch.device):
+    """Work on `device` (kernels, graph captures, streams): a GPU's context, or nothing."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def build(target, draft, *, max_prompt: int, max_new_tokens: int, **settings) -> QueuedSides:
+    """Both sides for the queued rounds, each built on its model's device (one GPU, or one each),
+    with room for runs of up to max_new_tokens; settings: `parallel.build_sides`'s (greedy, the
+    device tree)."""
+    tree_size = settings.get("tree_size", 8)
+    sizes = dict(max_prompt=max_prompt, max_new_tokens=max_new_tokens + tree_size, **settings)
+    with on_device(draft.device):
+        draft_side, _ = parallel.build_sides(target, draft, only="draft", **sizes)
+    with on_device(target.device):
+        _, target_side = parallel.build_sides(target, draft, only="target", **sizes)
+    return QueuedSides((draft_side, target_side))
+
+
+class QueuedSides:
+    """Both sides of the queued schedule, built once (on a GPU, the target's round is captured
+    here; the draft's graphs are `DeviceDraftSide`'s): `run(prompt, max_new_tokens)` many times.
+    sides: as `build` makes them (greedy, the device tree, max_new_tokens at least tree_size more
+    than any run asks for)."""
+
+    def __init__(self, sides: tuple[DeviceDraftSide, TargetSide]):
+        draft, target = sides
+        if not isinstance(draft, DeviceDraftSide):
+            raise ValueError("the queued rounds need the draft's tree on the device (draft_tree='device')")
+        if draft.cfg.mode != "greedy":
+            raise ValueError(f"the queued rounds verify greedily; mode {draft.cfg.mode!r} would need the "
+                             "draft's distributions sent along and the target's uniforms drawn ahead")
+        self.draft = draft
+        self.devices = {"draft": draft.cache.data.device, "target": target.cache.data.device}
+        with on_device(self.devices["target"]):
+            self.target = QueuedTarget(target, graphs=target.graphs)
+        self.link = _Link(self.devices["draft"], self.devices["target"])
+        self.n = draft.cfg.tree_size
+        on_gpu = self.link.gpu
+        self.read = torch.zeros(5, dtype=torch.int64, pin_memory=on_gpu)  # rows, nodes, owed, found, prefix
+
+    def run(self, prompt, max_new_tokens: int, *, seed: int = 0, eos: int | None = None
+            ) -> parallel.ParallelGeneration:
+        """One generation (B = 1); greedy output equals the target's greedy decoding."""
+        draft, target, link, n = self.draft, self.target, self.link, self.n
+        room = target.side.max_new_tokens - n
+        if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+                or not 1 <= max_new_tokens <= room):
+            raise ValueError(f"max_new_tokens must be an int in [1, {room}]: these sides were built for "
+                             f"{target.side.max_new_tokens}, and the queued rounds need room for one more "
+                             f"verification of tree_size = {n}; got {max_new_tokens!r}")
+        prompt = parallel.check_prompt(prompt, target.side.model.config.vocab_size)
+        with on_device(self.devices["draft"]):
+            draft.start(prompt, seed)
+        with on_device(self.devices["target"]):
+            target.start(prompt, seed + 1)
+        for device in self.devices.values():
+            parallel.sync(device)
+        began = time.perf_counter()
+        with link.on("draft"):
+            draft.grow(0)
+            self._send_subtree()
+        self._verify()
+        committed, accepted, reused = 0, [], []
+        while committed < max_new_tokens:
+            with link.on("draft"):
+                draft.grow(draft.steps, ahead=True)
+                link.receive("accepted", "draft")
+                info = draft._reroot()
+                self._send_subtree()
+                self.read[:4].copy_(info, non_blocking=True)
+                self.read[4:].copy_(draft.tree.prefix, non_blocking=True)
+                link.send("read", "draft")
+            self._verify()  # queued before the host waits: the target's loop never waits for it
+            link.wait("read")
+            rows, nodes, owed, found, prefix = self.read.tolist()
+            k1 = prefix - draft.prefix
+            draft.rerooted(rows, nodes, owed, found, k1)
+            committed += k1
+            accepted.append(k1 - 1)
+            reused.append(bool(found))
+        seconds = time.perf_counter() - began  # every token is committed: the last verification is spare
+        link.drain()
+        with on_device(self.devices["target"]):
+            tokens = target.out[:max_new_tokens].tolist()
+        if eos is not None and eos in tokens:
+            tokens = tokens[:tokens.index(eos) + 1]
+        return parallel.ParallelGeneration(tokens, seconds, len(accepted), draft.calls, accepted, reused[:-1],
+                                           [], "greedy", "queued", draft.steps, 1)
+
+    def _send_subtree(self) -> None:
+        """On the draft's stream: the selection, its packet into the target's inbox, SUBTREE sent."""
+        self.draft._select()
+        self.target.inbox.copy_(self.draft.tree.packet(self.n))
+        self.link.send("subtree", "draft")
+
+    def _verify(self) -> None:
+        """On the target's stream: receive SUBTREE, the round's graph, the reply into the draft's
+        inbox, ACCEPTED sent."""
+        link, target = self.link, self.target
+        with link.on("target"):
+            link.receive("subtree", "target")
+            target.round()
+            self.draft.reply.copy_(target.reply)
+            link.send("accepted", "target")

@@ -1,0 +1,98 @@
+"""The queued rounds (`course.capstone.queued`, notebook 20 §8) off a GPU, on the tiny pair: the same
+rounds as the queued schedule run lockstep, greedy output equal to plain decoding, the target's
+round read from the packet alone, and bad input refused. On a GPU the same code runs on two
+streams; `tools/gpu_parallel.sh` measures it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import course  # noqa: F401  (first: chooses the simulator / interpreter)
+from course.capstone import decoder, parallel, queued, weights
+from course.capstone.text import encode
+from course.core import runtime
+
+PROMPT = encode("The old man and the sea ")
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.set_num_threads(1)
+    return weights.load_pair("tiny", device=runtime.torch_device(), dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def plain(pair):
+    return decoder.autoregressive(pair.target, [PROMPT], NEW, backend="reference").tokens[0]
+
+
+def _settings(tree_size, width, steps):
+    return dict(tree_size=tree_size, width=width, steps=steps, branch=2, mode="greedy", backend="reference")
+
+
+def _built(pair, tree_size, width, steps):
+    return queued.build(pair.target, pair.draft, max_prompt=len(PROMPT), max_new_tokens=NEW,
+                        **_settings(tree_size, width, steps))
+
+
+@pytest.mark.parametrize("tree_size, width, steps", [(8, 2, 2), (6, 3, 1), (4, 2, 3), (8, 2, 0)])
+def test_the_queued_rounds_are_the_queued_schedules_rounds(pair, plain, tree_size, width, steps):
+    """Greedy output equals plain decoding, and round for round the verdicts and re-roots are those
+    of the queued schedule run lockstep (its subtrees padded to tree_size, the target's inputs read
+    from the packet on the device); built sides serve a second run alike."""
+    sides = _built(pair, tree_size, width, steps)
+    got = sides.run(PROMPT, NEW)
+    lockstep = parallel.generate(pair.target, pair.draft, PROMPT, NEW, schedule="queued",
+                                 **_settings(tree_size, width, steps))
+    assert got.tokens == plain == lockstep.tokens
+    assert got.accepted == lockstep.accepted and got.reused == lockstep.reused
+    assert got.target_calls == lockstep.target_calls and got.draft_calls >= lockstep.draft_calls
+    again = sides.run(PROMPT, NEW)
+    assert (again.tokens, again.accepted, again.reused) == (got.tokens, got.accepted, got.reused)
+    shorter = sides.run(PROMPT[:6], 5)
+    assert shorter.tokens == decoder.autoregressive(pair.target, [PROMPT[:6]], 5,
+                                                    backend="reference").tokens[0]
+
+
+def test_an_end_token_truncates_the_output(pair, plain):
+    sides = _built(pair, 8, 2, 2)
+    eos = plain[5]
+    got = sides.run(PROMPT, NEW, eos=eos)
+    assert got.tokens == plain[:plain.index(eos) + 1]
+
+
+def test_the_targets_round_reads_the_packet_and_commits_on_the_device(pair):
+    """A packet with padding: the verdict's path stays among the real items, the reply holds it in
+    the draft's layout, and the committed prefix and the emitted tokens move by its length."""
+    sides = _built(pair, 4, 2, 1)
+    target = sides.target
+    target.start(PROMPT, 1)
+    best = decoder.autoregressive(pair.target, [PROMPT], 2, backend="reference").tokens[0]
+    # root, its child holding the target's next token, and two padding items
+    n = 4
+    packet = torch.tensor([-1, 0, -1, -1, PROMPT[-1], best[0], 0, 0, 0, 1, 0, 0,
+                           0, 1, 2 ** 31 - 1, 2 ** 31 - 1, 1, 1, -1, -1])
+    target.inbox.copy_(packet)
+    prefix = int(target.prefix)
+    target.round()
+    k1, nxt, *path = target.reply.tolist()
+    assert (k1, path[:k1], nxt) == (2, [0, 1], best[1])
+    assert all(j == -1 for j in path[k1:]) and len(path) == n
+    assert int(target.prefix) == prefix + 2 and int(target.count) == 2
+    assert target.out[:2].tolist() == best[:2]
+
+
+def test_bad_settings_and_runs_are_refused(pair):
+    room = dict(max_prompt=len(PROMPT), max_new_tokens=NEW)
+    with pytest.raises(ValueError, match="verify greedily; mode 'sample'"):
+        queued.build(pair.target, pair.draft, **room, **(_settings(4, 2, 1) | dict(mode="sample")))
+    with pytest.raises(ValueError, match="draft's tree on the device"):
+        queued.build(pair.target, pair.draft, **room, draft_tree="host", **_settings(4, 2, 1))
+    sides = queued.build(pair.target, pair.draft, **room, **_settings(4, 2, 1))
+    for bad in (NEW + 1, 0, True, 2.0):
+        with pytest.raises(ValueError, match=r"max_new_tokens must be an int in \[1, 24\]"):
+            sides.run(PROMPT, bad)
+    with pytest.raises(ValueError, match="a prompt of 25 tokens"):
+        sides.run(PROMPT + [1], 4)
