@@ -409,10 +409,15 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
 
     rows = parallel_bench.measure(pair="tiny", n_prompts=1, max_new=6, steps=(1,), repeats=1, cpu=True,
                                   backend="reference", log=lambda *_: None, shape=(8, 2, 4, 4),
-                                  wide=(3, (2,), (1,)))
+                                  wide=(3, (2,), (1,)), queued=(2, (1, 2)))
     names = {(r["name"], r["mode"]) for r in rows}
     assert names == {(n, m) for n in ("autoregressive", "serial decoder", "serial", "parallel")
-                     for m in ("greedy", "sample")}
+                     for m in ("greedy", "sample")} | {("queued", "greedy")}
+    queued = [r for r in rows if r["name"] == "queued"]
+    assert [(r["steps"], r["width"], r["transport"], r["gpus"]) for r in queued] == [(1, 2, "device", 0),
+                                                                                     (2, 2, "device", 0)]
+    assert all(r["identical"] and r["tokens_per_call"] >= 1 and "verify_ms" not in r for r in queued)
+    assert parallel_bench.best_queued(rows) == [max(queued, key=lambda r: r["tokens_per_s"])]
     measured = [r for r in rows if r["name"] == "parallel"]
     assert {(r["growth"], r["mode"]) for r in measured} == {(g, m) for g in GROWTHS
                                                             for m in ("greedy", "sample")}

@@ -96,3 +96,19 @@ def test_bad_settings_and_runs_are_refused(pair):
             sides.run(PROMPT, bad)
     with pytest.raises(ValueError, match="a prompt of 25 tokens"):
         sides.run(PROMPT + [1], 4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the kernels backend need a GPU")
+def test_on_a_gpu_the_graphed_queued_rounds_equal_plain_decoding():
+    """The course's kernels, every side's work a CUDA graph, the two streams ordered by events alone:
+    greedy output equal to plain decoding, on one GPU (and with two, the draft on the second)."""
+    loaded = weights.load_pair("small", device="cuda:0", dtype=torch.float16)
+    draft = loaded.draft
+    if torch.cuda.device_count() >= 2:
+        draft = weights.load_pair("small", device="cuda:1", dtype=torch.float16).draft
+    plain = decoder.autoregressive(loaded.target, [PROMPT], 48).tokens[0]
+    sides = queued.build(loaded.target, draft, max_prompt=len(PROMPT), max_new_tokens=48, tree_size=16,
+                         width=4, steps=3, branch=4, mode="greedy")
+    for _ in range(3):
+        got = sides.run(PROMPT, 48)
+        assert got.tokens == plain and got.tokens_per_call > 1.5

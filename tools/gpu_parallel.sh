@@ -83,7 +83,7 @@ elif [ "$tests" = 1 ]; then
   # the GPU tests of the workers (the specification's tests run on the CPU, in CI); -x: a failure's
   # traceback is printed at once, not in a summary that a stage cut short by its limit never reaches
   stage gpu_tests 240 python3 -m pytest -p no:cacheprovider -q -x tests/test_capstone_parallel.py \
-    tests/test_capstone_device_tree.py tests/test_capstone_side_steps.py
+    tests/test_capstone_device_tree.py tests/test_capstone_side_steps.py tests/test_capstone_queued.py
 fi
 if [ "$tests" = 1 ] && [ "$gpus" -ge 2 ]; then
   stage generate 60 python3 -m course generate --parallel --prompt "The old fox "

@@ -270,7 +270,8 @@ def best_parallel(rows: list[dict], mode: str = "greedy") -> dict:
 
 def comparison(rows: list[dict], mode: str) -> list[tuple[str, dict]]:
     """(label, row) of each method for one mode: plain decoding, the serial decoder, the serial
-    schedule and every parallel setup at the best parallel row's d and w."""
+    schedule, every parallel setup at the best parallel row's d and w, and the queued rounds (the
+    hosts only launching: greedy, every d measured)."""
     best = best_parallel(rows, mode)
     out = []
     out += [("autoregressive", r) for r in _pick(rows, "autoregressive", mode)]
@@ -282,6 +283,9 @@ def comparison(rows: list[dict], mode: str) -> list[tuple[str, dict]]:
     for r in _pick(rows, "parallel", mode, steps=best["steps"], width=best["width"]):
         gpus = f"{r['gpus']} GPU" + "s" * (r["gpus"] > 1)
         out.append((f"parallel, d = {r['steps']}{_variant(r)}, {r['transport']}, {gpus}", r))
+    for r in _pick(rows, "queued", mode):
+        gpus = f"{r['gpus']} GPU" + "s" * (r["gpus"] > 1)
+        out.append((f"queued (hosts only launch), d = {r['steps']}, w = {r['width']}, {gpus}", r))
     return out
 
 
@@ -300,7 +304,8 @@ def speed_bars(rows: list[dict], mode: str = "greedy", ax=None, title: str | Non
     methods = comparison(rows, mode)
     base = next((r["tokens_per_s"] for label, r in methods if r["name"] == "serial decoder"), None)
     ax = new_ax(ax, (8, 0.5 * len(methods) + 1.2))
-    colors = {"autoregressive": GREY, "serial decoder": ORANGE, "serial": ORANGE, "parallel": GREEN}
+    colors = {"autoregressive": GREY, "serial decoder": ORANGE, "serial": ORANGE, "parallel": GREEN,
+              "queued": BLUE}
     values = [r["tokens_per_s"] for _, r in methods]
     ax.barh(range(len(methods)), values, color=[colors[r["name"]] for _, r in methods], height=0.6, zorder=2)
     for i, (_, r) in enumerate(methods):
