@@ -458,6 +458,7 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "parallel.json").write_text(json.dumps(document | {"gpus": gpus}))
     assert parallel_bench.load_committed(tmp_path)["gpus"] == 2
+    assert [d["gpus"] for d in parallel_bench.committed_documents(tmp_path)] == [2, 1]
     speedup, met = parallel_bench.target_met(document)
     assert speedup == best["speedup_vs_serial_decoder"] and not met  # measured on no GPU at all
 

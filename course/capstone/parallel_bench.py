@@ -530,15 +530,22 @@ def save(rows: list[dict], gpus: int, folder: Path | None = None) -> Path:
     return path
 
 
-def load_committed(directory: Path = results.RESULTS) -> dict:
-    """The committed parallel.json with the most GPUs (results/<device>x2/ before results/<device>/),
-    or results.NotMeasuredYet saying how to measure it."""
+def committed_documents(directory: Path = results.RESULTS) -> list[dict]:
+    """Every committed parallel.json, the most GPUs first (results/<device>x2/ before
+    results/<device>/), then the newest."""
     found = sorted(directory.glob(f"*/{SUITE}.json"))
-    if not found:
+    documents = [results.validate(json.loads(path.read_text()), str(path)) for path in found]
+    return sorted(documents, key=lambda d: (d.get("gpus", 1), d["date"]), reverse=True)
+
+
+def load_committed(directory: Path = results.RESULTS) -> dict:
+    """The committed parallel.json with the most GPUs (`committed_documents`' first), or
+    results.NotMeasuredYet saying how to measure it."""
+    documents = committed_documents(directory)
+    if not documents:
         raise results.NotMeasuredYet(f"not measured yet: no committed results/<device>x2/{SUITE}.json; "
                                      "tools/gpu_parallel.sh on a machine with two GPUs writes it")
-    documents = [results.validate(json.loads(path.read_text()), str(path)) for path in found]
-    return max(documents, key=lambda d: (d.get("gpus", 1), d["date"]))
+    return documents[0]
 
 
 def target_met(document: dict) -> tuple[float, bool]:
