@@ -28,13 +28,13 @@ def plain(pair):
     return decoder.autoregressive(pair.target, [PROMPT], NEW, backend="reference").tokens[0]
 
 
-def _settings(tree_size, width, steps):
-    return dict(tree_size=tree_size, width=width, steps=steps, branch=2, mode="greedy", backend="reference")
+def _settings(tree_size, width, steps, mode="greedy"):
+    return dict(tree_size=tree_size, width=width, steps=steps, branch=2, mode=mode, backend="reference")
 
 
-def _built(pair, tree_size, width, steps):
+def _built(pair, tree_size, width, steps, mode="greedy"):
     return queued.build(pair.target, pair.draft, max_prompt=len(PROMPT), max_new_tokens=NEW,
-                        **_settings(tree_size, width, steps))
+                        **_settings(tree_size, width, steps, mode))
 
 
 @pytest.mark.parametrize("tree_size, width, steps", [(8, 2, 2), (6, 3, 1), (4, 2, 3), (8, 2, 0)])
@@ -54,6 +54,21 @@ def test_the_queued_rounds_are_the_queued_schedules_rounds(pair, plain, tree_siz
     shorter = sides.run(PROMPT[:6], 5)
     assert shorter.tokens == decoder.autoregressive(pair.target, [PROMPT[:6]], 5,
                                                     backend="reference").tokens[0]
+
+
+@pytest.mark.parametrize("tree_size, width, steps", [(8, 2, 2), (4, 2, 3)])
+def test_sampled_queued_rounds_draw_the_lockstep_schedules_tokens(pair, tree_size, width, steps):
+    """Sampling: the draft's distributions travel with the packet and both sides take their uniforms
+    from pools filled ahead, so for the same seeds the queued rounds emit the lockstep queued
+    schedule's tokens, round for round (that schedule's tokens follow the target's distribution:
+    `pyspec_ref.parallel_tree`'s chi-square test)."""
+    sides = _built(pair, tree_size, width, steps, mode="sample")
+    for seed in (0, 5):
+        got = sides.run(PROMPT, NEW, seed=seed)
+        lockstep = parallel.generate(pair.target, pair.draft, PROMPT, NEW, schedule="queued", seed=seed,
+                                     **_settings(tree_size, width, steps, "sample"))
+        assert got.tokens == lockstep.tokens and got.accepted == lockstep.accepted
+        assert got.reused == lockstep.reused and sum(got.accepted) > 0
 
 
 def test_an_end_token_truncates_the_output(pair, plain):
@@ -86,8 +101,6 @@ def test_the_targets_round_reads_the_packet_and_commits_on_the_device(pair):
 
 def test_bad_settings_and_runs_are_refused(pair):
     room = dict(max_prompt=len(PROMPT), max_new_tokens=NEW)
-    with pytest.raises(ValueError, match="verify greedily; mode 'sample'"):
-        queued.build(pair.target, pair.draft, **room, **(_settings(4, 2, 1) | dict(mode="sample")))
     with pytest.raises(ValueError, match="draft's tree on the device"):
         queued.build(pair.target, pair.draft, **room, draft_tree="host", **_settings(4, 2, 1))
     sides = queued.build(pair.target, pair.draft, **room, **_settings(4, 2, 1))
@@ -101,7 +114,8 @@ def test_bad_settings_and_runs_are_refused(pair):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the kernels backend need a GPU")
 def test_on_a_gpu_the_graphed_queued_rounds_equal_plain_decoding():
     """The course's kernels, every side's work a CUDA graph, the two streams ordered by events alone:
-    greedy output equal to plain decoding, on one GPU (and with two, the draft on the second)."""
+    greedy output equal to plain decoding, on one GPU (and with two, the draft on the second);
+    sampling repeats its draws for the same seeds."""
     loaded = weights.load_pair("small", device="cuda:0", dtype=torch.float16)
     draft = loaded.draft
     if torch.cuda.device_count() >= 2:
@@ -112,3 +126,8 @@ def test_on_a_gpu_the_graphed_queued_rounds_equal_plain_decoding():
     for _ in range(3):
         got = sides.run(PROMPT, 48)
         assert got.tokens == plain and got.tokens_per_call > 1.5
+    sampling = queued.build(loaded.target, draft, max_prompt=len(PROMPT), max_new_tokens=48, tree_size=16,
+                            width=4, steps=3, branch=4, mode="sample")
+    first = sampling.run(PROMPT, 48, seed=3)
+    again = sampling.run(PROMPT, 48, seed=3)  # the same seeds, the same graphs: the same draws
+    assert first.tokens == again.tokens and first.tokens_per_call > 1.5

@@ -17,7 +17,7 @@ Every generation has B = 1 (one prompt of `prompts`), the pair in float16 and th
                     (`processes.launch`, transport "shm"); at BEFORE_STEPS also through NCCL and
                     gloo; with --one-gpu (or on a machine with one GPU) both processes sharing
                     cuda:0;
-  queued            greedy, the queued schedule with the hosts only launching (`queued`: one
+  queued            the queued schedule with the hosts only launching (`queued`: one
                     process, a CUDA stream per side, the messages device-to-device copies; target
                     on cuda:0 and draft on cuda:1, or both on cuda:0 with one GPU), at QUEUED's w and
                     d's (transport "device").
@@ -103,7 +103,7 @@ WIDE = (16, (6, 8, 10), (0, 1, 2))
 # 0.65x; the target's wait 0.28 ms.
 REPEATS = 3
 TIMELINE_ROUNDS = 4
-# The queued rounds' w and d's (greedy). Their round is the longer of the target's pass and the draft's
+# The queued rounds' w and d's. Their round is the longer of the target's pass and the draft's
 # passes of a round (notebook 20's two loops): at w = 16 a draft pass is about 0.065 ms on its GPU and
 # the medium target's pass 0.47 ms, so d = 4-6 fill it. Predicted before the first two-GPU run from
 # the one-GPU runs (results/h200/README.md): d = 6 fastest, a round of about 0.53 ms, 4.6 tokens per
@@ -407,10 +407,10 @@ def _best_serial_decoder(loaded, texts: list, max_new: int, repeats: int, mode: 
     return best
 
 
-def _queued_rows(pair: str, texts: list, max_new: int, queued_setup: tuple, repeats: int, plain: list,
+def _queued_rows(pair: str, texts: list, max_new: int, queued_setup: tuple, repeats: int, baselines: dict,
                  add, devices: dict, shape: tuple, backend: str) -> None:
-    """The queued rounds' rows (`queued`), greedy: one per d of queued_setup = (w, d's), the sides
-    on devices {"target": ..., "draft": ...}."""
+    """The queued rounds' rows (`queued`): one per mode of baselines and d of queued_setup = (w,
+    d's), the sides on devices {"target": ..., "draft": ...}."""
     from course.core import impl as course_impl
 
     from . import queued
@@ -421,17 +421,17 @@ def _queued_rows(pair: str, texts: list, max_new: int, queued_setup: tuple, repe
     tree_size, _, branch, _ = shape
     width, some = queued_setup
     gpus = len({d for d in devices.values() if d != "cpu"})
-    for d in some:
+    for mode, d in itertools.product(baselines, some):
         sides = queued.build(target, draft, max_prompt=max(len(p) for p in texts), max_new_tokens=max_new,
-                             tree_size=tree_size, width=width, steps=d, branch=branch, mode="greedy",
+                             tree_size=tree_size, width=width, steps=d, branch=branch, mode=mode,
                              backend=backend, impl=course_impl.bench_impl())
 
         def queued_run(prompt, sides=sides):
             return sides.run(prompt, max_new)
 
-        add(_row("queued", "greedy", _in_process(queued_run, texts, repeats), plain, steps=d, width=width,
-                 transport="device", gpus=gpus, growth=parallel.DEFAULT_GROWTH, draft_tree="device",
-                 critical=0))
+        add(_row("queued", mode, _in_process(queued_run, texts, repeats), baselines[mode][0], steps=d,
+                 width=width, transport="device", gpus=gpus, growth=parallel.DEFAULT_GROWTH,
+                 draft_tree="device", critical=0))
         del sides
 
 
@@ -495,10 +495,9 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
         for (mode, d), generations in measured.items():
             add(_row("parallel", mode, generations, baselines[mode][0], steps=d,
                      transport=options["transport"], gpus=used, **variant))
-    if queued and "greedy" in modes:
+    if queued:
         devices = {"target": device, "draft": "cuda:1" if gpus >= 2 else device}
-        _queued_rows(pair, texts, max_new, queued, repeats, baselines["greedy"][0], add, devices, shape,
-                     backend)
+        _queued_rows(pair, texts, max_new, queued, repeats, baselines, add, devices, shape, backend)
     for row in rows:
         if row["name"] != "autoregressive":
             row["speedup_vs_serial_decoder"] = row["tokens_per_s"] / baselines[row["mode"]][1]
@@ -560,9 +559,10 @@ def target_met(document: dict) -> tuple[float, bool]:
     return speedup, best["gpus"] >= 2 and speedup >= TARGET_SPEEDUP and bool(best.get("identical"))
 
 
-def best_queued(rows: list[dict]) -> list[dict]:
-    """The fastest queued row on the most GPUs measured, as a list ([] when none was measured)."""
-    queued = [r for r in rows if r["name"] == "queued"]
+def best_queued(rows: list[dict], mode: str = "greedy") -> list[dict]:
+    """The fastest queued row of `mode` on the most GPUs measured, as a list ([] when none was
+    measured)."""
+    queued = [r for r in rows if r["name"] == "queued" and r["mode"] == mode]
     if not queued:
         return []
     most = max(r["gpus"] for r in queued)

@@ -11,8 +11,9 @@ stream of its own (both on one GPU, or one GPU each in this one process) and a r
           tree_size items, padded when the tree holds fewer (a graph) | the packet copied into the
           target's inbox: SUBTREE sent
   target  waits for SUBTREE | one graph: the pass's inputs from the packet (`DeviceTree.packet`:
-          tokens, depths, DFS times), the pass, greedy verification, the accepted rows' compaction,
-          the reply and the commit | the reply copied into the draft's inbox: ACCEPTED sent
+          tokens, depths, DFS times), the pass, verification (greedy, or SpecInfer's speculative
+          sampling), the accepted rows' compaction, the reply and the commit | the reply copied
+          into the draft's inbox: ACCEPTED sent
 
 A send is a device-to-device copy followed by a CUDA event, and a receive is a stream waiting on that
 event: the GPUs order the rounds by themselves, and the target's loop has no host in it. The queued
@@ -24,8 +25,11 @@ So it sits in the draft's loop only, where the growth ahead hides it.
 
 The host learns that max_new_tokens are out one round late: by then it has queued one more
 verification, whose tokens are dropped (its time is not counted). So the target's side needs room
-for tree_size more tokens than a run asks for (`QueuedSides.run` checks). Greedy only: sampling
-would also send each node's draft distribution, and draw the target's uniforms ahead.
+for tree_size more tokens than a run asks for (`QueuedSides.run` checks). In sampling mode SUBTREE
+also carries each item's draft distribution q (tree_size x V float32, copied into the target's
+pass), and both sides take their uniforms from pools their hosts fill ahead (`UniformPool`), so a
+sampling round launches as a greedy one does; for the same seeds the rounds are the lockstep
+queued schedule's, token for token.
 """
 
 from __future__ import annotations
@@ -99,26 +103,37 @@ class QueuedTarget:
         packed[1] = n
         packed[HEAD + 2 * n:HEAD + 3 * n].copy_(self.slots)
         self.round = _graphed(self._body) if graphs else self._body
+        if side.uniforms is not None:
+            side.uniforms.restart()  # the capture above moved the device's cursor
 
     def start(self, prompt: list[int], seed: int) -> None:
-        self.side.start(prompt, seed)
+        self.side.start(prompt, seed)  # in sampling mode, also the uniforms from the seed again
         self.prefix.fill_(self.side.prefix)
         self.count.zero_()
+
+    @property
+    def q(self) -> torch.Tensor | None:
+        """Sampling: where SUBTREE's draft distributions go, the pass's own q (tree_size, V)."""
+        return self.verification.q[0] if self.side.cfg.mode == "sample" else None
+
+    def launch(self) -> None:
+        """The round's graph, its sampling uniforms reserved first (on the host, as `TargetSide`)."""
+        if self.side.uniforms is not None:
+            self.side.uniforms.reserve(2)
+        self.round()
 
     def _body(self) -> None:
         """The packet into the pass's packed vector (`side_steps.TreeStep`'s layout, W = T = n), the
         pass and the verification (`sides._Verification`), then the reply and the commit."""
         n, packed, inbox = self.n, self.verification.step.packed, self.inbox
-        parents, tokens = inbox[:n], inbox[n:2 * n]
+        tokens = inbox[n:2 * n]
         times = inbox[3 * n:]  # start, end: the queries' intervals, and the same for their rows
         packed[0:1].copy_(self.prefix)
         packed[HEAD:HEAD + 2 * n].copy_(inbox[n:3 * n])  # tokens, depths
         packed[HEAD + 3 * n:HEAD + 5 * n].copy_(times)
         packed[HEAD + 5 * n:HEAD + 7 * n].copy_(times)
-        packed[HEAD + 7 * n:HEAD + 8 * n].copy_(parents)
-        # The verifier's tokens: padding (no parent, not the root) gets a token no argmax equals.
-        real = (parents >= 0) | (self.slots == 0)
-        packed[HEAD + 8 * n:].copy_(torch.where(real, tokens, -1))
+        # The verifier's parents and tokens: padding has no parent, so no walk from the root reaches it.
+        packed[HEAD + 7 * n:].copy_(inbox[:2 * n])
         result = self.verification.step._body()
         path, nxt = result[:n], result[n:]
         accepted = (path >= 0).sum().reshape(1)
@@ -153,8 +168,8 @@ def on_device(device: torch.device):
 
 def build(target, draft, *, max_prompt: int, max_new_tokens: int, **settings) -> QueuedSides:
     """Both sides for the queued rounds, each built on its model's device (one GPU, or one each),
-    with room for runs of up to max_new_tokens; settings: `parallel.build_sides`'s (greedy, the
-    device tree)."""
+    with room for runs of up to max_new_tokens; settings: `parallel.build_sides`'s (the device
+    tree)."""
     tree_size = settings.get("tree_size", 8)
     sizes = dict(max_prompt=max_prompt, max_new_tokens=max_new_tokens + tree_size, **settings)
     with on_device(draft.device):
@@ -167,16 +182,13 @@ def build(target, draft, *, max_prompt: int, max_new_tokens: int, **settings) ->
 class QueuedSides:
     """Both sides of the queued schedule, built once (on a GPU, the target's round is captured
     here; the draft's graphs are `DeviceDraftSide`'s): `run(prompt, max_new_tokens)` many times.
-    sides: as `build` makes them (greedy, the device tree, max_new_tokens at least tree_size more
-    than any run asks for)."""
+    sides: as `build` makes them (the device tree, max_new_tokens at least tree_size more than any
+    run asks for)."""
 
     def __init__(self, sides: tuple[DeviceDraftSide, TargetSide]):
         draft, target = sides
         if not isinstance(draft, DeviceDraftSide):
             raise ValueError("the queued rounds need the draft's tree on the device (draft_tree='device')")
-        if draft.cfg.mode != "greedy":
-            raise ValueError(f"the queued rounds verify greedily; mode {draft.cfg.mode!r} would need the "
-                             "draft's distributions sent along and the target's uniforms drawn ahead")
         self.draft = draft
         self.devices = {"draft": draft.cache.data.device, "target": target.cache.data.device}
         with on_device(self.devices["target"]):
@@ -188,7 +200,8 @@ class QueuedSides:
 
     def run(self, prompt, max_new_tokens: int, *, seed: int = 0, eos: int | None = None
             ) -> parallel.ParallelGeneration:
-        """One generation (B = 1); greedy output equals the target's greedy decoding."""
+        """One generation (B = 1): greedy output equals the target's greedy decoding; the draft's
+        generator starts from `seed`, the target's from seed + 1 (as `parallel.run_sides`)."""
         draft, target, link, n = self.draft, self.target, self.link, self.n
         room = target.side.max_new_tokens - n
         if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
@@ -233,12 +246,15 @@ class QueuedSides:
         if eos is not None and eos in tokens:
             tokens = tokens[:tokens.index(eos) + 1]
         return parallel.ParallelGeneration(tokens, seconds, len(accepted), draft.calls, accepted, reused[:-1],
-                                           [], "greedy", "queued", draft.steps, 1)
+                                           [], draft.cfg.mode, "queued", draft.steps, 1)
 
     def _send_subtree(self) -> None:
-        """On the draft's stream: the selection, its packet into the target's inbox, SUBTREE sent."""
-        self.draft._select()
+        """On the draft's stream: the selection, its packet (and q) into the target's inbox, SUBTREE
+        sent."""
+        _, q = self.draft._select()
         self.target.inbox.copy_(self.draft.tree.packet(self.n))
+        if q is not None:
+            self.target.q.copy_(q)
         self.link.send("subtree", "draft")
 
     def _verify(self) -> None:
@@ -247,6 +263,6 @@ class QueuedSides:
         link, target = self.link, self.target
         with link.on("target"):
             link.receive("subtree", "target")
-            target.round()
+            target.launch()
             self.draft.reply.copy_(target.reply)
             link.send("accepted", "target")
