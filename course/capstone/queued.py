@@ -191,6 +191,9 @@ class QueuedSides:
             raise ValueError("the queued rounds need the draft's tree on the device (draft_tree='device')")
         self.draft = draft
         self.devices = {"draft": draft.cache.data.device, "target": target.cache.data.device}
+        if len({device.type for device in self.devices.values()}) > 1:
+            raise ValueError(f"the sides are on {self.devices['draft']} (draft) and {self.devices['target']} "
+                             "(target): the queued rounds run both on GPUs or both on the CPU")
         with on_device(self.devices["target"]):
             self.target = QueuedTarget(target, graphs=target.graphs)
         self.link = _Link(self.devices["draft"], self.devices["target"])
