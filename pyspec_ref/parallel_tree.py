@@ -57,10 +57,10 @@ next SUBTREE: a few such steps win back much of the serial schedule's tokens per
 fraction of its draft time between two target calls.
 
 The queued schedule (``schedule="queued"``) takes the draft's passes off the critical path
-altogether: after re-rooting, the draft sends SUBTREE(r + 1) at once, chosen from whatever the re-
-root left (only the new root when no subtree survived: it is sent unrun, and the target verifies
-that one node), and runs the new root and the top-up at the start of its growth during the next
-verification. An accepted leaf still queued is committed unrun too: its KV entry is owed, and that
+altogether: after re-rooting, the draft sends SUBTREE(r + 1) at once, chosen from whatever the
+re-root left (only the new root when no subtree survived: it is sent unrun, and the target
+verifies that one node), and runs the new root and the top-up at the start of its growth during
+the next verification. An accepted leaf still queued is committed unrun too: its KV entry is owed, and that
 first pass computes it before the new root (the device tree's way, `_Draft._owe`). Between two
 verifications the draft then does only bookkeeping (the re-root and the selection), which a GPU can
 run without its host: a round whose hosts only launch (the messages as device tensors) lasts the

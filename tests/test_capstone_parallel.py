@@ -461,8 +461,11 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
         (tmp_path / folder / "parallel.json").write_text(json.dumps(document | {"gpus": gpus}))
     assert parallel_bench.load_committed(tmp_path)["gpus"] == 2
     assert [d["gpus"] for d in parallel_bench.committed_documents(tmp_path)] == [2, 1]
+    # The target counts the fastest of the best parallel row and the best queued row (which of the two
+    # is faster on a loaded CPU varies), and no run on fewer than two GPUs meets it.
     speedup, met = parallel_bench.target_met(document)
-    assert speedup == best["speedup_vs_serial_decoder"] and not met  # measured on no GPU at all
+    fastest = max([best, *parallel_bench.best_queued(rows)], key=lambda r: r["tokens_per_s"])
+    assert speedup == fastest["speedup_vs_serial_decoder"] and not met
 
 
 def test_the_queued_projection_takes_the_longer_of_the_two_loops():
