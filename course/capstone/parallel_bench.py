@@ -553,17 +553,10 @@ def target_met(document: dict) -> tuple[float, bool]:
     plain decoding. Returns (its speed-up, met?)."""
     from .parallel_figures import best_parallel
 
-    best = max([best_parallel(document["rows"], "greedy"), *best_queued(document["rows"])],
+    rows = document["rows"]
+    kinds = ["parallel"] + ["queued"] * any(r["name"] == "queued" for r in rows)
+    best = max((best_parallel(rows, "greedy", name) for name in kinds),
                key=lambda r: (r["gpus"], r["tokens_per_s"]))
     speedup = best["speedup_vs_serial_decoder"]
     return speedup, best["gpus"] >= 2 and speedup >= TARGET_SPEEDUP and bool(best.get("identical"))
 
-
-def best_queued(rows: list[dict], mode: str = "greedy") -> list[dict]:
-    """The fastest queued row of `mode` on the most GPUs measured, as a list ([] when none was
-    measured)."""
-    queued = [r for r in rows if r["name"] == "queued" and r["mode"] == mode]
-    if not queued:
-        return []
-    most = max(r["gpus"] for r in queued)
-    return [max((r for r in queued if r["gpus"] == most), key=lambda r: r["tokens_per_s"])]

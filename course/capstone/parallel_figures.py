@@ -258,12 +258,12 @@ def _pick(rows: list[dict], name: str, mode: str, **match) -> list[dict]:
             and all(r.get(k) == v for k, v in match.items())]
 
 
-def best_parallel(rows: list[dict], mode: str = "greedy") -> dict:
+def best_parallel(rows: list[dict], mode: str = "greedy", name: str = "parallel") -> dict:
     """The fastest parallel row of `mode` on the most GPUs measured (two, where there are two),
-    whichever transport carried its messages."""
-    parallel = _pick(rows, "parallel", mode)
+    whichever transport carried its messages; name "queued": of the queued rounds' rows."""
+    parallel = _pick(rows, name, mode)
     if not parallel:
-        raise ValueError(f"no parallel rows of mode {mode!r}")
+        raise ValueError(f"no {name} rows of mode {mode!r}")
     most = max(r["gpus"] for r in parallel)
     return max((r for r in parallel if r["gpus"] == most), key=lambda r: r["tokens_per_s"])
 
