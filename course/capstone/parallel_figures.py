@@ -271,7 +271,7 @@ def best_parallel(rows: list[dict], mode: str = "greedy", name: str = "parallel"
 def comparison(rows: list[dict], mode: str) -> list[tuple[str, dict]]:
     """(label, row) of each method for one mode: plain decoding, the serial decoder, the serial
     schedule, every parallel setup at the best parallel row's d and w, and the queued rounds (the
-    hosts only launching: greedy, every d measured)."""
+    hosts only launching: every d measured)."""
     best = best_parallel(rows, mode)
     out = []
     out += [("autoregressive", r) for r in _pick(rows, "autoregressive", mode)]

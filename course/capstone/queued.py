@@ -19,8 +19,9 @@ A send is a device-to-device copy followed by a CUDA event, and a receive is a s
 event: the GPUs order the rounds by themselves, and the target's loop has no host in it. The queued
 schedule is what makes that possible: between the verdict and the next SUBTREE the draft runs no
 pass, so nothing there depends on a number only the host could choose. The draft's host still
-reads four counts a round, after the SUBTREE is on its way: the widths of the passes it then queues
-for the growth ahead (its mirror of the counts, as in `device_side`) and the tokens committed so far.
+reads five numbers a round, after the SUBTREE is on its way: the re-root's four counts, for the
+widths of the passes it then queues for the growth ahead (its mirror of the counts, as in
+`device_side`), and the committed prefix, for the tokens committed so far.
 So it sits in the draft's loop only, where the growth ahead hides it.
 
 The host learns that max_new_tokens are out one round late: by then it has queued one more
