@@ -416,7 +416,8 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
     queued = [r for r in rows if r["name"] == "queued"]
     assert [(r["mode"], r["steps"], r["width"], r["transport"], r["gpus"]) for r in queued] == [
         (m, d, 2, "device", 0) for m in ("greedy", "sample") for d in (1, 2)]
-    assert all(r["tokens_per_call"] >= 1 and "verify_ms" not in r for r in queued)
+    assert all(r["tokens_per_call"] >= 1 and 0 <= r["target_wait_ms_median"] < r["median_ms"]
+               and r["timeline"] for r in queued)  # the round terms, from a run stamped on the streams
     greedy_queued = [r for r in queued if r["mode"] == "greedy"]
     assert all(r["identical"] for r in greedy_queued)
     assert parallel_figures.best_parallel(rows, "greedy", "queued") == max(greedy_queued,
@@ -468,6 +469,23 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
     fastest = max(best, parallel_figures.best_parallel(rows, "greedy", "queued"),
                   key=lambda r: r["tokens_per_s"])
     assert speedup == fastest["speedup_vs_serial_decoder"] and not met
+
+
+def test_with_no_d_the_bench_measures_the_baselines_and_the_queued_rounds_alone():
+    """steps=() (tools/queued_timeline.py): no serial-schedule or parallel rows, the queued rows
+    with the terms of their rounds, and their speedups over the same run's serial decoder."""
+    from course.capstone import parallel_bench
+
+    rows = parallel_bench.measure(pair="tiny", n_prompts=1, max_new=6, steps=(), repeats=1, cpu=True,
+                                  backend="reference", log=lambda *_: None, shape=(8, 2, 4, 4), wide=None,
+                                  queued=(2, (1,)))
+    assert [(r["name"], r["mode"]) for r in rows] == [
+        (name, mode) for mode in ("greedy", "sample") for name in ("autoregressive", "serial decoder")] + [
+        ("queued", "greedy"), ("queued", "sample")]
+    for r in rows[-2:]:
+        base = next(d for d in rows if d["name"] == "serial decoder" and d["mode"] == r["mode"])
+        assert r["speedup_vs_serial_decoder"] == pytest.approx(r["tokens_per_s"] / base["tokens_per_s"])
+        assert "target_wait_ms_median" in r and r["timeline"]
 
 
 def test_the_queued_projection_takes_the_longer_of_the_two_loops():

@@ -5,6 +5,8 @@ streams; `tools/gpu_parallel.sh` measures it."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -71,6 +73,43 @@ def test_sampled_queued_rounds_draw_the_lockstep_schedules_tokens(pair, tree_siz
         assert got.reused == lockstep.reused and sum(got.accepted) > 0
 
 
+def _assert_rounds_in_order(generation, skew_s: float = 0.0) -> None:
+    """A timeline of the queued rounds: each side's spans follow one another, the target verifies
+    each round once (the last one spare), each verification starts after its SUBTREE was selected,
+    and each re-root after the verdict it acts on. skew_s: how far the two sides' clocks may be
+    apart (two GPUs: two zeros)."""
+    events, rounds = generation.events, len(generation.accepted)
+    for side in ("draft", "target"):
+        spans = [(e["start"], e["end"]) for e in events if e["side"] == side]
+        assert all(start <= end for start, end in spans)
+        assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
+    span = {(e["side"], e["what"], e["round"]): e for e in events}
+    assert [e["round"] for e in events if e["what"] == "verify"] == list(range(rounds + 1))
+    for r in range(rounds + 1):
+        assert span["target", "verify", r]["start"] >= span["draft", "select", r]["end"] - skew_s
+    for r in range(rounds):
+        assert span["draft", "re-root", r]["start"] >= span["target", "verify", r]["end"] - skew_s
+
+
+def test_a_timed_run_stamps_every_round_and_changes_nothing(pair, plain):
+    """timeline=True: the same tokens and rounds, and each side's spans in the order the messages
+    impose; the bench's round terms (the target's wait among them) read from them. Untimed runs
+    record no spans."""
+    from course.capstone import parallel_bench
+
+    sides = _built(pair, 8, 2, 2)
+    timed = sides.run(PROMPT, NEW, timeline=True)
+    untimed = sides.run(PROMPT, NEW)
+    assert timed.tokens == untimed.tokens == plain and timed.accepted == untimed.accepted
+    assert untimed.events == []
+    _assert_rounds_in_order(timed)
+    kinds = {(e["side"], e["what"]) for e in timed.events}
+    assert kinds == {("draft", k) for k in ("grow", "grow ahead", "wait", "re-root", "select")} | {
+        ("target", "wait"), ("target", "verify")}
+    terms = parallel_bench.round_terms([timed])
+    assert 0 <= terms["target_wait_ms_median"] and terms["timeline"]
+
+
 def test_an_end_token_truncates_the_output(pair, plain):
     sides = _built(pair, 8, 2, 2)
     eos = plain[5]
@@ -126,6 +165,10 @@ def test_on_a_gpu_the_graphed_queued_rounds_equal_plain_decoding():
     for _ in range(3):
         got = sides.run(PROMPT, 48)
         assert got.tokens == plain and got.tokens_per_call > 1.5
+    timed = sides.run(PROMPT, 48, timeline=True)  # stamped on the streams: their order is the GPUs'
+    assert timed.tokens == plain
+    _assert_rounds_in_order(timed, skew_s=1e-4 if draft.device != loaded.target.device else 0.0)
+    assert all(e["gpu_ms"] > 0 for e in timed.events if e["what"] == "verify")
     sampling = queued.build(loaded.target, draft, max_prompt=len(PROMPT), max_new_tokens=48, tree_size=16,
                             width=4, steps=3, branch=4, mode="sample")
     first = sampling.run(PROMPT, 48, seed=3)

@@ -20,7 +20,8 @@ Every generation has B = 1 (one prompt of `prompts`), the pair in float16 and th
   queued            the queued schedule with the hosts only launching (`queued`: one
                     process, a CUDA stream per side, the messages device-to-device copies; target
                     on cuda:0 and draft on cuda:1, or both on cuda:0 with one GPU), at QUEUED's w and
-                    d's (transport "device").
+                    d's (transport "device"); the terms of their rounds (verify_ms to timeline below)
+                    come from one more run per prompt, its spans stamped on the streams.
 
 For every method and d: the median run (by time) of REPEATS after a warm-up, per prompt; a row sums
 the prompts' median runs. Row fields: the results schema's name, median_ms (mean per generation),
@@ -153,16 +154,24 @@ def _row(name: str, mode: str, generations: list, plain: list | None, **extra) -
         row.update(draft_calls=sum(g.draft_calls for g in generations) / len(generations),
                    reused=sum(sum(g.reused) for g in generations) / reroots)
     if isinstance(generations[0], parallel.ParallelGeneration) and generations[0].events:
-        rounds = sum(len(g.accepted) for g in generations)
-        row.update(
-            verify_ms=statistics.fmean(g.mean_ms("target", "verify") for g in generations),
-            verify_gpu_ms=_median_pass(generations),
-            draft_ms_per_round=sum(_busy(g, "draft") for g in generations) / rounds,
-            target_idle_ms_per_round=sum(1e3 * g.seconds - _busy(g, "target", "verify") for g in generations)
-            / rounds,
-            target_wait_ms_median=_median_wait(generations), message_ms_median=_median_message(generations),
-            timeline=_timeline(generations[0]))
+        row.update(round_terms(generations))
     return row
+
+
+def round_terms(generations: list) -> dict:
+    """What a round is made of, from the generations' timelines (their events): the verification's
+    span and its pass on the GPU, the draft's busy time and the target's idle time per round, the
+    target's median wait between two verifications, a message's median way, and the first prompt's
+    rounds 1 .. TIMELINE_ROUNDS as the timeline."""
+    rounds = sum(len(g.accepted) for g in generations)
+    return dict(
+        verify_ms=statistics.fmean(g.mean_ms("target", "verify") for g in generations),
+        verify_gpu_ms=_median_pass(generations),
+        draft_ms_per_round=sum(_busy(g, "draft") for g in generations) / rounds,
+        target_idle_ms_per_round=sum(1e3 * g.seconds - _busy(g, "target", "verify") for g in generations)
+        / rounds,
+        target_wait_ms_median=_median_wait(generations), message_ms_median=_median_message(generations),
+        timeline=_timeline(generations[0]))
 
 
 def draft_pass_ms(row: dict) -> float:
@@ -429,9 +438,11 @@ def _queued_rows(pair: str, texts: list, max_new: int, queued_setup: tuple, repe
         def queued_run(prompt, sides=sides):
             return sides.run(prompt, max_new)
 
-        add(_row("queued", mode, _in_process(queued_run, texts, repeats), baselines[mode][0], steps=d,
-                 width=width, transport="device", gpus=gpus, growth=parallel.DEFAULT_GROWTH,
-                 draft_tree="device", critical=0))
+        row = _row("queued", mode, _in_process(queued_run, texts, repeats), baselines[mode][0], steps=d,
+                   width=width, transport="device", gpus=gpus, growth=parallel.DEFAULT_GROWTH,
+                   draft_tree="device", critical=0)
+        # The timeline from one more run per prompt, stamped on the streams: the timed runs record none.
+        add(row | round_terms([sides.run(prompt, max_new, timeline=True) for prompt in texts]))
         del sides
 
 
@@ -441,8 +452,10 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
             wide: tuple | None = WIDE, queued: tuple | None = QUEUED) -> list[dict]:
     """Every row (see the module docstring). Needs a GPU, two for the NCCL rows; cpu=True runs the
     same code on the CPU in float32 (its tests, with backend="reference": the times mean nothing).
-    wide: (w, the d's, the steps after the re-root) of the wide variants (WIDE), or None; queued:
-    (w, the d's) of the queued rounds (QUEUED), or None."""
+    steps: the d's of the serial schedule's and the parallel rows (none: the baselines and the queued
+    rounds alone, as tools/queued_timeline.py measures them); wide: (w, the d's, the steps after the
+    re-root) of the wide variants (WIDE), or None; queued: (w, the d's) of the queued rounds
+    (QUEUED), or None."""
     from course.core import impl as course_impl
 
     gpus = 0 if cpu else torch.cuda.device_count()
@@ -482,11 +495,11 @@ def measure(pair: str = PAIR, n_prompts: int = PROMPTS, max_new: int = MAX_NEW, 
         variants += [(tree, growth, c, wide[1], wide[0]) for c in wide[2]]
     default = (tree, growth, 0, before, width)
     launches = []
-    if gpus >= 2:
+    if steps and gpus >= 2:
         two = {"target": "cuda:0", "draft": "cuda:1"}
         launches += [(dict(devices=two, transport="shm"), 2, variant) for variant in variants]
         launches += [(dict(devices=two, transport=other), 2, default) for other in ("nccl", "gloo")]
-    if one_gpu or gpus < 2:
+    if steps and (one_gpu or gpus < 2):
         one = dict(devices={"target": device, "draft": device}, transport="shm")
         launches += [(one, min(gpus, 1), variant) for variant in variants]
     for options, used, (draft_tree, rule, critical, some, w) in launches:

@@ -52,6 +52,7 @@ class _Link:
 
     def __init__(self, draft_device: torch.device, target_device: torch.device):
         self.gpu = draft_device.type == "cuda"
+        self.devices = len({draft_device, target_device})
         if self.gpu:
             self.streams = {"draft": torch.cuda.Stream(draft_device),
                             "target": torch.cuda.Stream(target_device)}
@@ -79,6 +80,64 @@ class _Link:
         if self.gpu:
             for stream in self.streams.values():
                 stream.synchronize()
+
+
+class _StreamClock:
+    """The queued rounds' timeline (`protocol.Timeline`'s spans: side, what, round, start, end),
+    stamped where each side's stream is, not where its host is: the host launches rounds ahead of
+    the GPUs, so its own clock says nothing of when a span ran. On a GPU a span is two CUDA events
+    recorded on the side's stream (a receive's span, "wait", ends when the stream's wait is over),
+    read after the run against an event each stream recorded at the start; on the CPU, where every
+    call runs when it is made, the host's clock. Off (`on=False`) it records nothing and costs
+    nothing on the GPUs."""
+
+    def __init__(self, link: _Link, on: bool):
+        self.link, self.on = link, on
+        self.marks: list[tuple] = []  # (side, what, round, start, end): events, or perf_counter times
+        self.zero: dict = {}
+
+    def _now(self, side: str):
+        if not self.link.gpu:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(self.link.streams[side])
+        return event
+
+    def start(self) -> None:
+        """Time 0 on both streams. One GPU (or the CPU) has one clock: one zero for both sides. Two
+        GPUs have one each: a zero recorded on each, with both streams idle, so the two are the
+        same moment up to the few microseconds between the two records."""
+        if not self.on:
+            return
+        if self.link.gpu and self.link.devices == 2:
+            self.zero = {side: self._now(side) for side in ("draft", "target")}
+        else:
+            self.zero = dict.fromkeys(("draft", "target"), self._now("draft"))
+
+    @contextlib.contextmanager
+    def span(self, side: str, what: str, round_: int):
+        if not self.on:
+            yield
+            return
+        start = self._now(side)
+        yield
+        self.marks.append((side, what, round_, start, self._now(side)))
+
+    def events(self) -> list[dict]:
+        """The spans in seconds from time 0 (call after the streams are drained); a verification on
+        a GPU carries its own span as gpu_ms too, the target's pass as `sides.TargetSide` times it."""
+        out = []
+        for side, what, round_, start, end in self.marks:
+            event = {"side": side, "what": what, "round": round_}
+            if self.link.gpu:
+                zero = self.zero[side]
+                event.update(start=zero.elapsed_time(start) / 1e3, end=zero.elapsed_time(end) / 1e3)
+                if what == "verify":
+                    event["gpu_ms"] = start.elapsed_time(end)
+            else:
+                event.update(start=start - self.zero[side], end=end - self.zero[side])
+            out.append(event)
+        return out
 
 
 class QueuedTarget:
@@ -202,10 +261,13 @@ class QueuedSides:
         on_gpu = self.link.gpu
         self.read = torch.zeros(5, dtype=torch.int64, pin_memory=on_gpu)  # rows, nodes, owed, found, prefix
 
-    def run(self, prompt, max_new_tokens: int, *, seed: int = 0, eos: int | None = None
-            ) -> parallel.ParallelGeneration:
+    def run(self, prompt, max_new_tokens: int, *, seed: int = 0, eos: int | None = None,
+            timeline: bool = False) -> parallel.ParallelGeneration:
         """One generation (B = 1): greedy output equals the target's greedy decoding; the draft's
-        generator starts from `seed`, the target's from seed + 1 (as `parallel.run_sides`)."""
+        generator starts from `seed`, the target's from seed + 1 (as `parallel.run_sides`).
+        timeline: stamp each side's spans on its stream (`_StreamClock`) into the generation's
+        events, for the target's wait between two verifications and the picture of the rounds; off,
+        the run records none (as the bench's timed runs)."""
         draft, target, link, n = self.draft, self.target, self.link, self.n
         room = target.side.max_new_tokens - n
         if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
@@ -220,22 +282,29 @@ class QueuedSides:
             target.start(prompt, seed + 1)
         for device in self.devices.values():
             parallel.sync(device)
+        clock = _StreamClock(link, on=timeline)
+        clock.start()
         began = time.perf_counter()
-        with link.on("draft"):
+        with link.on("draft"), clock.span("draft", "grow", 0):
             draft.grow(0)
-            self._send_subtree()
-        self._verify()
+        self._send_subtree(clock, 0)
+        self._verify(clock, 0)
         committed, accepted, reused = 0, [], []
         while committed < max_new_tokens:
+            r = len(accepted)
             with link.on("draft"):
-                draft.grow(draft.steps, ahead=True)
-                link.receive("accepted", "draft")
-                info = draft._reroot()
-                self._send_subtree()
+                with clock.span("draft", "grow ahead", r):
+                    draft.grow(draft.steps, ahead=True)
+                with clock.span("draft", "wait", r):
+                    link.receive("accepted", "draft")
+                with clock.span("draft", "re-root", r):
+                    info = draft._reroot()
+            self._send_subtree(clock, r + 1)
+            with link.on("draft"):
                 self.read[:4].copy_(info, non_blocking=True)
                 self.read[4:].copy_(draft.tree.prefix, non_blocking=True)
                 link.send("read", "draft")
-            self._verify()  # queued before the host waits: the target's loop never waits for it
+            self._verify(clock, r + 1)  # queued before the host waits: the target's loop never waits for it
             link.wait("read")
             rows, nodes, owed, found, prefix = self.read.tolist()
             k1 = prefix - draft.prefix
@@ -250,23 +319,27 @@ class QueuedSides:
         if eos is not None and eos in tokens:
             tokens = tokens[:tokens.index(eos) + 1]
         return parallel.ParallelGeneration(tokens, seconds, len(accepted), draft.calls, accepted, reused[:-1],
-                                           [], draft.cfg.mode, "queued", draft.steps, 1)
+                                           clock.events(), draft.cfg.mode, "queued", draft.steps, 1)
 
-    def _send_subtree(self) -> None:
+    def _send_subtree(self, clock: _StreamClock, r: int) -> None:
         """On the draft's stream: the selection, its packet (and q) into the target's inbox, SUBTREE
         sent."""
-        _, q = self.draft._select()
-        self.target.inbox.copy_(self.draft.tree.packet(self.n))
-        if q is not None:
-            self.target.q.copy_(q)
-        self.link.send("subtree", "draft")
+        with self.link.on("draft"):
+            with clock.span("draft", "select", r):
+                _, q = self.draft._select()
+                self.target.inbox.copy_(self.draft.tree.packet(self.n))
+                if q is not None:
+                    self.target.q.copy_(q)
+            self.link.send("subtree", "draft")
 
-    def _verify(self) -> None:
+    def _verify(self, clock: _StreamClock, r: int) -> None:
         """On the target's stream: receive SUBTREE, the round's graph, the reply into the draft's
         inbox, ACCEPTED sent."""
         link, target = self.link, self.target
         with link.on("target"):
-            link.receive("subtree", "target")
-            target.launch()
-            self.draft.reply.copy_(target.reply)
+            with clock.span("target", "wait", r):
+                link.receive("subtree", "target")
+            with clock.span("target", "verify", r):
+                target.launch()
+                self.draft.reply.copy_(target.reply)
             link.send("accepted", "target")

@@ -108,7 +108,8 @@ class NotMeasuredYet(LookupError):
 # suites measured otherwise, by the command that writes each.
 MEASURED_BY = {"step_profile": "python -m course bench capstone step_profile",
                "queued_rounds": "python3 tools/queued_rounds.py --out results/<device>x2",
-               "side_spans": "python3 tools/side_spans.py --out results/<device>"}
+               "side_spans": "python3 tools/side_spans.py --out results/<device>",
+               "queued_timeline": "python3 tools/queued_timeline.py --out results/<device>"}
 
 
 def load_measured(suite: str) -> dict:
