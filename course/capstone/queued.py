@@ -31,6 +31,11 @@ also carries each item's draft distribution q (tree_size x V float32, copied int
 pass), and both sides take their uniforms from pools their hosts fill ahead (`UniformPool`), so a
 sampling round launches as a greedy one does; for the same seeds the rounds are the lockstep
 queued schedule's, token for token.
+
+The hosts launch rounds ahead of the GPUs, so their clocks cannot say when a span ran. A run with
+timeline=True stamps each side's spans with CUDA events on its own stream (`_StreamClock`): the
+target's wait between two verifications and a message's way are read from those (notebook 20,
+`tools/queued_timeline.py`).
 """
 
 from __future__ import annotations
