@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 TOPICS = topics.names()
 DECLARED = {topic: topics.declared(topic) for topic in TOPICS}
 # The results files that are not a topic's: the capstone's (notebooks 19-21, with notebook 20's
-# rounds whose hosts only launch, `tools/queued_rounds.py`) and the simulator's times of the checks
-# (`python -m course.check_times`).
+# measurements by tools/*.py: `queued_rounds.py`, `side_spans.py`, `queued_timeline.py`) and the
+# simulator's times of the checks (`python -m course.check_times`).
 SUITES_OUTSIDE_TOPICS = {capstone_bench.SUITE, step_profile.SUITE, parallel_bench.SUITE, "queued_rounds",
-                         "side_spans", "check_times"}  # the last three: tools/*.py and course.check_times
+                         "side_spans", "queued_timeline", "check_times"}
 
 
 def _stems(folder: str, suffix: str) -> set[str]:
