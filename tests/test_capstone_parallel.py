@@ -463,6 +463,10 @@ def test_the_bench_runs_on_the_cpu_and_its_figure_draws(tmp_path):
         (tmp_path / folder / "parallel.json").write_text(json.dumps(document | {"gpus": gpus}))
     assert parallel_bench.load_committed(tmp_path)["gpus"] == 2
     assert [d["gpus"] for d in parallel_bench.committed_documents(tmp_path)] == [2, 1]
+    stamped = document | {"suite": "queued_timeline"}  # tools/queued_timeline.py's file, beside it
+    (tmp_path / "h100" / "queued_timeline.json").write_text(json.dumps(stamped))
+    assert [d["suite"] for d in parallel_bench.committed_documents(tmp_path, "queued_timeline")] == [
+        "queued_timeline"]
     # The target counts the fastest of the best parallel row and the best queued row (which of the two
     # is faster on a loaded CPU varies), and no run on fewer than two GPUs meets it.
     speedup, met = parallel_bench.target_met(document)

@@ -542,10 +542,10 @@ def save(rows: list[dict], gpus: int, folder: Path | None = None) -> Path:
     return path
 
 
-def committed_documents(directory: Path = results.RESULTS) -> list[dict]:
-    """Every committed parallel.json, the most GPUs first (results/<device>x2/ before
-    results/<device>/), then the newest."""
-    found = sorted(directory.glob(f"*/{SUITE}.json"))
+def committed_documents(directory: Path = results.RESULTS, suite: str = SUITE) -> list[dict]:
+    """Every committed parallel.json (or `suite`'s file, e.g. tools/queued_timeline.py's), the most
+    GPUs first (results/<device>x2/ before results/<device>/), then the newest."""
+    found = sorted(directory.glob(f"*/{suite}.json"))
     documents = [results.validate(json.loads(path.read_text()), str(path)) for path in found]
     return sorted(documents, key=lambda d: (d.get("gpus", 1), d["date"]), reverse=True)
 
